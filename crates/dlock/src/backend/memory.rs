@@ -1,0 +1,361 @@
+//! The in-process store (`mem://` and `mem://NAME`).
+//!
+//! Every client of the same process that connects to the same `mem://NAME` shares one store
+//! (`mem://` is the store named ""). Holds are leases on the monotonic clock; waiters are woken by
+//! an in-process notification per name. Nothing survives the process. Meant for tests and for
+//! locking between tasks of one process with the same API as the distributed stores.
+
+use super::logic::{decide, Decision, LiveHold, LiveWaiter};
+use super::*;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
+use tokio::sync::Notify;
+
+#[derive(Debug)]
+struct MemHold {
+    owner: String,
+    kind: LockKind,
+    mode: Mode,
+    token: u64,
+    expires: Instant,
+    acquired_at_ms: u64,
+    meta: HolderMeta,
+}
+
+#[derive(Debug)]
+struct MemWaiter {
+    owner: String,
+    mode: Mode,
+    expires: Instant,
+    meta: HolderMeta,
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    holds: Vec<MemHold>,
+    /// Queue places by arrival sequence.
+    queue: BTreeMap<u64, MemWaiter>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    locks: HashMap<String, Entry>,
+    fences: HashMap<String, u64>,
+    next_seq: u64,
+    notifies: HashMap<String, Weak<Notify>>,
+}
+
+impl State {
+    fn prune(&mut self, name: &str, now: Instant) {
+        if let Some(e) = self.locks.get_mut(name) {
+            e.holds.retain(|h| h.expires > now);
+            e.queue.retain(|_, w| w.expires > now);
+            if e.holds.is_empty() && e.queue.is_empty() {
+                self.locks.remove(name);
+            }
+        }
+    }
+
+    fn wake(&mut self, name: &str) {
+        if let Some(n) = self.notifies.get(name) {
+            match n.upgrade() {
+                Some(n) => n.notify_waiters(),
+                None => {
+                    self.notifies.remove(name);
+                }
+            }
+        }
+    }
+
+    fn decide(&self, req: &Request<'_>, now: Instant) -> Result<Decision> {
+        let fence = self.fences.get(req.name.as_str()).copied().unwrap_or(0);
+        let Some(e) = self.locks.get(req.name.as_str()) else {
+            return decide(req, &[], &[], fence);
+        };
+        let holds: Vec<LiveHold<'_>> = e
+            .holds
+            .iter()
+            .filter(|h| h.expires > now)
+            .map(|h| LiveHold {
+                owner: &h.owner,
+                kind: h.kind,
+                mode: h.mode,
+                token: Some(h.token),
+                expires_in: h.expires - now,
+            })
+            .collect();
+        let queue: Vec<LiveWaiter<'_>> = e
+            .queue
+            .values()
+            .filter(|w| w.expires > now)
+            .map(|w| LiveWaiter {
+                owner: &w.owner,
+                mode: w.mode,
+            })
+            .collect();
+        decide(req, &holds, &queue, fence)
+    }
+}
+
+/// The in-process store. Obtain it with `dlock::connect("mem://")`.
+#[derive(Debug)]
+pub struct MemoryBackend {
+    state: Arc<StdMutex<State>>,
+}
+
+fn registry() -> &'static StdMutex<HashMap<String, Weak<StdMutex<State>>>> {
+    static R: OnceLock<StdMutex<HashMap<String, Weak<StdMutex<State>>>>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl MemoryBackend {
+    /// The process-wide store named `name` (created on first use, dropped with its last client).
+    pub fn named(name: &str) -> Self {
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(state) = reg.get(name).and_then(Weak::upgrade) {
+            return MemoryBackend { state };
+        }
+        reg.retain(|_, w| w.strong_count() > 0);
+        let state = Arc::new(StdMutex::new(State::default()));
+        reg.insert(name.to_owned(), Arc::downgrade(&state));
+        MemoryBackend { state }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding this mutex cannot leave State half-updated in a way that matters
+        // more than losing the process, so a poisoned lock is used as is.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "mem"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: true,
+            wakeups: Wakeups::Native,
+            validity: Validity::Lease,
+        }
+    }
+
+    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let name = req.name.as_str();
+        st.prune(name, now);
+        let decision = st.decide(req, now)?;
+        match decision {
+            Decision::Regrant { token } => {
+                if let Some(e) = st.locks.get_mut(name) {
+                    for h in e.holds.iter_mut().filter(|h| h.owner == req.owner) {
+                        h.expires = now + req.lease;
+                    }
+                }
+                Ok(Attempt::Granted(Grant {
+                    token,
+                    valid_for: req.lease,
+                }))
+            }
+            Decision::Grant { token } => {
+                st.fences.insert(name.to_owned(), token);
+                let e = st.locks.entry(name.to_owned()).or_default();
+                e.queue.retain(|_, w| w.owner != req.owner);
+                e.holds.push(MemHold {
+                    owner: req.owner.to_owned(),
+                    kind: req.kind,
+                    mode: req.mode,
+                    token,
+                    expires: now + req.lease,
+                    acquired_at_ms: unix_ms(),
+                    meta: req.meta.clone(),
+                });
+                Ok(Attempt::Granted(Grant {
+                    token: Some(token),
+                    valid_for: req.lease,
+                }))
+            }
+            Decision::Busy { retry_in, enqueue } => {
+                if enqueue {
+                    let seq = st.next_seq;
+                    let e = st.locks.entry(name.to_owned()).or_default();
+                    let expires = now + QUEUE_PLACE_TTL;
+                    let mut added = false;
+                    match e.queue.values_mut().find(|w| w.owner == req.owner) {
+                        Some(w) => w.expires = expires,
+                        None => {
+                            e.queue.insert(
+                                seq,
+                                MemWaiter {
+                                    owner: req.owner.to_owned(),
+                                    mode: req.mode,
+                                    expires,
+                                    meta: req.meta.clone(),
+                                },
+                            );
+                            added = true;
+                        }
+                    }
+                    if added {
+                        st.next_seq += 1;
+                    }
+                }
+                Ok(Attempt::Busy(Busy { retry_in }))
+            }
+        }
+    }
+
+    async fn wait(&self, req: &Request<'_>, _busy: &Busy, until: Instant) -> Result<()> {
+        let notify = {
+            let mut st = self.lock();
+            let name = req.name.as_str();
+            match st.notifies.get(name).and_then(Weak::upgrade) {
+                Some(n) => n,
+                None => {
+                    let n = Arc::new(Notify::new());
+                    st.notifies.insert(name.to_owned(), Arc::downgrade(&n));
+                    n
+                }
+            }
+        };
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // A release between the caller's attempt and `enable` above would be missed: look again.
+        if !matches!(
+            self.lock().decide(req, Instant::now()),
+            Ok(Decision::Busy { .. })
+        ) {
+            return Ok(());
+        }
+        let _ = tokio::time::timeout_at(until.into(), notified).await;
+        Ok(())
+    }
+
+    async fn cancel(&self, req: &Request<'_>) -> Result<()> {
+        let mut st = self.lock();
+        let name = req.name.as_str();
+        let removed = match st.locks.get_mut(name) {
+            Some(e) => {
+                let before = e.queue.len();
+                e.queue.retain(|_, w| w.owner != req.owner);
+                before != e.queue.len()
+            }
+            None => false,
+        };
+        st.prune(name, Instant::now());
+        if removed {
+            // Waiters behind the one that left may now be first.
+            st.wake(name);
+        }
+        Ok(())
+    }
+
+    async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let name = hold.name.as_str();
+        let released = match st.locks.get_mut(name) {
+            Some(e) => {
+                let before = e.holds.len();
+                e.holds
+                    .retain(|h| !(h.owner == hold.owner && h.expires > now));
+                before != e.holds.len()
+            }
+            None => false,
+        };
+        st.prune(name, now);
+        if released {
+            st.wake(name);
+            Ok(Released::Released)
+        } else {
+            Ok(Released::NotHeld)
+        }
+    }
+
+    async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        Ok(holds
+            .iter()
+            .map(|r| {
+                let found = st.locks.get_mut(r.name.as_str()).and_then(|e| {
+                    e.holds
+                        .iter_mut()
+                        .find(|h| h.owner == r.owner && h.expires > now)
+                });
+                match found {
+                    Some(h) => {
+                        h.expires = now + r.lease;
+                        Extended::Held { valid_for: r.lease }
+                    }
+                    None => Extended::Gone,
+                }
+            })
+            .collect())
+    }
+
+    async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let now = Instant::now();
+        let st = self.lock();
+        let mut out: Vec<LockInfo> = st
+            .locks
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .filter_map(|(name, e)| {
+                let holds: Vec<&MemHold> = e.holds.iter().filter(|h| h.expires > now).collect();
+                let kind = holds.first().map(|h| h.kind)?;
+                Some(LockInfo {
+                    name: name.clone(),
+                    kind,
+                    holders: holds
+                        .iter()
+                        .map(|h| HolderInfo {
+                            owner: h.owner.clone(),
+                            meta: h.meta.clone(),
+                            mode: h.mode,
+                            token: Some(h.token),
+                            acquired_at_ms: h.acquired_at_ms,
+                            lease_left_ms: Some((h.expires - now).as_millis() as u64),
+                        })
+                        .collect(),
+                    waiters: e
+                        .queue
+                        .values()
+                        .filter(|w| w.expires > now)
+                        .enumerate()
+                        .map(|(i, w)| WaiterInfo {
+                            owner: w.owner.clone(),
+                            meta: w.meta.clone(),
+                            mode: w.mode,
+                            position: i as u32,
+                        })
+                        .collect(),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<u64> {
+        let mut st = self.lock();
+        let n = st
+            .locks
+            .remove(name.as_str())
+            .map(|e| e.holds.len() as u64)
+            .unwrap_or(0);
+        st.wake(name.as_str());
+        Ok(n)
+    }
+}

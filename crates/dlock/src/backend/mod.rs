@@ -1,0 +1,294 @@
+//! The backend trait: the few operations a store must do atomically.
+//!
+//! Everything else (reentrancy, renewal scheduling, `lost()`, timeouts, guards, local wake-ups)
+//! lives above this trait, in the core, written once. See `docs/ARCHITECTURE.md` for how a
+//! lease-shaped store (SQLite, Redis, SQL) and a queue-shaped store (ZooKeeper) both fit it.
+//!
+//! The protocol the core follows for one acquisition:
+//!
+//! 1. [`Backend::acquire`] with a fresh owner token. A lease store tries to grant; a queue store
+//!    enqueues the owner (when `waiting`) and grants if the owner is at the front.
+//! 2. On [`Attempt::Busy`], if the caller waits: [`Backend::wait`] until something may have changed
+//!    (or the deadline of the current wait slice), then back to 1 with the **same** request. The
+//!    backend must treat a repeated `acquire` of the same owner as "still waiting in my place" and,
+//!    if the owner already holds, as an idempotent re-grant with the same token.
+//! 3. If the caller gives up: [`Backend::cancel`] removes any queue place the owner has.
+//! 4. While held: [`Backend::extend`] for all holds of a client in one call (lease stores), and
+//!    finally [`Backend::release`], which compares the owner token.
+
+pub(crate) mod logic;
+pub mod memory;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+use crate::error::Result;
+use crate::name::LockName;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// How long a waiter's place in a fair queue lives without being refreshed. A waiting client
+/// refreshes it (by repeating [`Backend::acquire`]) at least every quarter of this, so a waiter that
+/// died blocks the queue for at most this long.
+pub const QUEUE_PLACE_TTL: Duration = Duration::from_secs(5);
+
+/// What kind of primitive a lock name is used as. All holders of one name must agree
+/// (a mismatch is [`crate::Error::InvalidConfig`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum LockKind {
+    /// One exclusive holder.
+    Mutex,
+    /// Many shared (read) holders or one exclusive (write) holder.
+    RwLock,
+    /// At most `permits` holders.
+    Semaphore {
+        /// The number of permits; every user of the name must use the same number.
+        permits: u32,
+    },
+}
+
+impl fmt::Display for LockKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LockKind::Mutex => f.write_str("mutex"),
+            LockKind::RwLock => f.write_str("rwlock"),
+            LockKind::Semaphore { permits } => write!(f, "semaphore({permits})"),
+        }
+    }
+}
+
+/// How a hold shares the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Excludes every other hold (a mutex, a write lock).
+    Exclusive,
+    /// Shares with other shared holds (a read lock, a semaphore permit).
+    Shared,
+}
+
+impl Mode {
+    /// The stable short name used in stores and listings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+        }
+    }
+}
+
+/// Who holds or waits: stored with the hold so `dlock list` can show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderMeta {
+    /// The client that made the hold (one per [`crate::Client`]).
+    pub client_id: String,
+    /// Host name of the holder's machine.
+    pub host: String,
+    /// Process id of the holder.
+    pub pid: u32,
+}
+
+/// One attempt to acquire, as the core hands it to a backend.
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    /// The lock name.
+    pub name: &'a LockName,
+    /// The primitive the name is used as.
+    pub kind: LockKind,
+    /// Exclusive or shared.
+    pub mode: Mode,
+    /// A token unique to this hold (a UUID); release and extend compare it.
+    pub owner: &'a str,
+    /// The lease to grant (lease stores).
+    pub lease: Duration,
+    /// Grant strictly in arrival order.
+    pub fair: bool,
+    /// The caller will wait if busy: a fair or queue store keeps (or takes) a place in the queue.
+    /// `false` for `try_acquire`: nothing may be left behind.
+    pub waiting: bool,
+    /// Stored with the hold.
+    pub meta: &'a HolderMeta,
+}
+
+/// The answer to [`Backend::acquire`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// The hold is granted.
+    Granted(Grant),
+    /// Not granted now.
+    Busy(Busy),
+}
+
+/// A granted hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The fencing token: strictly increasing per name across all grants. `None` only on stores
+    /// that cannot give one (Redlock).
+    pub token: Option<u64>,
+    /// How long the hold is guaranteed, counted from when the request was **sent** (the lease for
+    /// a lease store; the session's remaining guarantee for a session store).
+    pub valid_for: Duration,
+}
+
+/// Why and for how long an attempt was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Busy {
+    /// When trying again may succeed even without a wake-up: the shortest remaining lease of the
+    /// holds in the way (a dead holder's lease runs out silently). `None` if unknown.
+    pub retry_in: Option<Duration>,
+}
+
+/// A hold to extend or release.
+#[derive(Debug, Clone)]
+pub struct HoldRef<'a> {
+    /// The lock name.
+    pub name: &'a LockName,
+    /// The primitive the name is used as.
+    pub kind: LockKind,
+    /// Exclusive or shared.
+    pub mode: Mode,
+    /// The owner token of the hold.
+    pub owner: &'a str,
+    /// The new lease (for [`Backend::extend`]).
+    pub lease: Duration,
+}
+
+/// The result of extending one hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Extended {
+    /// Still held; guaranteed for `valid_for` from when the request was sent.
+    Held {
+        /// The guarantee, counted from when the request was sent.
+        valid_for: Duration,
+    },
+    /// The store no longer has this owner's hold (expired, taken over, removed).
+    Gone,
+}
+
+/// The result of a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The owner's hold was removed.
+    Released,
+    /// The owner did not hold the lock (any other holder was left untouched).
+    NotHeld,
+}
+
+/// How a store wakes waiters in other processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wakeups {
+    /// The store notifies (pub/sub, watch, NOTIFY, in-process signal).
+    Native,
+    /// The store has no notification: waiters poll with jittered backoff between these bounds.
+    Polling {
+        /// Shortest poll interval.
+        min: Duration,
+        /// Longest poll interval.
+        max: Duration,
+    },
+}
+
+/// How a store bounds a hold in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Validity {
+    /// A lease that the client must extend ([`Backend::extend`]).
+    Lease,
+    /// A session kept alive by the store client's heartbeats; `extend` only confirms it.
+    Session,
+}
+
+/// What a backend can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Grants carry strictly increasing fencing tokens.
+    pub fencing: bool,
+    /// Cross-process wake-ups.
+    pub wakeups: Wakeups,
+    /// Lease or session.
+    pub validity: Validity,
+}
+
+/// A holder as listed by [`Backend::describe`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderInfo {
+    /// The owner token of the hold.
+    pub owner: String,
+    /// Who holds it.
+    #[serde(flatten)]
+    pub meta: HolderMeta,
+    /// Exclusive or shared.
+    pub mode: Mode,
+    /// The fencing token of the hold.
+    pub token: Option<u64>,
+    /// When it was granted, in milliseconds since the Unix epoch (store clock where it has one).
+    pub acquired_at_ms: u64,
+    /// Lease left when described, in milliseconds (`None` for session stores).
+    pub lease_left_ms: Option<u64>,
+}
+
+/// A waiter as listed by [`Backend::describe`] (where the store knows its waiters: fair queues,
+/// queue-shaped stores).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaiterInfo {
+    /// The owner token the waiter will hold under.
+    pub owner: String,
+    /// Who waits.
+    #[serde(flatten)]
+    pub meta: HolderMeta,
+    /// Exclusive or shared.
+    pub mode: Mode,
+    /// Position in the queue, 0 = next.
+    pub position: u32,
+}
+
+/// The state of one lock name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockInfo {
+    /// The lock name.
+    pub name: String,
+    /// The primitive the holders use.
+    #[serde(flatten)]
+    pub kind: LockKind,
+    /// Current holders.
+    pub holders: Vec<HolderInfo>,
+    /// Known waiters, in grant order.
+    pub waiters: Vec<WaiterInfo>,
+}
+
+/// A store that can hold locks. Implemented once per store; see the module docs for the protocol.
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// A short name: `mem`, `sqlite`, `redis`, ...
+    fn name(&self) -> &'static str;
+
+    /// What this store can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Tries to grant `req`. Must be atomic in the store. Repeating the call for the same owner is
+    /// idempotent: an owner that already holds gets the same token back (its lease refreshed); an
+    /// owner that waits keeps its queue place.
+    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt>;
+
+    /// Waits until the lock may have changed in a way that lets `req` succeed, or until `until`.
+    /// May return early (spurious wake-ups are fine). A store without notification sleeps a
+    /// jittered poll interval bounded by `busy.retry_in`.
+    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()>;
+
+    /// The owner gives up waiting: remove its queue place, if any. Never touches holds.
+    async fn cancel(&self, req: &Request<'_>) -> Result<()>;
+
+    /// Releases the owner's hold if, and only if, the owner still holds it.
+    async fn release(&self, hold: &HoldRef<'_>) -> Result<Released>;
+
+    /// Extends many holds in one round trip, each to its `lease`. The answer has one entry per
+    /// hold, in order.
+    async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>>;
+
+    /// Lists the locks whose name starts with `prefix` (all for ""), with holders and waiters.
+    async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>>;
+
+    /// Removes every hold and queue place of `name` (an administrator's unlock). Returns how many
+    /// holds were removed. Fencing counters are kept.
+    async fn force_release(&self, name: &LockName) -> Result<u64>;
+}

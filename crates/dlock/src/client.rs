@@ -1,0 +1,562 @@
+//! The client: one per store connection, shared by every lock handle made from it. It runs the
+//! acquisition loop, the batched renewal watchdog and the in-process wake-ups.
+
+use crate::backend::{
+    Attempt, Backend, Capabilities, Extended, HoldRef, HolderMeta, LockInfo, LockKind, Mode,
+    Request, Wakeups, QUEUE_PLACE_TTL,
+};
+use crate::error::{Error, Result};
+use crate::hold::{Hold, HoldState};
+use crate::lock::{Mutex, RwLock, Semaphore};
+use crate::name::LockName;
+use rand::Rng;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// The default lease of a hold: 30 s, renewed every 10 s while the guard lives.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The shortest lease dlock accepts.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+/// The longest lease dlock accepts (a year).
+pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The longest a waiter sleeps between attempts on a store with native wake-ups when nothing
+/// tells it to try again (a safety net for a lost notification).
+const MAX_NATIVE_SLICE: Duration = Duration::from_secs(5);
+
+/// Options for [`connect_with`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// The lease of every hold unless a lock handle sets its own. Default 30 s.
+    pub lease: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            lease: DEFAULT_LEASE,
+        }
+    }
+}
+
+impl ClientOptions {
+    /// Sets the default lease.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+}
+
+pub(crate) fn check_lease(lease: Duration) -> Result<()> {
+    if lease < MIN_LEASE || lease > MAX_LEASE {
+        return Err(Error::InvalidConfig(format!(
+            "a lease must be between {MIN_LEASE:?} and {MAX_LEASE:?}, got {lease:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The safety margin subtracted from every guarantee before it is trusted locally: a tenth of it.
+/// `lost()` fires at `sent + valid_for - margin`, where `sent` is when the granting or renewing
+/// request left this process, so it fires before the store can grant the lock to anyone else as
+/// long as the clocks involved drift by less than 10 %.
+pub(crate) fn margin(valid_for: Duration) -> Duration {
+    valid_for / 10
+}
+
+/// Connects to the store named by `url` with default options.
+///
+/// | scheme | store |
+/// |---|---|
+/// | `mem://` or `mem://NAME` | in-process; all clients of one process with the same NAME share it |
+/// | `sqlite:///abs/path.db`, `sqlite:rel/path.db` | embedded SQLite file, shared by every process of the machine |
+///
+/// Must be called inside a tokio runtime (the client runs a renewal task on it).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let client = dlock::connect("mem://").await?;
+/// let guard = client.mutex("reports/daily")?.acquire().await?;
+/// println!("fencing token {:?}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> Result<Client> {
+    connect_with(url, ClientOptions::default()).await
+}
+
+/// Connects to the store named by `url` with `options`. See [`connect`].
+pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client> {
+    check_lease(options.lease)?;
+    let backend: Arc<dyn Backend> = match crate::config::parse(url)? {
+        crate::config::Target::Memory(name) => {
+            Arc::new(crate::backend::memory::MemoryBackend::named(&name))
+        }
+        #[cfg(feature = "sqlite")]
+        crate::config::Target::Sqlite(path) => {
+            Arc::new(crate::backend::sqlite::SqliteBackend::open(&path).await?)
+        }
+        #[cfg(not(feature = "sqlite"))]
+        crate::config::Target::Sqlite(_) => {
+            return Err(Error::InvalidConfig(
+                "this build of dlock has no sqlite backend".into(),
+            ))
+        }
+    };
+    Client::with_backend(backend, crate::config::redact_url(url), options)
+}
+
+/// A connection to one store. Cheap to clone (clones share the connection, the renewal task and
+/// the in-process wake-ups). Make lock handles with [`Client::mutex`], [`Client::rwlock`] and
+/// [`Client::semaphore`].
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) meta: HolderMeta,
+    pub(crate) url: String,
+    pub(crate) lease: Duration,
+    caps: Capabilities,
+    /// Live holds of this client by owner token, for the watchdog.
+    holds: StdMutex<HashMap<String, Weak<Hold>>>,
+    /// In-process wake-ups by lock name.
+    local: StdMutex<HashMap<String, Weak<Notify>>>,
+    kick: Arc<Notify>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.kick.notify_one();
+    }
+}
+
+fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The maps behind these mutexes stay consistent even if a holder panicked.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Client {
+    /// Makes a client over a backend you constructed yourself. Must be called inside a tokio
+    /// runtime. `url` is only shown (it is redacted again here).
+    pub fn with_backend(
+        backend: Arc<dyn Backend>,
+        url: impl AsRef<str>,
+        options: ClientOptions,
+    ) -> Result<Client> {
+        check_lease(options.lease)?;
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::InvalidConfig("a dlock client must be created inside a tokio runtime".into())
+        })?;
+        let caps = backend.capabilities();
+        let inner = Arc::new(Inner {
+            meta: HolderMeta {
+                client_id: uuid::Uuid::new_v4().to_string(),
+                host: gethostname::gethostname().to_string_lossy().into_owned(),
+                pid: std::process::id(),
+            },
+            url: crate::config::redact_url(url.as_ref()),
+            lease: options.lease,
+            caps,
+            backend,
+            holds: StdMutex::new(HashMap::new()),
+            local: StdMutex::new(HashMap::new()),
+            kick: Arc::new(Notify::new()),
+        });
+        rt.spawn(watchdog(Arc::downgrade(&inner), inner.kick.clone()));
+        Ok(Client { inner })
+    }
+
+    /// A mutex handle for `name`. Fails with [`Error::InvalidName`] for a bad name.
+    pub fn mutex(&self, name: impl Into<String>) -> Result<Mutex> {
+        Ok(Mutex::new(self.clone(), LockName::new(name)?))
+    }
+
+    /// A read-write lock handle for `name`.
+    pub fn rwlock(&self, name: impl Into<String>) -> Result<RwLock> {
+        Ok(RwLock::new(self.clone(), LockName::new(name)?))
+    }
+
+    /// A semaphore handle for `name` with `permits` permits (≥ 1). Every user of the name must ask
+    /// for the same number; a mismatch is reported as [`Error::InvalidConfig`] while the other
+    /// side holds permits.
+    pub fn semaphore(&self, name: impl Into<String>, permits: u32) -> Result<Semaphore> {
+        let name = LockName::new(name)?;
+        if permits == 0 {
+            return Err(Error::InvalidConfig(
+                "a semaphore needs at least one permit".into(),
+            ));
+        }
+        Ok(Semaphore::new(self.clone(), name, permits))
+    }
+
+    /// Holders and known waiters of `name`, or `None` if nobody holds it.
+    pub async fn describe(&self, name: &str) -> Result<Option<LockInfo>> {
+        let name = LockName::new(name)?;
+        Ok(self
+            .inner
+            .backend
+            .describe(name.as_str())
+            .await?
+            .into_iter()
+            .find(|i| i.name == name.as_str()))
+    }
+
+    /// Every held lock whose name starts with `prefix` ("" for all), sorted by name.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        if prefix.contains('\0') {
+            return Err(Error::InvalidName("a prefix must not contain NUL".into()));
+        }
+        self.inner.backend.describe(prefix).await
+    }
+
+    /// Removes every hold and queue place of `name`, whoever owns them (an administrator's
+    /// unlock). The holders' `lost()` fires at their next renewal. Returns the number of holds
+    /// removed. Fencing counters are kept, so tokens keep increasing.
+    pub async fn force_release(&self, name: &str) -> Result<u64> {
+        let name = LockName::new(name)?;
+        let n = self.inner.backend.force_release(&name).await?;
+        self.inner.wake_local(name.as_str());
+        Ok(n)
+    }
+
+    /// This client's id, stored with every hold it makes.
+    pub fn id(&self) -> &str {
+        &self.inner.meta.client_id
+    }
+
+    /// The store URL with any password redacted.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    /// The backend's short name (`mem`, `sqlite`, ...).
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.backend.name()
+    }
+
+    /// What the backend can do.
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.caps
+    }
+
+    /// The default lease of this client's holds.
+    pub fn default_lease(&self) -> Duration {
+        self.inner.lease
+    }
+}
+
+/// What one acquisition asks for.
+#[derive(Debug, Clone)]
+pub(crate) struct Spec {
+    pub name: LockName,
+    pub kind: LockKind,
+    pub mode: Mode,
+    pub lease: Duration,
+    pub renew: bool,
+    pub fair: bool,
+}
+
+/// How long an acquisition may wait.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Wait {
+    No,
+    Until(Instant),
+    Forever,
+}
+
+/// Cleans up after an acquisition future that was dropped half-way (a caller's own timeout or
+/// `select!`): the owner's queue place and a hold that may have been granted without an answer.
+struct Abandon {
+    backend: Arc<dyn Backend>,
+    name: LockName,
+    kind: LockKind,
+    mode: Mode,
+    owner: String,
+    meta: HolderMeta,
+    armed: bool,
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.backend.clone();
+        let (name, kind, mode) = (self.name.clone(), self.kind, self.mode);
+        let owner = std::mem::take(&mut self.owner);
+        let meta = self.meta.clone();
+        rt.spawn(async move {
+            let req = Request {
+                name: &name,
+                kind,
+                mode,
+                owner: &owner,
+                lease: MIN_LEASE,
+                fair: true,
+                waiting: true,
+                meta: &meta,
+            };
+            let _ = backend.cancel(&req).await;
+            let hold = HoldRef {
+                name: &name,
+                kind,
+                mode,
+                owner: &owner,
+                lease: MIN_LEASE,
+            };
+            let _ = backend.release(&hold).await;
+        });
+    }
+}
+
+impl Inner {
+    fn local_notify(&self, name: &str) -> Arc<Notify> {
+        let mut map = lock(&self.local);
+        if let Some(n) = map.get(name).and_then(Weak::upgrade) {
+            return n;
+        }
+        if map.len() >= 64 {
+            map.retain(|_, w| w.strong_count() > 0);
+        }
+        let n = Arc::new(Notify::new());
+        map.insert(name.to_owned(), Arc::downgrade(&n));
+        n
+    }
+
+    /// Wakes this client's tasks waiting on `name` (after a release by this client).
+    pub(crate) fn wake_local(&self, name: &str) {
+        if let Some(n) = lock(&self.local).get(name).and_then(Weak::upgrade) {
+            n.notify_waiters();
+        }
+    }
+
+    pub(crate) fn forget(&self, owner: &str) {
+        lock(&self.holds).remove(owner);
+    }
+
+    /// The acquisition loop, the same for every store: attempt; if busy, wait for an in-process
+    /// release, the store's wake-up, or the moment a blocking lease runs out; attempt again.
+    pub(crate) async fn acquire(self: &Arc<Self>, spec: &Spec, wait: Wait) -> Result<Arc<Hold>> {
+        use tracing::Instrument;
+        let span = tracing::debug_span!("dlock.acquire", name = %spec.name, kind = %spec.kind, mode = spec.mode.as_str());
+        self.acquire_inner(spec, wait).instrument(span).await
+    }
+
+    async fn acquire_inner(self: &Arc<Self>, spec: &Spec, wait: Wait) -> Result<Arc<Hold>> {
+        check_lease(spec.lease)?;
+        let owner = uuid::Uuid::new_v4().to_string();
+        let req = Request {
+            name: &spec.name,
+            kind: spec.kind,
+            mode: spec.mode,
+            owner: &owner,
+            lease: spec.lease,
+            fair: spec.fair,
+            waiting: !matches!(wait, Wait::No),
+            meta: &self.meta,
+        };
+        let started = Instant::now();
+        let local = self.local_notify(spec.name.as_str());
+        let mut abandon = Abandon {
+            backend: self.backend.clone(),
+            name: spec.name.clone(),
+            kind: spec.kind,
+            mode: spec.mode,
+            owner: owner.clone(),
+            meta: self.meta.clone(),
+            armed: true,
+        };
+        loop {
+            let notified = local.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let sent = Instant::now();
+            let busy = match self.backend.acquire(&req).await {
+                Ok(Attempt::Granted(g)) => {
+                    abandon.armed = false;
+                    let deadline = sent + g.valid_for.saturating_sub(margin(g.valid_for));
+                    let hold = Hold::new(
+                        self.clone(),
+                        spec,
+                        owner.clone(),
+                        g.token,
+                        deadline,
+                        sent + g.valid_for / 3,
+                    );
+                    lock(&self.holds).insert(owner.clone(), Arc::downgrade(&hold));
+                    self.kick.notify_one();
+                    metrics::counter!("dlock_acquire_total", "backend" => self.backend.name(), "result" => "granted").increment(1);
+                    metrics::histogram!("dlock_acquire_wait_seconds", "backend" => self.backend.name())
+                        .record(started.elapsed().as_secs_f64());
+                    tracing::debug!(token = ?g.token, waited = ?started.elapsed(), "granted");
+                    return Ok(hold);
+                }
+                Ok(Attempt::Busy(b)) => b,
+                Err(e) => {
+                    metrics::counter!("dlock_acquire_total", "backend" => self.backend.name(), "result" => "error").increment(1);
+                    return Err(e);
+                }
+            };
+            let now = Instant::now();
+            let give_up = match wait {
+                Wait::No => {
+                    abandon.armed = false;
+                    metrics::counter!("dlock_acquire_total", "backend" => self.backend.name(), "result" => "busy").increment(1);
+                    return Err(Error::Busy {
+                        name: spec.name.to_string(),
+                    });
+                }
+                Wait::Until(d) => Some(d),
+                Wait::Forever => None,
+            };
+            if let Some(d) = give_up {
+                if now >= d {
+                    let _ = self.backend.cancel(&req).await;
+                    abandon.armed = false;
+                    metrics::counter!("dlock_acquire_total", "backend" => self.backend.name(), "result" => "timeout").increment(1);
+                    return Err(Error::Timeout {
+                        name: spec.name.to_string(),
+                        waited: started.elapsed(),
+                    });
+                }
+            }
+            // The slice ends when trying again may succeed without any wake-up: a blocking lease
+            // running out (plus a little jitter so waiters do not stampede), the fair queue place
+            // needing a refresh, or the caller's deadline.
+            let jitter = Duration::from_millis(rand::thread_rng().gen_range(1..=20));
+            let mut slice = match busy.retry_in {
+                Some(r) => r + jitter,
+                None => MAX_NATIVE_SLICE,
+            };
+            if let Wakeups::Native = self.caps.wakeups {
+                slice = slice.min(MAX_NATIVE_SLICE);
+            }
+            if spec.fair {
+                slice = slice.min(QUEUE_PLACE_TTL / 4);
+            }
+            let mut until = now + slice;
+            if let Some(d) = give_up {
+                until = until.min(d);
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                r = self.backend.wait(&req, &busy, until) => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "store wait failed; trying again");
+                        tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(50)).into()).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The renewal watchdog of one client: wakes when the earliest hold is due, renews every hold
+/// that is due (or nearly due) in **one** `extend` call, and fires `lost()` on holds the store no
+/// longer has or whose local deadline passed. Exits when the client is dropped.
+async fn watchdog(client: Weak<Inner>, kick: Arc<Notify>) {
+    loop {
+        let Some(inner) = client.upgrade() else {
+            return;
+        };
+        let next = renew_due(&inner).await;
+        drop(inner);
+        tokio::select! {
+            _ = tokio::time::sleep_until(next.into()) => {}
+            _ = kick.notified() => {}
+        }
+    }
+}
+
+/// One watchdog round; returns when the next round is due.
+async fn renew_due(inner: &Arc<Inner>) -> Instant {
+    let now = Instant::now();
+    let mut next = now + Duration::from_secs(3600);
+    let mut batch: Vec<Arc<Hold>> = Vec::new();
+    let holds: Vec<Arc<Hold>> = {
+        let mut map = lock(&inner.holds);
+        map.retain(|_, w| w.strong_count() > 0);
+        map.values().filter_map(Weak::upgrade).collect()
+    };
+    for h in holds {
+        match h.state() {
+            HoldState::Held { deadline, renew_at } => {
+                if now >= deadline {
+                    h.mark_lost("the lease ran out before it could be renewed");
+                    inner.forget(&h.owner);
+                    continue;
+                }
+                next = next.min(deadline);
+                if h.renews() {
+                    // Holds due within the next sixth of their lease ride along in this batch.
+                    if renew_at <= now + h.lease / 6 {
+                        batch.push(h);
+                    } else {
+                        next = next.min(renew_at);
+                    }
+                }
+            }
+            HoldState::Lost(_) | HoldState::Released => inner.forget(&h.owner),
+        }
+    }
+    if batch.is_empty() {
+        return next;
+    }
+    let refs: Vec<HoldRef<'_>> = batch.iter().map(|h| h.as_ref_with(h.lease)).collect();
+    let earliest = batch
+        .iter()
+        .filter_map(|h| match h.state() {
+            HoldState::Held { deadline, .. } => Some(deadline),
+            _ => None,
+        })
+        .min()
+        .unwrap_or(now + Duration::from_secs(1));
+    let span = tracing::debug_span!("dlock.renew", holds = refs.len());
+    let sent = Instant::now();
+    let result = {
+        use tracing::Instrument;
+        tokio::time::timeout_at(earliest.into(), inner.backend.extend(&refs))
+            .instrument(span)
+            .await
+    };
+    metrics::counter!("dlock_renew_batches_total", "backend" => inner.backend.name()).increment(1);
+    match result {
+        Ok(Ok(answers)) if answers.len() == batch.len() => {
+            for (h, a) in batch.iter().zip(answers) {
+                match a {
+                    Extended::Held { valid_for } => h.confirmed(
+                        sent + valid_for.saturating_sub(margin(valid_for)),
+                        sent + valid_for / 3,
+                    ),
+                    Extended::Gone => {
+                        h.mark_lost("the store no longer has this hold (expired, removed or taken over)");
+                        inner.forget(&h.owner);
+                    }
+                }
+            }
+        }
+        other => {
+            let why = match other {
+                Ok(Ok(_)) => "the store answered a renewal with the wrong number of results".to_string(),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "renewal did not finish before the lease deadline".to_string(),
+            };
+            tracing::warn!(error = %why, holds = batch.len(), "renewal failed; retrying until the lease deadline");
+            for h in &batch {
+                // Retry soon, but never later than the deadline allows.
+                h.retry_renewal_at(Instant::now() + (h.lease / 10).min(Duration::from_secs(1)));
+            }
+        }
+    }
+    Instant::now()
+}

@@ -1,0 +1,178 @@
+//! One hold in the store, shared by the reentrant guards that use it.
+
+use crate::backend::{HoldRef, LockKind, Mode};
+use crate::client::{Inner, Spec};
+use crate::name::LockName;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::watch;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HoldState {
+    /// Trusted until `deadline` (local monotonic clock, margin already taken off); the watchdog
+    /// renews at `renew_at`.
+    Held { deadline: Instant, renew_at: Instant },
+    /// Can no longer be trusted.
+    Lost(String),
+    /// Released (or handed to the store's lease by `expire_in`).
+    Released,
+}
+
+#[derive(Debug)]
+pub(crate) struct Hold {
+    pub(crate) client: Arc<Inner>,
+    pub(crate) name: LockName,
+    pub(crate) kind: LockKind,
+    pub(crate) mode: Mode,
+    pub(crate) owner: String,
+    pub(crate) token: Option<u64>,
+    pub(crate) lease: Duration,
+    pub(crate) acquired_at: SystemTime,
+    /// Live guards of this hold (reentrancy count). 0 = the hold is being or has been released.
+    pub(crate) guards: AtomicUsize,
+    renew: AtomicBool,
+    state: watch::Sender<HoldState>,
+}
+
+impl Hold {
+    pub(crate) fn new(
+        client: Arc<Inner>,
+        spec: &Spec,
+        owner: String,
+        token: Option<u64>,
+        deadline: Instant,
+        renew_at: Instant,
+    ) -> Arc<Hold> {
+        let (state, _) = watch::channel(HoldState::Held { deadline, renew_at });
+        Arc::new(Hold {
+            client,
+            name: spec.name.clone(),
+            kind: spec.kind,
+            mode: spec.mode,
+            owner,
+            token,
+            lease: spec.lease,
+            acquired_at: SystemTime::now(),
+            guards: AtomicUsize::new(1),
+            renew: AtomicBool::new(spec.renew),
+            state,
+        })
+    }
+
+    pub(crate) fn state(&self) -> HoldState {
+        self.state.borrow().clone()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<HoldState> {
+        self.state.subscribe()
+    }
+
+    pub(crate) fn renews(&self) -> bool {
+        self.renew.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn stop_renewing(&self) {
+        self.renew.store(false, Ordering::Release);
+    }
+
+    pub(crate) fn as_ref_with(&self, lease: Duration) -> HoldRef<'_> {
+        HoldRef {
+            name: &self.name,
+            kind: self.kind,
+            mode: self.mode,
+            owner: &self.owner,
+            lease,
+        }
+    }
+
+    /// True while held and the local deadline has not passed.
+    pub(crate) fn is_held(&self) -> bool {
+        match *self.state.borrow() {
+            HoldState::Held { deadline, .. } => Instant::now() < deadline,
+            _ => false,
+        }
+    }
+
+    /// Adds a reentrant guard if the hold is still live. False if it is being released or lost.
+    pub(crate) fn try_reenter(&self) -> bool {
+        if !self.is_held() {
+            return false;
+        }
+        let mut n = self.guards.load(Ordering::Acquire);
+        loop {
+            if n == 0 {
+                return false;
+            }
+            match self
+                .guards
+                .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(cur) => n = cur,
+            }
+        }
+    }
+
+    /// Drops one guard; true if it was the last one.
+    pub(crate) fn leave(&self) -> bool {
+        self.guards.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    pub(crate) fn mark_lost(&self, reason: &str) {
+        let changed = self.state.send_if_modified(|s| match s {
+            HoldState::Held { .. } => {
+                *s = HoldState::Lost(reason.to_string());
+                true
+            }
+            _ => false,
+        });
+        if changed {
+            metrics::counter!("dlock_lost_total", "backend" => self.client.backend.name())
+                .increment(1);
+            tracing::warn!(name = %self.name, token = ?self.token, reason, "lock lost");
+        }
+    }
+
+    /// Marks the hold lost if its local deadline has passed. Returns the state after.
+    pub(crate) fn check_deadline(&self) -> HoldState {
+        if let HoldState::Held { deadline, .. } = self.state() {
+            if Instant::now() >= deadline {
+                self.mark_lost("the lease deadline was reached on the local clock without a successful renewal");
+            }
+        }
+        self.state()
+    }
+
+    pub(crate) fn mark_released(&self) -> HoldState {
+        let before = self.state();
+        self.state.send_if_modified(|s| match s {
+            HoldState::Held { .. } => {
+                *s = HoldState::Released;
+                true
+            }
+            _ => false,
+        });
+        before
+    }
+
+    pub(crate) fn confirmed(&self, deadline: Instant, renew_at: Instant) {
+        self.state.send_if_modified(|s| match s {
+            HoldState::Held { .. } => {
+                *s = HoldState::Held { deadline, renew_at };
+                true
+            }
+            _ => false,
+        });
+    }
+
+    pub(crate) fn retry_renewal_at(&self, at: Instant) {
+        self.state.send_if_modified(|s| match s {
+            HoldState::Held { renew_at, .. } => {
+                *renew_at = at;
+                false
+            }
+            _ => false,
+        });
+    }
+}

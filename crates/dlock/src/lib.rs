@@ -1,0 +1,51 @@
+//! # dlock — distributed locks over the store you already run
+//!
+//! One API over many stores, with every property a lock should have written once above the store:
+//! mutual exclusion, leases renewed by a watchdog, owner-only release, reentrancy, blocking / try /
+//! timed acquire, waiting by notification, FIFO fairness, read-write locks, semaphores, fencing
+//! tokens and a [`Guard::lost`] signal.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+//! use std::time::Duration;
+//! let client = dlock::connect("mem://").await?;        // or "sqlite:///var/lib/app/locks.db"
+//! let jobs = client.mutex("jobs/nightly")?.lease(Duration::from_secs(10));
+//! match jobs.acquire_timeout(Duration::from_secs(1)).await {
+//!     Ok(guard) => {
+//!         let token = guard.token();                   // pass to the resource you write
+//!         tokio::select! {
+//!             e = guard.lost() => eprintln!("{e}"),     // stop before someone else gets it
+//!             _ = async { /* work, fenced with `token` */ } => {}
+//!         }
+//!         guard.release().await?;
+//!     }
+//!     Err(e) if e.is_not_granted() => println!("someone else runs it"),
+//!     Err(e) => return Err(e),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! See `docs/ARCHITECTURE.md` for the layers and the backend trait, and `docs/BACKENDS.md` for
+//! what each store guarantees.
+
+#![warn(missing_docs)]
+
+pub mod backend;
+mod client;
+mod config;
+mod error;
+mod hold;
+mod lock;
+mod name;
+
+pub use backend::{
+    Capabilities, HolderInfo, HolderMeta, LockInfo, LockKind, Mode, Validity, WaiterInfo, Wakeups,
+    QUEUE_PLACE_TTL,
+};
+pub use client::{
+    connect, connect_with, Client, ClientOptions, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE,
+};
+pub use config::{enabled_backends, redact_url};
+pub use error::{Error, Result};
+pub use lock::{Guard, Mutex, RwLock, Semaphore};
+pub use name::{LockName, MAX_NAME_LEN};
