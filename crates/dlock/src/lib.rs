@@ -49,3 +49,8 @@ pub use config::{enabled_backends, redact_url};
 pub use error::{Error, Result};
 pub use lock::{Guard, Mutex, RwLock, Semaphore};
 pub use name::{LockName, MAX_NAME_LEN};
+
+/// The README's code blocks run as doctests, so what it shows keeps working.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
