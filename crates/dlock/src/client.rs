@@ -483,6 +483,8 @@ async fn renew_due(inner: &Arc<Inner>) -> Instant {
     let now = Instant::now();
     let mut next = now + Duration::from_secs(3600);
     let mut batch: Vec<Arc<Hold>> = Vec::new();
+    let mut nearly: Vec<Arc<Hold>> = Vec::new();
+    let mut due = false;
     let holds: Vec<Arc<Hold>> = {
         let mut map = lock(&inner.holds);
         map.retain(|_, w| w.strong_count() > 0);
@@ -498,20 +500,25 @@ async fn renew_due(inner: &Arc<Inner>) -> Instant {
                 }
                 next = next.min(deadline);
                 if h.renews() {
-                    // Holds due within the next sixth of their lease ride along in this batch.
-                    if renew_at <= now + h.lease / 6 {
+                    if renew_at <= now {
+                        due = true;
                         batch.push(h);
                     } else {
                         next = next.min(renew_at);
+                        // Due within the next sixth of its lease: rides along if a batch goes out.
+                        if renew_at <= now + h.lease / 6 {
+                            nearly.push(h);
+                        }
                     }
                 }
             }
             HoldState::Lost(_) | HoldState::Released => inner.forget(&h.owner),
         }
     }
-    if batch.is_empty() {
+    if !due {
         return next;
     }
+    batch.append(&mut nearly);
     let refs: Vec<HoldRef<'_>> = batch.iter().map(|h| h.as_ref_with(h.lease)).collect();
     let earliest = batch
         .iter()
