@@ -1,0 +1,219 @@
+//! `dlock list`, `dlock unlock` and `dlock info`.
+
+use crate::exit::{self, CliResult, Failure};
+use crate::store;
+use crate::table::{cell, render, Align};
+use std::time::{Duration, UNIX_EPOCH};
+
+fn ms(d: Option<u64>) -> String {
+    match d {
+        Some(ms) => {
+            // Whole milliseconds below 10 s, tenths of a second above: readable and stable.
+            let d = if ms < 10_000 {
+                Duration::from_millis(ms)
+            } else {
+                Duration::from_millis(ms / 100 * 100)
+            };
+            humantime::format_duration(d).to_string()
+        }
+        None => "-".into(),
+    }
+}
+
+fn at(ms: u64) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn short(owner: &str) -> String {
+    cell(&owner.chars().take(8).collect::<String>())
+}
+
+/// The text table of `dlock list`.
+pub fn table(infos: &[dlock::LockInfo]) -> String {
+    let mut rows = Vec::new();
+    for info in infos {
+        for h in &info.holders {
+            rows.push(vec![
+                cell(&info.name),
+                info.kind.to_string(),
+                h.mode.as_str().to_string(),
+                "held".to_string(),
+                short(&h.owner),
+                cell(&h.meta.host),
+                h.meta.pid.to_string(),
+                h.token.map_or_else(|| "-".into(), |t| t.to_string()),
+                ms(h.lease_left_ms),
+                at(h.acquired_at_ms),
+            ]);
+        }
+        for w in &info.waiters {
+            rows.push(vec![
+                cell(&info.name),
+                info.kind.to_string(),
+                w.mode.as_str().to_string(),
+                format!("waiting #{}", w.position + 1),
+                short(&w.owner),
+                cell(&w.meta.host),
+                w.meta.pid.to_string(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ]);
+        }
+    }
+    use Align::{Left as L, Right as R};
+    render(
+        &[
+            "NAME",
+            "KIND",
+            "MODE",
+            "STATE",
+            "OWNER",
+            "HOST",
+            "PID",
+            "TOKEN",
+            "LEASE LEFT",
+            "ACQUIRED AT",
+        ],
+        &[L, L, L, L, L, L, R, R, R, L],
+        &rows,
+    )
+}
+
+/// Runs `dlock list`.
+pub async fn list(url: Option<&str>, json: bool, prefix: &str) -> CliResult {
+    let url = store::resolve(url)?;
+    let client = store::connect(&url).await?;
+    let infos = client.list(prefix).await.map_err(|e| {
+        Failure::new(
+            exit::for_error(&e),
+            format!("cannot list locks on {}: {e}", client.url()),
+        )
+    })?;
+    if json {
+        let s = serde_json::to_string(&infos)
+            .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot encode JSON: {e}")))?;
+        println!("{s}");
+    } else if infos.is_empty() {
+        if prefix.is_empty() {
+            println!("no locks held");
+        } else {
+            println!("no locks held under {:?}", prefix);
+        }
+    } else {
+        print!("{}", table(&infos));
+    }
+    Ok(exit::OK)
+}
+
+/// Runs `dlock unlock`.
+pub async fn unlock(url: Option<&str>, name: &str, force: bool) -> CliResult {
+    dlock::LockName::new(name).map_err(|e| Failure::usage(e.to_string()))?;
+    if !force {
+        return Err(Failure::usage(format!(
+            "refusing to remove the holds of {name:?} without --force (its holders will lose the lock while they may still be working)"
+        )));
+    }
+    let url = store::resolve(url)?;
+    let client = store::connect(&url).await?;
+    let n = client.force_release(name).await.map_err(|e| {
+        Failure::new(
+            exit::for_error(&e),
+            format!("cannot unlock {name:?} on {}: {e}", client.url()),
+        )
+    })?;
+    let s = if n == 1 { "" } else { "s" };
+    println!("removed {n} hold{s} of lock {name:?}");
+    Ok(exit::OK)
+}
+
+/// What `dlock info --json` prints.
+#[derive(Debug, serde::Serialize)]
+struct Info {
+    version: &'static str,
+    default_url: Option<String>,
+    default_path: Option<String>,
+    env_url: Option<String>,
+    url: Option<String>,
+    enabled_backends: Vec<&'static str>,
+}
+
+/// Runs `dlock info`.
+pub fn info(json: bool) -> CliResult {
+    let default_path = store::default_path();
+    let default_url = store::default_url();
+    let env_url = store::env_url().map(|u| dlock::redact_url(&u));
+    let info = Info {
+        version: env!("CARGO_PKG_VERSION"),
+        default_url: default_url.clone(),
+        default_path: default_path.as_ref().map(|p| p.display().to_string()),
+        url: env_url.clone().or(default_url),
+        env_url,
+        enabled_backends: dlock::enabled_backends(),
+    };
+    if json {
+        let s = serde_json::to_string_pretty(&info)
+            .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot encode JSON: {e}")))?;
+        println!("{s}");
+        return Ok(exit::OK);
+    }
+    let none = || "(none: no home directory)".to_string();
+    println!("dlock {}", info.version);
+    println!(
+        "default store:    {}",
+        info.default_url.clone().unwrap_or_else(none)
+    );
+    println!(
+        "  file:           {}",
+        info.default_path.clone().unwrap_or_else(none)
+    );
+    println!(
+        "DLOCK_URL:        {}",
+        info.env_url.as_deref().unwrap_or("(not set)")
+    );
+    println!(
+        "store used:       {}{}",
+        info.url.clone().unwrap_or_else(none),
+        if info.env_url.is_some() {
+            "  (from DLOCK_URL)"
+        } else {
+            "  (default; --url or DLOCK_URL override it)"
+        }
+    );
+    println!("backends:         {}", info.enabled_backends.join(", "));
+    Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lists_a_hold_from_memory() {
+        let client = dlock::connect("mem://cli-list-test")
+            .await
+            .expect("connect");
+        let g = client
+            .mutex("jobs/a\nb")
+            .expect("name")
+            .acquire()
+            .await
+            .expect("acquire");
+        let infos = client.list("").await.expect("list");
+        let t = table(&infos);
+        assert!(t.starts_with("NAME"), "{t}");
+        assert!(t.contains("jobs/a\\nb"), "{t}");
+        assert!(t.contains("mutex"), "{t}");
+        assert!(t.contains(&std::process::id().to_string()), "{t}");
+        assert_eq!(t.lines().count(), 2, "{t}");
+        g.release().await.expect("release");
+    }
+
+    #[test]
+    fn formats_lease() {
+        assert_eq!(ms(Some(1500)), "1s 500ms");
+        assert_eq!(ms(Some(29_456)), "29s 400ms");
+        assert_eq!(ms(None), "-");
+    }
+}

@@ -1,0 +1,735 @@
+//! End-to-end tests of the `dlock` binary against a temporary SQLite store (one file per test).
+//!
+//! Every process a test starts is wrapped in a guard that stops it (SIGTERM, then SIGKILL) if the
+//! test fails half-way, and every command a test runs in a `dlock run` ends by itself within
+//! seconds even if nobody stops it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dlock");
+
+/// A temporary directory with a SQLite store in it.
+struct Store {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Store {
+    fn new() -> Store {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+        Store { dir, url }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// The result of one finished `dlock` invocation.
+#[derive(Debug)]
+struct Out {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+/// A `dlock` command with a clean environment for the store (no `DLOCK_URL`, default logging).
+fn dlock(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args).env_remove("DLOCK_URL").env_remove("RUST_LOG");
+    c
+}
+
+/// A process the test started; stopped when dropped if still running.
+struct Proc {
+    child: Child,
+    out: PathBuf,
+    err: PathBuf,
+    started: Instant,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command, dir: &Path) -> Proc {
+        let tag = format!("{:?}", Instant::now()).replace(|c: char| !c.is_alphanumeric(), "");
+        let out = dir.join(format!("out-{tag}"));
+        let err = dir.join(format!("err-{tag}"));
+        cmd.stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("stdout file"))
+            .stderr(std::fs::File::create(&err).expect("stderr file"));
+        let started = Instant::now();
+        let child = cmd.spawn().expect("spawn dlock");
+        Proc {
+            child,
+            out,
+            err,
+            started,
+        }
+    }
+
+    fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.id() as i32)
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(self.pid(), sig).expect("kill");
+    }
+
+    /// Waits at most `timeout` for the process to end.
+    fn wait(mut self, timeout: Duration) -> Out {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                break st;
+            }
+            if Instant::now() >= deadline {
+                let stderr = std::fs::read_to_string(&self.err).unwrap_or_default();
+                panic!("dlock did not finish within {timeout:?}; stderr so far: {stderr}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let elapsed = self.started.elapsed();
+        Out {
+            code: status.code(),
+            stdout: std::fs::read_to_string(&self.out).unwrap_or_default(),
+            stderr: std::fs::read_to_string(&self.err).unwrap_or_default(),
+            elapsed,
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SIGTERM first so dlock stops its command too, then SIGKILL.
+            let _ = nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs `cmd` to completion (at most `timeout`).
+fn exec(cmd: Command, dir: &Path, timeout: Duration) -> Out {
+    Proc::spawn(cmd, dir).wait(timeout)
+}
+
+fn wait_for_file(p: &Path, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if p.exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// Starts `dlock run` holding `name` with a command that touches `started` and then runs until
+/// SIGTERM (recording it in `termed`) or for at most 10 s.
+fn hold(store: &Store, name: &str, extra: &[&str]) -> (Proc, PathBuf, PathBuf) {
+    let started = store.path(&format!("{}-started", name.replace('/', "_")));
+    let termed = store.path(&format!("{}-termed", name.replace('/', "_")));
+    let script = format!(
+        "trap 'touch {t}; exit 143' TERM; touch {s}; i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done",
+        t = termed.display(),
+        s = started.display()
+    );
+    let mut args = vec!["run", "--url", &store.url];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[name, "--", "sh", "-c", &script]);
+    let p = Proc::spawn(dlock(&args), store.dir.path());
+    assert!(
+        wait_for_file(&started, Duration::from_secs(10)),
+        "the holder's command did not start"
+    );
+    (p, started, termed)
+}
+
+fn run_quick(store: &Store, extra: &[&str], name: &str, cmd: &[&str]) -> Out {
+    let mut args = vec!["run", "--url", &store.url];
+    args.extend_from_slice(extra);
+    args.push(name);
+    args.push("--");
+    args.extend_from_slice(cmd);
+    exec(dlock(&args), store.dir.path(), Duration::from_secs(20))
+}
+
+#[test]
+fn run_passes_exit_codes_through() {
+    let s = Store::new();
+    assert_eq!(run_quick(&s, &[], "codes", &["true"]).code, Some(0));
+    let o = run_quick(&s, &[], "codes", &["sh", "-c", "exit 3"]);
+    assert_eq!(o.code, Some(3), "{o:?}");
+    assert!(o.stderr.is_empty(), "{o:?}");
+    // Killed by a signal: 128 + N, like a shell.
+    let o = run_quick(&s, &[], "codes", &["sh", "-c", "kill -KILL $$"]);
+    assert_eq!(o.code, Some(128 + 9), "{o:?}");
+    let o = run_quick(&s, &[], "codes", &["sh", "-c", "kill -TERM $$"]);
+    assert_eq!(o.code, Some(128 + 15), "{o:?}");
+    // And the lock was released every time.
+    assert_eq!(
+        run_quick(&s, &["--no-wait"], "codes", &["true"]).code,
+        Some(0)
+    );
+}
+
+#[test]
+fn run_accepts_the_command_without_double_dash() {
+    let s = Store::new();
+    let o = exec(
+        dlock(&[
+            "run",
+            "--url",
+            &s.url,
+            "plain",
+            "sh",
+            "-c",
+            "echo $DLOCK_NAME",
+        ]),
+        s.dir.path(),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert_eq!(o.stdout.trim(), "plain");
+}
+
+#[test]
+fn run_gives_the_child_name_and_token() {
+    let s = Store::new();
+    let get = || {
+        let o = run_quick(
+            &s,
+            &[],
+            "env/check",
+            &["sh", "-c", "echo \"$DLOCK_NAME|${DLOCK_TOKEN-unset}\""],
+        );
+        assert_eq!(o.code, Some(0), "{o:?}");
+        let line = o.stdout.trim().to_string();
+        let (name, token) = line.split_once('|').expect("name|token");
+        assert_eq!(name, "env/check");
+        let token: u64 = token.parse().expect("DLOCK_TOKEN is an integer");
+        assert!(token > 0);
+        token
+    };
+    let (a, b) = (get(), get());
+    assert!(b > a, "tokens increase: {a} then {b}");
+}
+
+#[test]
+fn no_wait_on_a_held_lock_exits_75_without_running() {
+    let s = Store::new();
+    let (holder, _, _) = hold(&s, "busy", &[]);
+    let marker = s.path("ran");
+    let o = run_quick(
+        &s,
+        &["--no-wait"],
+        "busy",
+        &["touch", marker.to_str().expect("utf-8 path")],
+    );
+    assert_eq!(o.code, Some(75), "{o:?}");
+    assert!(!marker.exists(), "the command must not run");
+    assert_eq!(o.stderr.lines().count(), 1, "one line: {:?}", o.stderr);
+    assert!(o.stderr.contains("busy"), "{o:?}");
+    assert!(o.elapsed < Duration::from_secs(5), "{o:?}");
+    drop(holder);
+}
+
+#[test]
+fn wait_expires_with_75_after_the_wait() {
+    let s = Store::new();
+    let (holder, _, _) = hold(&s, "slow", &[]);
+    let marker = s.path("ran");
+    let o = run_quick(
+        &s,
+        &["--wait", "300ms"],
+        "slow",
+        &["touch", marker.to_str().expect("utf-8 path")],
+    );
+    assert_eq!(o.code, Some(75), "{o:?}");
+    assert!(o.elapsed >= Duration::from_millis(300), "{o:?}");
+    assert!(o.elapsed < Duration::from_secs(5), "{o:?}");
+    assert!(!marker.exists(), "the command must not run");
+    assert_eq!(o.stderr.lines().count(), 1, "one line: {:?}", o.stderr);
+    drop(holder);
+}
+
+#[test]
+fn lost_lock_terminates_the_command_and_exits_76() {
+    let s = Store::new();
+    let (holder, _, termed) = hold(&s, "doomed", &["--ttl", "1s", "--kill-after", "2s"]);
+    let o = exec(
+        dlock(&["unlock", "--url", &s.url, "doomed", "--force"]),
+        s.dir.path(),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert!(o.stdout.contains("removed 1 hold"), "{o:?}");
+    let t0 = Instant::now();
+    let o = holder.wait(Duration::from_secs(10));
+    assert_eq!(o.code, Some(76), "{o:?}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{o:?}");
+    assert!(termed.exists(), "the command got SIGTERM");
+    assert!(o.stderr.contains("lost"), "{o:?}");
+}
+
+#[test]
+fn lost_lock_kills_a_command_that_ignores_sigterm() {
+    let s = Store::new();
+    let started = s.path("started");
+    let script = format!(
+        "trap '' TERM; touch {}; i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done",
+        started.display()
+    );
+    let holder = Proc::spawn(
+        dlock(&[
+            "run",
+            "--url",
+            &s.url,
+            "--ttl",
+            "1s",
+            "--kill-after",
+            "500ms",
+            "stubborn",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]),
+        s.dir.path(),
+    );
+    assert!(wait_for_file(&started, Duration::from_secs(10)));
+    let o = exec(
+        dlock(&["unlock", "--url", &s.url, "stubborn", "--force"]),
+        s.dir.path(),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.code, Some(0), "{o:?}");
+    let t0 = Instant::now();
+    let o = holder.wait(Duration::from_secs(10));
+    assert_eq!(o.code, Some(76), "{o:?}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{o:?}");
+}
+
+#[test]
+fn sigterm_is_forwarded_and_the_lock_released() {
+    let s = Store::new();
+    let (holder, _, termed) = hold(&s, "fwd", &[]);
+    holder.signal(nix::sys::signal::Signal::SIGTERM);
+    let o = holder.wait(Duration::from_secs(10));
+    assert!(termed.exists(), "the command got SIGTERM");
+    // The command's own status (it exits 143 from its trap).
+    assert_eq!(o.code, Some(143), "{o:?}");
+    let o = run_quick(&s, &["--no-wait"], "fwd", &["true"]);
+    assert_eq!(o.code, Some(0), "the lock was released: {o:?}");
+}
+
+#[test]
+fn sigint_and_sighup_are_forwarded() {
+    let s = Store::new();
+    for (sig, name) in [
+        (nix::sys::signal::Signal::SIGINT, "INT"),
+        (nix::sys::signal::Signal::SIGHUP, "HUP"),
+    ] {
+        let started = s.path(&format!("started-{name}"));
+        let got = s.path(&format!("got-{name}"));
+        let script = format!(
+            "trap 'touch {g}; exit 5' {name}; touch {s}; i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done",
+            g = got.display(),
+            s = started.display()
+        );
+        let p = Proc::spawn(
+            dlock(&["run", "--url", &s.url, "sig", "--", "sh", "-c", &script]),
+            s.dir.path(),
+        );
+        assert!(wait_for_file(&started, Duration::from_secs(10)));
+        p.signal(sig);
+        let o = p.wait(Duration::from_secs(10));
+        assert_eq!(o.code, Some(5), "{name}: {o:?}");
+        assert!(got.exists(), "{name} reached the command");
+    }
+}
+
+#[test]
+fn signal_while_waiting_aborts_without_running() {
+    let s = Store::new();
+    let (holder, _, _) = hold(&s, "queue", &[]);
+    let marker = s.path("ran");
+    let waiter = Proc::spawn(
+        dlock(&[
+            "run",
+            "--url",
+            &s.url,
+            "queue",
+            "--",
+            "touch",
+            marker.to_str().expect("utf-8 path"),
+        ]),
+        s.dir.path(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    waiter.signal(nix::sys::signal::Signal::SIGINT);
+    let o = waiter.wait(Duration::from_secs(10));
+    assert_eq!(o.code, Some(130), "{o:?}");
+    assert!(!marker.exists());
+    drop(holder);
+}
+
+#[test]
+fn hold_at_least_keeps_the_lock_after_a_quick_command() {
+    let s = Store::new();
+    let t0 = Instant::now();
+    let o = run_quick(&s, &["--hold-at-least", "2s"], "period", &["true"]);
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert!(
+        o.elapsed < Duration::from_millis(1500),
+        "exits at once: {o:?}"
+    );
+    let o = run_quick(&s, &["--no-wait"], "period", &["true"]);
+    assert!(t0.elapsed() < Duration::from_secs(2), "too slow to check");
+    assert_eq!(o.code, Some(75), "still held: {o:?}");
+    std::thread::sleep(Duration::from_millis(2300).saturating_sub(t0.elapsed()));
+    let o = run_quick(&s, &["--no-wait"], "period", &["true"]);
+    assert_eq!(o.code, Some(0), "free after the period: {o:?}");
+}
+
+#[test]
+fn hold_at_least_shorter_than_the_command_releases_at_once() {
+    let s = Store::new();
+    let o = run_quick(
+        &s,
+        &["--hold-at-least", "200ms"],
+        "short-period",
+        &["sleep", "0.4"],
+    );
+    assert_eq!(o.code, Some(0), "{o:?}");
+    let o = run_quick(&s, &["--no-wait"], "short-period", &["true"]);
+    assert_eq!(o.code, Some(0), "{o:?}");
+}
+
+#[test]
+fn missing_or_unexecutable_commands_exit_127_and_126_and_release() {
+    let s = Store::new();
+    let o = run_quick(&s, &[], "exec", &["/nonexistent/definitely-not-here"]);
+    assert_eq!(o.code, Some(127), "{o:?}");
+    assert_eq!(o.stderr.lines().count(), 1, "{o:?}");
+    let o = run_quick(&s, &[], "exec", &["dlock-no-such-command-anywhere"]);
+    assert_eq!(o.code, Some(127), "{o:?}");
+    let plain = s.path("not-executable");
+    std::fs::write(&plain, "echo hi\n").expect("write");
+    let o = run_quick(&s, &[], "exec", &[plain.to_str().expect("utf-8 path")]);
+    assert_eq!(o.code, Some(126), "{o:?}");
+    let o = run_quick(&s, &[], "exec", &[s.dir.path().to_str().expect("utf-8")]);
+    assert_eq!(o.code, Some(126), "a directory: {o:?}");
+    let o = run_quick(&s, &["--no-wait"], "exec", &["true"]);
+    assert_eq!(o.code, Some(0), "released: {o:?}");
+}
+
+#[test]
+fn usage_errors_exit_64() {
+    let s = Store::new();
+    let long = "x".repeat(300);
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["run", "--bogus", "n", "--", "true"],
+        vec!["run", "--url", &s.url, "--ttl", "0s", "n", "--", "true"],
+        vec!["run", "--url", &s.url, "--ttl", "banana", "n", "--", "true"],
+        vec!["run", "--url", &s.url, "--ttl", "10ms", "n", "--", "true"],
+        vec!["run", "--url", &s.url, "--wait", "-1s", "n", "--", "true"],
+        vec![
+            "run",
+            "--url",
+            &s.url,
+            "--wait",
+            "5000years",
+            "n",
+            "--",
+            "true",
+        ],
+        vec![
+            "run",
+            "--url",
+            &s.url,
+            "--wait",
+            "1s",
+            "--no-wait",
+            "n",
+            "--",
+            "true",
+        ],
+        vec!["run", "--url", &s.url, "", "--", "true"],
+        vec!["run", "--url", &s.url, &long, "--", "true"],
+        vec!["run", "--url", "foo://bar", "n", "--", "true"],
+        vec!["run", "--url", "not a url", "n", "--", "true"],
+        vec!["run", "--url", "sqlite://somehost/x.db", "n", "--", "true"],
+        vec!["run", "--url", &s.url, "n"],
+        vec!["run"],
+        vec![],
+        vec!["frobnicate"],
+        vec!["list", "--url", "foo://bar"],
+        vec!["unlock", "--url", &s.url, "n"],
+        vec!["demo", "--url", &s.url, "--buyers", "0"],
+        vec!["demo", "--url", &s.url, "--tickets", "1001"],
+        vec!["demo", "--url", &s.url, "--buyers", "-3"],
+        vec!["demo", "--url", "mem://"],
+    ];
+    for args in cases {
+        let o = exec(dlock(&args), s.dir.path(), Duration::from_secs(20));
+        assert_eq!(o.code, Some(64), "{args:?}: {o:?}");
+        assert!(!o.stderr.is_empty(), "{args:?}: says why");
+        assert!(!o.stderr.contains("panicked"), "{args:?}: {o:?}");
+    }
+}
+
+#[test]
+fn unreachable_store_exits_69_with_one_line() {
+    let s = Store::new();
+    let file = s.path("a-file");
+    std::fs::write(&file, "not a database, not a directory").expect("write");
+    let cases = [
+        "sqlite:///nonexistent-dir/x/y.db".to_string(),
+        format!("sqlite://{}/y.db", file.display()),
+        format!("sqlite://{}", s.dir.path().display()),
+        format!("sqlite://{}", file.display()),
+    ];
+    for url in &cases {
+        let marker = s.path("ran");
+        let o = run_quick(
+            &Store {
+                dir: tempfile::tempdir().expect("tempdir"),
+                url: url.clone(),
+            },
+            &[],
+            "n",
+            &["touch", marker.to_str().expect("utf-8 path")],
+        );
+        assert_eq!(o.code, Some(69), "{url}: {o:?}");
+        assert_eq!(o.stderr.trim().lines().count(), 1, "{url}: {o:?}");
+        assert!(!marker.exists());
+        let o = exec(
+            dlock(&["list", "--url", url]),
+            s.dir.path(),
+            Duration::from_secs(20),
+        );
+        assert_eq!(o.code, Some(69), "list {url}: {o:?}");
+    }
+}
+
+#[test]
+fn list_json_shows_a_running_hold() {
+    let s = Store::new();
+    let (holder, _, _) = hold(&s, "jobs/listed", &[]);
+    let o = exec(
+        dlock(&["list", "--url", &s.url, "--json"]),
+        s.dir.path(),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.code, Some(0), "{o:?}");
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("one JSON document");
+    let arr = v.as_array().expect("an array");
+    assert_eq!(arr.len(), 1, "{v}");
+    assert_eq!(arr[0]["name"], "jobs/listed");
+    assert_eq!(arr[0]["kind"], "mutex");
+    let h = &arr[0]["holders"][0];
+    assert_eq!(h["pid"].as_u64(), Some(u64::from(holder.child.id())), "{v}");
+    assert!(h["token"].as_u64().is_some_and(|t| t > 0), "{v}");
+    assert_eq!(h["mode"], "exclusive");
+
+    // The table shows the same hold; a prefix filters.
+    let o = exec(
+        dlock(&["list", "--url", &s.url]),
+        s.dir.path(),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.code, Some(0), "{o:?}");
+    let mut lines = o.stdout.lines();
+    let header = lines.next().expect("header");
+    for col in [
+        "NAME",
+        "KIND",
+        "MODE",
+        "OWNER",
+        "HOST",
+        "PID",
+        "TOKEN",
+        "LEASE LEFT",
+        "ACQUIRED AT",
+    ] {
+        assert!(header.contains(col), "{header}");
+    }
+    let row = lines.next().expect("row");
+    assert!(row.starts_with("jobs/listed"), "{row}");
+    assert!(row.contains(&holder.child.id().to_string()), "{row}");
+    let o = exec(
+        dlock(&["list", "--url", &s.url, "other/"]),
+        s.dir.path(),
+        Duration::from_secs(20),
+    );
+    assert!(o.stdout.contains("no locks held"), "{o:?}");
+    let o = exec(
+        dlock(&["list", "--url", &s.url, "--json", "other/"]),
+        s.dir.path(),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.stdout.trim(), "[]", "{o:?}");
+    drop(holder);
+}
+
+#[test]
+fn list_empty_store() {
+    let s = Store::new();
+    let o = exec(
+        dlock(&["list", "--url", &s.url]),
+        s.dir.path(),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert_eq!(o.stdout.trim(), "no locks held");
+}
+
+#[test]
+fn unlock_refuses_without_force() {
+    let s = Store::new();
+    let (holder, _, _) = hold(&s, "precious", &[]);
+    let o = exec(
+        dlock(&["unlock", "--url", &s.url, "precious"]),
+        s.dir.path(),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.code, Some(64), "{o:?}");
+    assert!(o.stderr.contains("--force"), "{o:?}");
+    let o = run_quick(&s, &["--no-wait"], "precious", &["true"]);
+    assert_eq!(o.code, Some(75), "still held: {o:?}");
+    drop(holder);
+    let o = exec(
+        dlock(&["unlock", "--url", &s.url, "--force", "nobody-holds-this"]),
+        s.dir.path(),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert!(o.stdout.contains("removed 0 holds"), "{o:?}");
+}
+
+#[test]
+fn info_prints_the_default_url() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let state = home.path().join("state");
+    let mut c = dlock(&["info"]);
+    c.env("HOME", home.path()).env("XDG_STATE_HOME", &state);
+    let o = exec(c, home.path(), Duration::from_secs(20));
+    assert_eq!(o.code, Some(0), "{o:?}");
+    let want = format!("sqlite://{}", state.join("dlock/locks.db").display());
+    assert!(o.stdout.contains(&want), "{want} in {o:?}");
+    assert!(o.stdout.contains(env!("CARGO_PKG_VERSION")), "{o:?}");
+    assert!(o.stdout.contains("sqlite"), "{o:?}");
+    assert!(o.stdout.contains("not set"), "{o:?}");
+
+    let mut c = dlock(&["info", "--json"]);
+    c.env("HOME", home.path())
+        .env("XDG_STATE_HOME", &state)
+        .env("DLOCK_URL", "redis://user:hunter2@example.invalid/0");
+    let o = exec(c, home.path(), Duration::from_secs(20));
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert!(!o.stdout.contains("hunter2"), "redacted: {o:?}");
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("json");
+    assert_eq!(v["default_url"], want.as_str());
+    assert!(
+        v["env_url"].as_str().is_some_and(|u| u.contains("***")),
+        "{v}"
+    );
+    assert!(v["enabled_backends"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty()));
+}
+
+#[test]
+fn default_store_and_dlock_url_are_used() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let state = home.path().join("state");
+    let mut c = dlock(&["run", "default-store", "--", "true"]);
+    c.env("HOME", home.path()).env("XDG_STATE_HOME", &state);
+    let o = exec(c, home.path(), Duration::from_secs(20));
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert!(
+        state.join("dlock/locks.db").exists(),
+        "created the default store"
+    );
+
+    let s = Store::new();
+    let (holder, _, _) = hold(&s, "via-env", &[]);
+    let mut c = dlock(&["run", "--no-wait", "via-env", "--", "true"]);
+    c.env("DLOCK_URL", &s.url);
+    let o = exec(c, s.dir.path(), Duration::from_secs(20));
+    assert_eq!(o.code, Some(75), "DLOCK_URL names the same store: {o:?}");
+    drop(holder);
+}
+
+#[test]
+fn demo_oversells_without_a_lock_and_not_with_one() {
+    let s = Store::new();
+    let o = exec(
+        dlock(&["demo", "--url", &s.url, "--buyers", "6", "--tickets", "4"]),
+        s.dir.path(),
+        Duration::from_secs(60),
+    );
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert!(o.elapsed < Duration::from_secs(20), "{o:?}");
+    let round1 = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("round 1"))
+        .expect("round 1 verdict");
+    assert!(
+        round1.contains("OVERSOLD") || round1.contains("count wrong"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("exactly 4 sold, 2 refused"),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("strictly increasing"), "{}", o.stdout);
+    let row2: Vec<&str> = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("2 dlock mutex"))
+        .expect("round 2 row")
+        .split_whitespace()
+        .collect();
+    // ROUND(3 words) BUYERS TICKETS SOLD REFUSED OVERSOLD LEFT ELAPSED
+    assert_eq!(&row2[3..9], &["6", "4", "4", "2", "0", "0"], "{}", o.stdout);
+}
+
+#[test]
+fn help_works_for_every_subcommand() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for sub in ["run", "list", "info", "unlock", "demo"] {
+        let o = exec(dlock(&[sub, "--help"]), dir.path(), Duration::from_secs(20));
+        assert_eq!(o.code, Some(0), "{sub}: {o:?}");
+        assert!(
+            o.stdout.contains(&format!("Usage: dlock {sub}")),
+            "{sub}: {o:?}"
+        );
+        let o = exec(dlock(&["help", sub]), dir.path(), Duration::from_secs(20));
+        assert_eq!(o.code, Some(0), "help {sub}: {o:?}");
+    }
+    let o = exec(dlock(&["--help"]), dir.path(), Duration::from_secs(20));
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert!(!o.stdout.contains("demo-buyer"), "the buyer is hidden");
+    let o = exec(dlock(&["--version"]), dir.path(), Duration::from_secs(20));
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert_eq!(
+        o.stdout.trim(),
+        format!("dlock {}", env!("CARGO_PKG_VERSION"))
+    );
+}
