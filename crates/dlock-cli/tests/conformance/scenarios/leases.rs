@@ -1,0 +1,351 @@
+//! Leases: expiry, takeover of a vanished holder, renewal, and the lost() signal.
+
+use super::*;
+
+// ---- 4 ------------------------------------------------------------------------------------------
+
+/// A hold whose lease ran out and whose lock another took cannot be released by its old owner:
+/// the release reports NotOwner/Lost and leaves the new holder's hold alone.
+pub async fn owner_only_release_after_expiry(s: Store) {
+    let (c1, c2, c3) = (s.client().await, s.client().await, s.client().await);
+    let name = s.name("owner-only");
+    let a = c1.mutex(&name).unwrap().lease(ms(300)).auto_renew(false);
+    let ga = must("A: acquire with a 300 ms lease, no renewal", a.acquire()).await;
+    sleep(ms(600)).await;
+    assert!(
+        !ga.is_held(),
+        "A's guard still claims the hold 600 ms into a 300 ms lease without renewal"
+    );
+    let gb = must(
+        "B: acquire after A's lease ran out",
+        c2.mutex(&name).unwrap().acquire_timeout(secs(5)),
+    )
+    .await;
+    if let (Some(ta), Some(tb)) = (ga.token(), gb.token()) {
+        assert!(tb > ta, "B's token {tb} is not greater than A's {ta}");
+    }
+    let (e, _) = fails("A: release after B took over", ga.release()).await;
+    assert!(
+        matches!(e, Error::NotOwner { .. } | Error::Lost { .. }),
+        "A's stale release: expected NotOwner or Lost, got {e:?}"
+    );
+    assert!(
+        gb.is_held(),
+        "B's guard is no longer held after A's stale release"
+    );
+    assert_err!(
+        within(STEP, "try_acquire", c3.mutex(&name).unwrap().try_acquire()).await,
+        Error::Busy { .. },
+        "a third contender after A's stale release (B must still hold)"
+    );
+    let info = describe(&c3, &name)
+        .await
+        .expect("B's hold must still be in the store after A's stale release");
+    assert_eq!(info.holders.len(), 1, "holders: {:?}", info.holders);
+    let h = &info.holders[0];
+    assert_eq!(h.owner, gb.owner(), "the holder is not B");
+    assert_eq!(h.token, gb.token(), "the holder's token is not B's");
+    assert_eq!(h.meta.client_id, c2.id(), "the holder's client is not B's");
+    must("B: release", gb.release()).await;
+}
+
+// ---- 5 ------------------------------------------------------------------------------------------
+
+/// A holder that vanishes without releasing (a forgotten guard; on cross-process stores also a
+/// SIGKILLed `dlock run`) blocks the lock until its lease runs out, no longer and not much less.
+pub async fn holder_killed_taken_over(s: Store) {
+    let (c1, c2) = (s.client().await, s.client().await);
+    let name = s.name("vanished");
+    let lease = secs(1);
+    let t0 = Instant::now();
+    let g = must(
+        "acquire with a 1 s lease, no renewal",
+        c1.mutex(&name)
+            .unwrap()
+            .lease(lease)
+            .auto_renew(false)
+            .acquire(),
+    )
+    .await;
+    // A holder that vanished: no release, no renewal.
+    std::mem::forget(g);
+    let w = c2.mutex(&name).unwrap();
+    assert_err!(
+        within(STEP, "try_acquire", w.try_acquire()).await,
+        Error::Busy { .. },
+        "a contender right after the (now vanished) holder took the lock"
+    );
+    let g2 = must(
+        "waiter: acquire after the holder vanished",
+        w.acquire_timeout(secs(5)),
+    )
+    .await;
+    let after = t0.elapsed();
+    assert!(
+        after >= ms(800),
+        "the waiter was granted {after:?} after a 1 s lease was taken: the lease did not hold"
+    );
+    assert!(
+        after <= lease + ms(1500),
+        "the waiter was granted {after:?} after a 1 s lease was taken; expected within lease + 1.5 s"
+    );
+    must("waiter: release", g2.release()).await;
+
+    if s.caps.cross_process {
+        killed_process_taken_over(&s, &c2).await;
+    }
+}
+
+/// `dlock run --ttl 2s NAME -- sleep 60` in its own process group; SIGKILL the group once it
+/// holds; a waiter gets the lock once the last renewal's lease ran out.
+async fn killed_process_taken_over(s: &Store, c: &Client) {
+    use nix::sys::signal::{killpg, Signal};
+    let name = s.name("killed");
+    let lease = secs(2);
+    let stderr_path = s.dir.join("killed-holder.stderr");
+    let stderr = std::fs::File::create(&stderr_path).expect("create a stderr file");
+    let mut child = dlock_run(&s.url, &["--ttl", "2s"], &name, &["sleep", "60"])
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {DLOCK_BIN}: {e}"));
+    let pid = child.id().expect("the child's pid");
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("poll the child") {
+            panic!(
+                "`dlock run --ttl 2s {name} -- sleep 60` exited with {status} instead of holding; stderr: {}",
+                read_text(&stderr_path)
+            );
+        }
+        if let Some(info) = describe(c, &name).await {
+            assert!(
+                info.holders.iter().any(|h| h.meta.pid == pid),
+                "the lock is held, but not by the `dlock run` process {pid}: {:?}",
+                info.holders
+            );
+            break;
+        }
+        assert!(
+            started.elapsed() < secs(10),
+            "`dlock run` (pid {pid}) did not show up as the holder within 10 s; stderr: {}",
+            read_text(&stderr_path)
+        );
+        sleep(ms(20)).await;
+    }
+    // Let it renew once or twice, then kill dlock and its command together.
+    sleep(ms(900)).await;
+    killpg(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL)
+        .expect("SIGKILL the holder's process group");
+    let killed = Instant::now();
+    let g = must(
+        "waiter: acquire after the holder process was killed",
+        c.mutex(&name).unwrap().acquire_timeout(secs(8)),
+    )
+    .await;
+    let after = killed.elapsed();
+    // The store keeps the hold for a lease from the last renewal, which was sent at most lease/3
+    // (one renewal period) before the kill.
+    let earliest = lease - lease / 3 - ms(200);
+    assert!(
+        after >= earliest,
+        "the waiter was granted {after:?} after the holder was killed; its last renewal was at most \
+         {:?} before the kill, so its {lease:?} lease holds at least {earliest:?}",
+        lease / 3
+    );
+    assert!(
+        after <= lease + ms(1500),
+        "the waiter was granted {after:?} after the holder was killed; expected within lease + 1.5 s"
+    );
+    let status = within(secs(5), "reap the killed `dlock run`", child.wait())
+        .await
+        .expect("wait for the child");
+    assert!(
+        !status.success(),
+        "the killed `dlock run` exited with {status}"
+    );
+    let info = describe(c, &name).await.expect("the waiter's hold");
+    assert_eq!(info.holders.len(), 1, "holders: {:?}", info.holders);
+    assert_eq!(info.holders[0].owner, g.owner());
+    assert_eq!(info.holders[0].meta.pid, std::process::id());
+    must("waiter: release", g.release()).await;
+}
+
+// ---- 6 ------------------------------------------------------------------------------------------
+
+/// A renewed 600 ms lease held for 2 s (over 3 leases) stays exclusive and trusted throughout.
+pub async fn renewal_keeps_lock(s: Store) {
+    let (c1, c2) = (s.client().await, s.client().await);
+    let name = s.name("renewed");
+    let lease = ms(600);
+    let g = must(
+        "acquire with a 600 ms lease",
+        c1.mutex(&name).unwrap().lease(lease).acquire(),
+    )
+    .await;
+    let lost = tokio::spawn(g.lost());
+    let other = c2.mutex(&name).unwrap();
+    let start = Instant::now();
+    let mut checks = 0;
+    while start.elapsed() < secs(2) {
+        sleep(ms(100)).await;
+        let at = start.elapsed();
+        assert_err!(
+            within(STEP, "try_acquire", other.try_acquire()).await,
+            Error::Busy { .. },
+            "another contender {at:?} into a renewed {lease:?} lease"
+        );
+        assert!(
+            g.is_held(),
+            "is_held() turned false {at:?} into a {lease:?} lease renewed every {:?}",
+            lease / 3
+        );
+        assert!(
+            g.valid_for()
+                .is_some_and(|v| v > Duration::ZERO && v <= lease),
+            "valid_for() = {:?} {at:?} into a renewed {lease:?} lease",
+            g.valid_for()
+        );
+        assert!(
+            !lost.is_finished(),
+            "lost() resolved {at:?} into a {lease:?} lease that is being renewed"
+        );
+        checks += 1;
+    }
+    assert!(checks >= 10, "only {checks} checks in 2 s");
+    must("release", g.release()).await;
+    let e = within(secs(2), "lost() after release", lost)
+        .await
+        .expect("the lost() task");
+    assert!(
+        matches!(e, Error::Lost { .. }),
+        "lost() after release: {e:?}"
+    );
+    let g2 = must("the other contender after release", other.try_acquire()).await;
+    must("release", g2.release()).await;
+}
+
+// ---- 7 ------------------------------------------------------------------------------------------
+
+/// When the store removes a hold (force_release by another client), the holder's lost() fires at
+/// its next renewal, is_held() turns false, and its release reports an error without touching
+/// the next holder.
+pub async fn lost_fires_when_store_removes_hold(s: Store) {
+    let (c1, c2) = (s.client().await, s.client().await);
+    let name = s.name("removed");
+    let lease = ms(900);
+    let g = must(
+        "acquire with a 900 ms lease",
+        c1.mutex(&name).unwrap().lease(lease).acquire(),
+    )
+    .await;
+    let lost = {
+        let f = g.lost();
+        tokio::spawn(async move {
+            let e = f.await;
+            (Instant::now(), e)
+        })
+    };
+    sleep(ms(50)).await;
+    let removed = must("force_release from another client", c2.force_release(&name)).await;
+    let forced = Instant::now();
+    assert_eq!(
+        removed, 1,
+        "force_release should report the one hold it removed"
+    );
+    let (at, e) = within(secs(5), "lost() after force_release", lost)
+        .await
+        .expect("the lost() task");
+    let after = at.saturating_duration_since(forced);
+    assert!(
+        matches!(e, Error::Lost { .. }),
+        "lost() resolved with {e:?}"
+    );
+    let bound = lease / 3 + ms(500);
+    assert!(
+        after <= bound,
+        "lost() fired {after:?} after the store removed the hold; expected within lease/3 + 500 ms = {bound:?}"
+    );
+    assert!(!g.is_held(), "is_held() is still true after lost() fired");
+    let g2 = must(
+        "another contender after force_release",
+        c2.mutex(&name).unwrap().try_acquire(),
+    )
+    .await;
+    if let (Some(t1), Some(t2)) = (g.token(), g2.token()) {
+        assert!(
+            t2 > t1,
+            "token {t2} after force_release is not greater than {t1}: fencing counters must survive it"
+        );
+    }
+    let (e, _) = fails("release of the removed hold", g.release()).await;
+    assert!(
+        matches!(e, Error::Lost { .. } | Error::NotOwner { .. }),
+        "release of the removed hold: expected Lost or NotOwner, got {e:?}"
+    );
+    assert!(g2.is_held(), "the new holder lost its hold");
+    let info = describe(&c1, &name).await.expect("the new holder's hold");
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].owner, g2.owner());
+    must("release", g2.release()).await;
+}
+
+// ---- 8 ------------------------------------------------------------------------------------------
+
+/// Without renewal, lost() fires at sent + lease − lease/10, before anyone else can be granted.
+pub async fn lost_fires_at_deadline_without_renewal(s: Store) {
+    let (c1, c2) = (s.client().await, s.client().await);
+    let name = s.name("deadline");
+    let lease = ms(500);
+    let t0 = Instant::now();
+    let g = must(
+        "acquire with a 500 ms lease, no renewal",
+        c1.mutex(&name)
+            .unwrap()
+            .lease(lease)
+            .auto_renew(false)
+            .acquire(),
+    )
+    .await;
+    let lost = {
+        let f = g.lost();
+        tokio::spawn(async move {
+            let e = f.await;
+            (Instant::now(), e)
+        })
+    };
+    let other = c2.mutex(&name).unwrap();
+    let waiter = tokio::spawn(async move {
+        let r = other.acquire_timeout(secs(5)).await;
+        (Instant::now(), r)
+    });
+    let (lost_at, e) = within(secs(3), "lost() of a 500 ms lease without renewal", lost)
+        .await
+        .expect("the lost() task");
+    assert!(
+        matches!(e, Error::Lost { .. }),
+        "lost() resolved with {e:?}"
+    );
+    let fired = lost_at - t0;
+    assert!(
+        fired >= ms(300) && fired <= ms(1000),
+        "lost() fired {fired:?} after acquiring a 500 ms lease; expected about 450 ms (300..=1000 ms)"
+    );
+    assert!(!g.is_held(), "is_held() is still true after lost() fired");
+    let (granted_at, r) = within(secs(8), "the other contender", waiter)
+        .await
+        .expect("the waiter task");
+    let g2 = r.unwrap_or_else(|e| panic!("the other contender: {e:?}"));
+    assert!(
+        granted_at > lost_at,
+        "the other contender was granted {:?} before the holder's lost() fired",
+        lost_at - granted_at
+    );
+    let (e, _) = fails("release after the lease ran out", g.release()).await;
+    assert!(
+        matches!(e, Error::Lost { .. } | Error::NotOwner { .. }),
+        "release after the lease ran out: {e:?}"
+    );
+    must("release", g2.release()).await;
+}
