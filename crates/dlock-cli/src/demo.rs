@@ -21,8 +21,11 @@ use std::time::{Duration, Instant};
 
 /// The most buyers or tickets the demo accepts.
 pub const MAX: u32 = 1000;
-/// How long a buyer of the locked round waits for the lock before giving up.
-const BUYER_WAIT: Duration = Duration::from_secs(60);
+/// How long a buyer of the locked round waits for the lock before giving up: generous, and more
+/// with more buyers (they queue behind each other).
+fn buyer_wait(buyers: u32) -> Duration {
+    Duration::from_secs(30) + Duration::from_millis(100) * buyers
+}
 /// The lease of a buyer's hold.
 const BUYER_LEASE: Duration = Duration::from_secs(10);
 
@@ -131,16 +134,15 @@ fn round(
         .map_err(|e| soft("cannot make a pipe", e.into()))?;
 
     let mut children = Buyers(Vec::with_capacity(buyers as usize));
-    let round_no = if lock.is_some() { "2" } else { "1" };
     for i in 0..buyers {
         let think = rand::thread_rng().gen_range(4..=8u64);
         let mut cmd = Command::new(exe);
         cmd.arg("demo-buyer")
             .arg("--dir")
             .arg(&dir.0)
-            .args(["--round", round_no])
             .args(["--index", &i.to_string()])
             .args(["--think-ms", &think.to_string()])
+            .args(["--wait-ms", &buyer_wait(buyers).as_millis().to_string()])
             .env(store::URL_ENV, url)
             .stdin(Stdio::from(
                 start_rd
@@ -179,7 +181,7 @@ fn round(
         + Duration::from_secs(30)
         + Duration::from_millis(50) * buyers
         + if lock.is_some() {
-            BUYER_WAIT
+            buyer_wait(buyers)
         } else {
             Duration::ZERO
         };
@@ -444,6 +446,8 @@ pub struct BuyerOpts {
     pub index: u32,
     /// How long to think between reading and writing the inventory.
     pub think: Duration,
+    /// How long to wait for the lock (and a busy store) in all.
+    pub wait: Duration,
     /// The lock to take (locked round).
     pub lock: Option<String>,
 }
@@ -507,6 +511,26 @@ fn wait_for_start() {
     }
 }
 
+/// A short random pause before retrying a busy store.
+fn jitter() -> Duration {
+    Duration::from_millis(rand::thread_rng().gen_range(10..=50))
+}
+
+/// Waits for the lock until `deadline`, retrying when the store is momentarily unavailable
+/// (busy): that is what an application does with a transient store error.
+async fn acquire(m: &dlock::Mutex, deadline: Instant) -> dlock::Result<dlock::Guard> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match m.acquire_timeout(left).await {
+            Err(dlock::Error::Unavailable(e)) if Instant::now() + jitter() < deadline => {
+                tracing::debug!(error = %e, "store busy; retrying the acquire");
+                tokio::time::sleep(jitter()).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Runs one buyer (`dlock demo-buyer`); its results go to stdout as one line.
 pub async fn buyer(o: BuyerOpts) -> i32 {
     let i = o.index;
@@ -514,15 +538,23 @@ pub async fn buyer(o: BuyerOpts) -> i32 {
         say(&format!("error {i} {code} {}", exit::one_line(msg)));
         code
     };
+    let deadline = Instant::now() + o.wait;
     let locked = match &o.lock {
         None => None,
         Some(name) => {
             let Some(url) = store::env_url() else {
                 return report(exit::USAGE, "no store URL in DLOCK_URL");
             };
-            let client = match store::connect(&url).await {
-                Ok(c) => c,
-                Err(f) => return report(f.code, &f.message),
+            let client = loop {
+                match store::connect(&url).await {
+                    Ok(c) => break c,
+                    // Hundreds of buyers opening one file at once can find it busy: try again.
+                    Err(f) if f.code == exit::UNAVAILABLE && Instant::now() < deadline => {
+                        tracing::debug!(error = %f, "store busy; retrying the connect");
+                        tokio::time::sleep(jitter()).await;
+                    }
+                    Err(f) => return report(f.code, &f.message),
+                }
             };
             match client.mutex(name.as_str()) {
                 Ok(m) => Some((client, m.lease(BUYER_LEASE))),
@@ -534,7 +566,7 @@ pub async fn buyer(o: BuyerOpts) -> i32 {
     wait_for_start();
     let result = match &locked {
         None => buy(&o, None).map_err(|e| (exit::SOFTWARE, e.to_string())),
-        Some((_client, m)) => match m.acquire_timeout(BUYER_WAIT).await {
+        Some((_client, m)) => match acquire(m, deadline).await {
             Err(e) => Err((exit::for_error(&e), e.to_string())),
             Ok(g) => {
                 let r = if g.is_held() {
@@ -542,13 +574,21 @@ pub async fn buyer(o: BuyerOpts) -> i32 {
                 } else {
                     Err((exit::LOST, "the lock was lost before the sale".into()))
                 };
-                let released = g.release().await;
-                match (r, released) {
+                match (r, g.release().await) {
                     (Ok(out), Ok(())) => Ok(out),
-                    (Ok(_), Err(e)) => Err((
-                        exit::for_error(&e),
-                        format!("sold, but the release failed: {e}"),
+                    // The hold ended before the sale was done: the sale was not protected.
+                    (
+                        Ok(_),
+                        Err(e @ (dlock::Error::Lost { .. } | dlock::Error::NotOwner { .. })),
+                    ) => Err((
+                        exit::LOST,
+                        format!("the lock was lost during the sale: {e}"),
                     )),
+                    (Ok(out), Err(e)) => {
+                        // The sale was made under the lock; its lease ends the hold.
+                        eprintln!("dlock: demo buyer {i}: release failed ({e}); the lease will end the hold");
+                        Ok(out)
+                    }
                     (Err(e), _) => Err(e),
                 }
             }

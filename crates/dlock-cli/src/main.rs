@@ -166,11 +166,11 @@ struct BuyerArgs {
     #[arg(long)]
     dir: PathBuf,
     #[arg(long)]
-    round: u8,
-    #[arg(long)]
     index: u32,
     #[arg(long, default_value_t = 5)]
     think_ms: u64,
+    #[arg(long, default_value_t = 60_000)]
+    wait_ms: u64,
     #[arg(long)]
     lock: Option<String>,
 }
@@ -238,6 +238,18 @@ fn real_main() -> i32 {
         }
     };
     init_logging();
+    if !matches!(cli.command, Cmd::Run(_)) {
+        // Printing commands end quietly when their reader goes away (`dlock list | head`), like
+        // other command-line tools. `run` keeps SIGPIPE ignored: it must outlive a closed stderr
+        // to stop its command and release the lock (its command gets the default disposition).
+        // SAFETY: restores the default disposition; no handler is involved.
+        let _ = unsafe {
+            nix::sys::signal::signal(
+                nix::sys::signal::Signal::SIGPIPE,
+                nix::sys::signal::SigHandler::SigDfl,
+            )
+        };
+    }
 
     let cmd = cli.command;
     // A buyer of the demo is one of many processes: a single-threaded runtime is plenty.
@@ -267,16 +279,14 @@ fn real_main() -> i32 {
             Cmd::List(a) => list::list(a.url.as_deref(), a.json, &a.prefix).await,
             Cmd::Unlock(a) => list::unlock(a.url.as_deref(), &a.name, a.force).await,
             Cmd::Demo(a) => demo::demo(a.url.as_deref(), a.buyers, a.tickets).await,
-            Cmd::DemoBuyer(a) => {
-                let _ = a.round;
-                Ok(demo::buyer(demo::BuyerOpts {
-                    dir: a.dir,
-                    index: a.index,
-                    think: Duration::from_millis(a.think_ms),
-                    lock: a.lock,
-                })
-                .await)
-            }
+            Cmd::DemoBuyer(a) => Ok(demo::buyer(demo::BuyerOpts {
+                dir: a.dir,
+                index: a.index,
+                think: Duration::from_millis(a.think_ms),
+                wait: Duration::from_millis(a.wait_ms),
+                lock: a.lock,
+            })
+            .await),
             Cmd::Info(a) => list::info(a.json),
         }
     });

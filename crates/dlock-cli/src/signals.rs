@@ -78,7 +78,8 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
 }
 
 /// Installs the handlers for [`FORWARDED`] and returns the stream of received signals. From now
-/// on these signals no longer end dlock; the caller decides what each one means. Call once.
+/// on these signals no longer end dlock; the caller decides what each one means. Signals that
+/// were ignored when dlock started stay ignored. Call once.
 pub fn catch() -> std::io::Result<mpsc::UnboundedReceiver<Received>> {
     let (rd, wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     // The handler must never block: a full pipe just drops the signal's record.
@@ -120,7 +121,13 @@ pub fn catch() -> std::io::Result<mpsc::UnboundedReceiver<Received>> {
     );
     for sig in FORWARDED {
         // SAFETY: the handler only does async-signal-safe work (see `on_signal`).
-        unsafe { sigaction(sig, &action) }?;
+        let old = unsafe { sigaction(sig, &action) }?;
+        if old.handler() == SigHandler::SigIgn {
+            // Ignored when dlock started (`nohup`, a background job of a script): keep it
+            // ignored, so the command inherits that as it would without dlock.
+            // SAFETY: restores the disposition dlock was started with.
+            unsafe { sigaction(sig, &old) }?;
+        }
     }
     Ok(rx)
 }

@@ -733,3 +733,24 @@ fn help_works_for_every_subcommand() {
         format!("dlock {}", env!("CARGO_PKG_VERSION"))
     );
 }
+
+#[test]
+fn signals_ignored_at_start_stay_ignored_for_the_command() {
+    let s = Store::new();
+    // `nohup dlock run ...`: the command must still ignore SIGHUP.
+    let script = format!(
+        "trap '' HUP; exec {BIN} run --url {} nohup -- grep SigIgn /proc/self/status",
+        s.url
+    );
+    let mut c = Command::new("sh");
+    c.args(["-c", &script]).env_remove("DLOCK_URL");
+    let o = exec(c, s.dir.path(), Duration::from_secs(20));
+    assert_eq!(o.code, Some(0), "{o:?}");
+    let mask = o
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|m| u64::from_str_radix(m, 16).ok())
+        .expect("SigIgn mask");
+    assert_eq!(mask & 1, 1, "SIGHUP (bit 0) ignored: {o:?}");
+}
