@@ -1,19 +1,1785 @@
-//! Placeholder until the SQLite store lands.
+//! The embedded SQLite store (`sqlite:///abs/path.db`, `sqlite:rel/path.db`): one database file
+//! shared by every process of the machine. It is the default store of the CLI.
+//!
+//! # Tables
+//!
+//! Created at [`SqliteBackend::open`] by an idempotent migration (`CREATE TABLE IF NOT EXISTS`),
+//! recorded as `schema_version` in `dlock_meta` so a later version can migrate an older file (and
+//! this version refuses a file written by a newer schema):
+//!
+//! | table | columns | rows |
+//! |---|---|---|
+//! | `dlock_meta` | `key` PK, `value` | `('schema_version', 1)` |
+//! | `dlock_holds` | `name`, `owner` (unique), `kind` (`mutex`/`rwlock`/`semaphore`), `permits` (0 unless semaphore), `mode` (`exclusive`/`shared`), `fence`, `expires_at_ms`, `acquired_at_ms`, `client_id`, `host`, `pid` | one per hold |
+//! | `dlock_queue` | `seq` (`INTEGER PRIMARY KEY AUTOINCREMENT`: arrival order), `name`, `owner`, `mode`, `expires_at_ms`, `client_id`, `host`, `pid` | one per fair waiter |
+//! | `dlock_fences` | `name` PK, `fence` | the last fencing token granted per name; **never deleted** |
+//!
+//! Holds and queue places are indexed by name. A row is *live* while `expires_at_ms` is in the
+//! future; expired rows are ignored everywhere and deleted lazily (by the next `acquire` of the
+//! name, and for all names when a backend opens the file). Names and tokens are always bound
+//! parameters.
+//!
+//! # Transactions
+//!
+//! `acquire`, `extend` and `force_release` run in one write transaction started with
+//! `BEGIN IMMEDIATE`, which takes the database's write lock *before* reading: two processes can
+//! never both read "free" and both insert. `acquire` loads the live holds, queue places and fence
+//! of the name, applies the shared grant rule (`logic::decide`) and commits. `release` and
+//! `cancel` are single `DELETE` statements comparing the owner token. A waiter repeating `acquire`
+//! keeps its queue place (same `seq`); the place's expiry (now + [`QUEUE_PLACE_TTL`]) is rewritten
+//! only once it is more than a second old, so a polling fair waiter does not cost a synced write
+//! on every attempt.
+//!
+//! # Clock
+//!
+//! Leases are stored as absolute expiry times on the **wall clock** in milliseconds since the Unix
+//! epoch, because that is the clock every process of the machine shares. A wall-clock jump changes
+//! lease lengths: a jump forward by `d` shortens every running lease by `d` (a lock may then be
+//! granted to another process while its holder still trusts it), a jump backward lengthens them.
+//! Keep the clock slewed (NTP), not stepped, on machines that rely on short leases. Times are
+//! rounded to whole milliseconds; the core's safety margin (a tenth of the lease) covers that.
+//!
+//! # Wake-ups
+//!
+//! SQLite has no notification, so [`Capabilities::wakeups`] is
+//! [`Wakeups::Polling`] from [`POLL_MIN`] (5 ms) to [`POLL_MAX`] (50 ms): inside one `wait` a
+//! waiter re-reads the lock (a read-only transaction, which in WAL mode never blocks or is blocked
+//! by writers) after a jittered interval that starts between 5 and 10 ms and doubles up to between
+//! 25 and 50 ms, and returns as soon as the grant rule would let it in, when `until` passes, or when
+//! a blocking lease has run out. So a release by another process is noticed within about 50 ms.
+//! Waiters in the **same process** do not depend on polling: every backend of the process opened
+//! on the same file (by canonical path) shares a per-name notification, and a release, cancel or
+//! force-release through any of them wakes the waiters at once.
+//!
+//! # Durability and settings
+//!
+//! The file is opened (created if missing) in WAL journal mode with `synchronous=FULL`, so a
+//! committed grant — and with it the fencing counter — survives a crash or power loss: tokens never
+//! go backwards. The busy timeout is [`BUSY_TIMEOUT`] (5 s); a write lock not obtained in that
+//! time is [`Error::Unavailable`]. Each backend keeps a pool of at most 4 connections.
+//!
+//! # What breaks it
+//!
+//! - **A network filesystem** (NFS, SMB, most FUSE and container bind mounts of them): SQLite's
+//!   file locking and WAL shared memory are unreliable there, so two processes (or two machines)
+//!   may both be granted the lock. Put the file on a local disk; for locks between machines use a
+//!   networked store.
+//! - Deleting or replacing the file (or its `-wal`/`-shm` companions) while it is in use: holds are
+//!   lost and fencing tokens restart.
+//! - Stepping the wall clock (see *Clock*).
+
+use super::logic::{decide, Decision, LiveHold, LiveWaiter};
 use super::*;
-#[derive(Debug)]
-pub struct SqliteBackend;
-impl SqliteBackend {
-    pub async fn open(_p: &std::path::Path) -> Result<Self> { Err(crate::Error::Unsupported("sqlite".into())) }
+use crate::error::Error;
+use rand::Rng;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::ConnectOptions;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
+use tokio::sync::Notify;
+
+/// The shortest interval between two polls of a waiter (see the module docs).
+pub const POLL_MIN: Duration = Duration::from_millis(5);
+/// The longest interval between two polls of a waiter (see the module docs).
+pub const POLL_MAX: Duration = Duration::from_millis(50);
+/// How long a statement waits for another connection's lock before the store is reported busy.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The schema version this build writes and understands.
+const SCHEMA_VERSION: i64 = 1;
+/// Connections per backend.
+const MAX_CONNECTIONS: u32 = 4;
+/// How long an operation waits for a free pooled connection.
+const POOL_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A queue place is rewritten by a repeated `acquire` only once it is at least this old, so a
+/// polling fair waiter does not cost a synced write on every attempt. Waiters repeat `acquire` at
+/// least every `QUEUE_PLACE_TTL / 4`, so a place is refreshed long before it expires.
+const QUEUE_REFRESH_AFTER: Duration = Duration::from_secs(1);
+
+/// The schema, version 1. Plain statements so the SQL stores can reuse them.
+const MIGRATION_V1: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS dlock_holds (
+        name TEXT NOT NULL,
+        owner TEXT NOT NULL UNIQUE,
+        kind TEXT NOT NULL,
+        permits INTEGER NOT NULL,
+        mode TEXT NOT NULL,
+        fence INTEGER NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        acquired_at_ms INTEGER NOT NULL,
+        client_id TEXT NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL
+    )",
+    "CREATE INDEX IF NOT EXISTS dlock_holds_name ON dlock_holds (name)",
+    "CREATE TABLE IF NOT EXISTS dlock_queue (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        client_id TEXT NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL
+    )",
+    "CREATE INDEX IF NOT EXISTS dlock_queue_name ON dlock_queue (name, seq)",
+    "CREATE TABLE IF NOT EXISTS dlock_fences (
+        name TEXT NOT NULL PRIMARY KEY,
+        fence INTEGER NOT NULL
+    )",
+];
+
+/// Per-file, per-name notifications shared by every backend of this process on one file.
+#[derive(Debug, Default)]
+struct FileWakeups {
+    names: StdMutex<HashMap<String, Weak<Notify>>>,
 }
+
+impl FileWakeups {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Notify>>> {
+        // The map stays consistent even if a holder panicked.
+        self.names.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn notify_for(&self, name: &str) -> Arc<Notify> {
+        let mut map = self.lock();
+        if let Some(n) = map.get(name).and_then(Weak::upgrade) {
+            return n;
+        }
+        if map.len() >= 64 {
+            map.retain(|_, w| w.strong_count() > 0);
+        }
+        let n = Arc::new(Notify::new());
+        map.insert(name.to_owned(), Arc::downgrade(&n));
+        n
+    }
+
+    fn wake(&self, name: &str) {
+        let mut map = self.lock();
+        match map.get(name).map(Weak::upgrade) {
+            Some(Some(n)) => n.notify_waiters(),
+            Some(None) => {
+                map.remove(name);
+            }
+            None => {}
+        }
+    }
+}
+
+type Registry = StdMutex<HashMap<PathBuf, Weak<FileWakeups>>>;
+
+fn registry() -> &'static Registry {
+    static R: OnceLock<Registry> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+/// The wake-ups of the file at canonical path `key` (created on first use).
+fn wakeups_for(key: PathBuf) -> Arc<FileWakeups> {
+    let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(w) = reg.get(&key).and_then(Weak::upgrade) {
+        return w;
+    }
+    reg.retain(|_, w| w.strong_count() > 0);
+    let w = Arc::new(FileWakeups::default());
+    reg.insert(key, Arc::downgrade(&w));
+    w
+}
+
+/// Wall-clock milliseconds since the Unix epoch (0 before it).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A duration in whole milliseconds, rounded up.
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+/// The expiry of a lease of `d` starting at `now`.
+fn expiry(now: i64, d: Duration) -> i64 {
+    now.saturating_add(ms(d))
+}
+
+fn kind_columns(kind: LockKind) -> (&'static str, i64) {
+    match kind {
+        LockKind::Mutex => ("mutex", 0),
+        LockKind::RwLock => ("rwlock", 0),
+        LockKind::Semaphore { permits } => ("semaphore", i64::from(permits)),
+    }
+}
+
+fn corrupt(what: &str, value: &dyn std::fmt::Debug) -> Error {
+    Error::backend(format!(
+        "unexpected {what} {value:?} in the dlock sqlite database"
+    ))
+}
+
+fn parse_kind(kind: &str, permits: i64) -> Result<LockKind> {
+    match kind {
+        "mutex" => Ok(LockKind::Mutex),
+        "rwlock" => Ok(LockKind::RwLock),
+        "semaphore" => u32::try_from(permits)
+            .ok()
+            .filter(|p| *p > 0)
+            .map(|permits| LockKind::Semaphore { permits })
+            .ok_or_else(|| corrupt("permits", &permits)),
+        other => Err(corrupt("lock kind", &other)),
+    }
+}
+
+fn parse_mode(mode: &str) -> Result<Mode> {
+    match mode {
+        "exclusive" => Ok(Mode::Exclusive),
+        "shared" => Ok(Mode::Shared),
+        other => Err(corrupt("mode", &other)),
+    }
+}
+
+fn parse_token(fence: i64) -> Result<u64> {
+    u64::try_from(fence).map_err(|_| corrupt("fencing token", &fence))
+}
+
+fn parse_pid(pid: i64) -> Result<u32> {
+    u32::try_from(pid).map_err(|_| corrupt("pid", &pid))
+}
+
+fn left(expires_at_ms: i64, now: i64) -> Duration {
+    Duration::from_millis(u64::try_from(expires_at_ms.saturating_sub(now)).unwrap_or(0))
+}
+
+/// A live hold of one name as loaded inside a transaction.
+struct HoldRow {
+    owner: String,
+    kind: LockKind,
+    mode: Mode,
+    token: u64,
+    expires_at_ms: i64,
+}
+
+/// A live queue place of one name, in queue order.
+struct WaiterRow {
+    owner: String,
+    mode: Mode,
+    expires_at_ms: i64,
+}
+
+/// The live state of one name.
+struct NameState {
+    holds: Vec<HoldRow>,
+    queue: Vec<WaiterRow>,
+}
+
+impl NameState {
+    fn decide(&self, req: &Request<'_>, fence: u64, now: i64) -> Result<Decision> {
+        let holds: Vec<LiveHold<'_>> = self
+            .holds
+            .iter()
+            .map(|h| LiveHold {
+                owner: &h.owner,
+                kind: h.kind,
+                mode: h.mode,
+                token: Some(h.token),
+                expires_in: left(h.expires_at_ms, now),
+            })
+            .collect();
+        let queue: Vec<LiveWaiter<'_>> = self
+            .queue
+            .iter()
+            .map(|w| LiveWaiter {
+                owner: &w.owner,
+                mode: w.mode,
+            })
+            .collect();
+        decide(req, &holds, &queue, fence)
+    }
+}
+
+/// Loads the live holds and queue places of `name` at `now` on `conn`.
+async fn load_state(
+    conn: &mut sqlx::SqliteConnection,
+    name: &str,
+    now: i64,
+) -> std::result::Result<Result<NameState>, sqlx::Error> {
+    let holds: Vec<(String, String, i64, String, i64, i64)> = sqlx::query_as(
+        "SELECT owner, kind, permits, mode, fence, expires_at_ms FROM dlock_holds
+         WHERE name = ? AND expires_at_ms > ? ORDER BY fence",
+    )
+    .bind(name)
+    .bind(now)
+    .fetch_all(&mut *conn)
+    .await?;
+    let queue: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT owner, mode, expires_at_ms FROM dlock_queue
+         WHERE name = ? AND expires_at_ms > ? ORDER BY seq",
+    )
+    .bind(name)
+    .bind(now)
+    .fetch_all(&mut *conn)
+    .await?;
+    let parse = || -> Result<NameState> {
+        Ok(NameState {
+            holds: holds
+                .into_iter()
+                .map(|(owner, kind, permits, mode, fence, expires_at_ms)| {
+                    Ok(HoldRow {
+                        owner,
+                        kind: parse_kind(&kind, permits)?,
+                        mode: parse_mode(&mode)?,
+                        token: parse_token(fence)?,
+                        expires_at_ms,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            queue: queue
+                .into_iter()
+                .map(|(owner, mode, expires_at_ms)| {
+                    Ok(WaiterRow {
+                        owner,
+                        mode: parse_mode(&mode)?,
+                        expires_at_ms,
+                    })
+                })
+                .collect::<Result<_>>()?,
+        })
+    };
+    Ok(parse())
+}
+
+/// The embedded SQLite store. Obtain it with `dlock::connect("sqlite:///path/to/locks.db")`, or
+/// [`SqliteBackend::open`] and [`crate::Client::with_backend`]. See the module docs for the
+/// layout, the clock and what it needs from the filesystem.
+#[derive(Debug)]
+pub struct SqliteBackend {
+    pool: SqlitePool,
+    /// The path as given, for messages.
+    path: PathBuf,
+    wakeups: Arc<FileWakeups>,
+}
+
+impl SqliteBackend {
+    /// Opens (creating if missing) the database file at `path` and brings its schema up to date.
+    ///
+    /// Errors: [`Error::InvalidConfig`] if the directory does not exist, the path is a directory,
+    /// the file is not a SQLite database or was written by a newer dlock;
+    /// [`Error::Unavailable`] if it cannot be opened or written (permissions, I/O) or stays busy
+    /// longer than [`BUSY_TIMEOUT`].
+    pub async fn open(path: &Path) -> Result<SqliteBackend> {
+        let shown = path.display();
+        if path.as_os_str().is_empty() {
+            return Err(Error::InvalidConfig("sqlite database path is empty".into()));
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.is_dir() {
+                return Err(Error::InvalidConfig(format!(
+                    "cannot open sqlite database {shown}: directory {} does not exist",
+                    dir.display()
+                )));
+            }
+        }
+        if path.is_dir() {
+            return Err(Error::InvalidConfig(format!(
+                "cannot open sqlite database {shown}: it is a directory"
+            )));
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(false)
+            .disable_statement_logging();
+        // Switching a new file to WAL needs an exclusive lock, and SQLite answers SQLITE_BUSY at
+        // once (without its busy handler) when another process is doing the same: retry that
+        // for up to the busy timeout.
+        let deadline = Instant::now() + BUSY_TIMEOUT;
+        let mut backoff = Duration::from_millis(2);
+        let pool = loop {
+            let attempt = SqlitePoolOptions::new()
+                .max_connections(MAX_CONNECTIONS)
+                .min_connections(0)
+                .acquire_timeout(POOL_ACQUIRE_TIMEOUT)
+                .test_before_acquire(false)
+                .connect_with(options.clone())
+                .await;
+            match attempt {
+                Ok(pool) => break pool,
+                Err(e) if is_busy(&e) && Instant::now() + backoff < deadline => {
+                    let pause = backoff.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
+                    tokio::time::sleep(pause).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(100));
+                }
+                Err(e) => return Err(map_err(path, e)),
+            }
+        };
+        let key = std::fs::canonicalize(path)
+            .or_else(|_| std::path::absolute(path))
+            .unwrap_or_else(|_| path.to_path_buf());
+        let backend = SqliteBackend {
+            pool,
+            path: path.to_path_buf(),
+            wakeups: wakeups_for(key),
+        };
+        if let Err(e) = backend.migrate().await {
+            backend.pool.close().await;
+            return Err(e);
+        }
+        Ok(backend)
+    }
+
+    fn err(&self, e: sqlx::Error) -> Error {
+        map_err(&self.path, e)
+    }
+
+    /// Creates or upgrades the schema and drops expired rows of every name, in one transaction.
+    async fn migrate(&self) -> Result<()> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS dlock_meta (
+                key TEXT NOT NULL PRIMARY KEY,
+                value INTEGER NOT NULL
+            )",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| self.err(e))?;
+        let version: Option<(i64,)> =
+            sqlx::query_as("SELECT value FROM dlock_meta WHERE key = 'schema_version'")
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| match sqlite_code(&e) {
+                    // SQLITE_ERROR: a `dlock_meta` table of another shape
+                    Some(1) => Error::InvalidConfig(format!(
+                        "sqlite database {} has a dlock_meta table this dlock does not \
+                         understand ({e}); use another file",
+                        self.path.display()
+                    )),
+                    _ => self.err(e),
+                })?;
+        match version {
+            None => {
+                for stmt in MIGRATION_V1 {
+                    sqlx::query(stmt)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                }
+                sqlx::query("INSERT INTO dlock_meta (key, value) VALUES ('schema_version', ?)")
+                    .bind(SCHEMA_VERSION)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+            Some((v,)) if v == SCHEMA_VERSION => {}
+            Some((v,)) => {
+                return Err(Error::InvalidConfig(format!(
+                    "sqlite database {} has dlock schema version {v}; this dlock understands \
+                     version {SCHEMA_VERSION} (upgrade dlock or use another file)",
+                    self.path.display()
+                )));
+            }
+        }
+        let now = now_ms();
+        for stmt in [
+            "DELETE FROM dlock_holds WHERE expires_at_ms <= ?",
+            "DELETE FROM dlock_queue WHERE expires_at_ms <= ?",
+        ] {
+            sqlx::query(stmt)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))
+    }
+
+    /// `true` if `req` would still be refused now (read-only; used by [`Backend::wait`]).
+    async fn still_busy(&self, req: &Request<'_>) -> Result<bool> {
+        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        let now = now_ms();
+        let state = load_state(&mut tx, req.name.as_str(), now)
+            .await
+            .map_err(|e| self.err(e))??;
+        tx.commit().await.map_err(|e| self.err(e))?;
+        // The fence only matters for the token of a grant, not for whether it would be granted.
+        Ok(matches!(
+            state.decide(req, 0, now),
+            Ok(Decision::Busy { .. })
+        ))
+    }
+
+    async fn acquire_tx(&self, req: &Request<'_>) -> Result<Attempt> {
+        let name = req.name.as_str();
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))?;
+        // Read the clock only once the write lock is ours.
+        let now = now_ms();
+        for stmt in [
+            "DELETE FROM dlock_holds WHERE name = ? AND expires_at_ms <= ?",
+            "DELETE FROM dlock_queue WHERE name = ? AND expires_at_ms <= ?",
+        ] {
+            sqlx::query(stmt)
+                .bind(name)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        let state = load_state(&mut tx, name, now)
+            .await
+            .map_err(|e| self.err(e))??;
+        let stored: Option<(i64,)> =
+            sqlx::query_as("SELECT fence FROM dlock_fences WHERE name = ?")
+                .bind(name)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+        let stored = match stored {
+            Some((f,)) => Some(parse_token(f)?),
+            None => None,
+        };
+        // Defensive: never hand out a token at or below one a live hold already carries.
+        let fence = state
+            .holds
+            .iter()
+            .map(|h| h.token)
+            .chain(stored)
+            .max()
+            .unwrap_or(0);
+        let attempt = match state.decide(req, fence, now)? {
+            Decision::Regrant { token } => {
+                sqlx::query(
+                    "UPDATE dlock_holds SET expires_at_ms = ? WHERE owner = ? AND name = ?",
+                )
+                .bind(expiry(now, req.lease))
+                .bind(req.owner)
+                .bind(name)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+                Attempt::Granted(Grant {
+                    token,
+                    valid_for: req.lease,
+                })
+            }
+            Decision::Grant { token } => {
+                let token_i64 = i64::try_from(token).map_err(|_| {
+                    Error::InvalidConfig(format!("fencing counter of {name:?} is exhausted"))
+                })?;
+                let updated = if stored.is_some() {
+                    sqlx::query("UPDATE dlock_fences SET fence = ? WHERE name = ?")
+                        .bind(token_i64)
+                        .bind(name)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| self.err(e))?
+                        .rows_affected()
+                } else {
+                    0
+                };
+                if updated == 0 {
+                    sqlx::query("INSERT INTO dlock_fences (name, fence) VALUES (?, ?)")
+                        .bind(name)
+                        .bind(token_i64)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                }
+                sqlx::query("DELETE FROM dlock_queue WHERE name = ? AND owner = ?")
+                    .bind(name)
+                    .bind(req.owner)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                let (kind, permits) = kind_columns(req.kind);
+                sqlx::query(
+                    "INSERT INTO dlock_holds (name, owner, kind, permits, mode, fence,
+                         expires_at_ms, acquired_at_ms, client_id, host, pid)
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                )
+                .bind(name)
+                .bind(req.owner)
+                .bind(kind)
+                .bind(permits)
+                .bind(req.mode.as_str())
+                .bind(token_i64)
+                .bind(expiry(now, req.lease))
+                .bind(now)
+                .bind(req.meta.client_id.as_str())
+                .bind(req.meta.host.as_str())
+                .bind(i64::from(req.meta.pid))
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+                Attempt::Granted(Grant {
+                    token: Some(token),
+                    valid_for: req.lease,
+                })
+            }
+            Decision::Busy { retry_in, enqueue } => {
+                if enqueue {
+                    let expires = expiry(now, QUEUE_PLACE_TTL);
+                    match state.queue.iter().find(|w| w.owner == req.owner) {
+                        Some(w) => {
+                            // Keep the place (and its sequence); extend it when it is not fresh.
+                            if w.expires_at_ms < expires - ms(QUEUE_REFRESH_AFTER) {
+                                sqlx::query(
+                                    "UPDATE dlock_queue SET expires_at_ms = ?
+                                     WHERE name = ? AND owner = ?",
+                                )
+                                .bind(expires)
+                                .bind(name)
+                                .bind(req.owner)
+                                .execute(&mut *tx)
+                                .await
+                                .map_err(|e| self.err(e))?;
+                            }
+                        }
+                        None => {
+                            sqlx::query(
+                                "INSERT INTO dlock_queue (name, owner, mode, expires_at_ms,
+                                     client_id, host, pid)
+                                 VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            )
+                            .bind(name)
+                            .bind(req.owner)
+                            .bind(req.mode.as_str())
+                            .bind(expires)
+                            .bind(req.meta.client_id.as_str())
+                            .bind(req.meta.host.as_str())
+                            .bind(i64::from(req.meta.pid))
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(|e| self.err(e))?;
+                        }
+                    }
+                }
+                Attempt::Busy(Busy { retry_in })
+            }
+        };
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(attempt)
+    }
+}
+
+/// The primary SQLite result code of a database error.
+fn sqlite_code(e: &sqlx::Error) -> Option<i32> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .map(|c| c & 0xff),
+        _ => None,
+    }
+}
+
+/// SQLITE_BUSY or SQLITE_LOCKED.
+fn is_busy(e: &sqlx::Error) -> bool {
+    matches!(sqlite_code(e), Some(5 | 6))
+}
+
+/// Maps a sqlx error to a dlock error naming the file.
+fn map_err(path: &Path, e: sqlx::Error) -> Error {
+    let shown = path.display();
+    match &e {
+        sqlx::Error::Database(db) => {
+            match sqlite_code(&e).unwrap_or(-1) {
+                // SQLITE_BUSY, SQLITE_LOCKED
+                5 | 6 => Error::Unavailable(format!(
+                    "sqlite database {shown} is busy: another connection holds its lock \
+                     ({db}; busy timeout {BUSY_TIMEOUT:?})"
+                )),
+                // SQLITE_CANTOPEN
+                14 => Error::Unavailable(format!(
+                    "cannot open sqlite database {shown}: {db} (check that its directory exists \
+                     and that this user may read and write the file and its directory)"
+                )),
+                // SQLITE_NOTADB
+                26 => Error::InvalidConfig(format!(
+                    "{shown} is not a SQLite database ({db}); point the store URL at a dlock \
+                     database file or a path that does not exist yet"
+                )),
+                // SQLITE_PERM, SQLITE_READONLY, SQLITE_AUTH
+                3 | 8 | 23 => Error::Unavailable(format!(
+                    "sqlite database {shown} cannot be written: {db} (permission denied or \
+                     read-only filesystem; the file and its directory must be writable)"
+                )),
+                // SQLITE_CORRUPT
+                11 => Error::Unavailable(format!("sqlite database {shown} is corrupt: {db}")),
+                // SQLITE_IOERR, SQLITE_FULL, SQLITE_PROTOCOL
+                10 | 13 | 15 => {
+                    Error::Unavailable(format!("I/O error on sqlite database {shown}: {db}"))
+                }
+                _ => Error::backend(e),
+            }
+        }
+        sqlx::Error::PoolTimedOut => Error::Unavailable(format!(
+            "sqlite database {shown} is busy: no connection became free within \
+             {POOL_ACQUIRE_TIMEOUT:?}"
+        )),
+        sqlx::Error::Io(io) => {
+            Error::Unavailable(format!("I/O error on sqlite database {shown}: {io}"))
+        }
+        sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
+            Error::Unavailable(format!("sqlite database {shown} is closed: {e}"))
+        }
+        _ => Error::backend(e),
+    }
+}
+
+/// The jittered poll interval of the `step`-th poll of one wait: uniform in `[b/2, b]` where `b`
+/// doubles from `2 * POLL_MIN` and is capped at `POLL_MAX`.
+fn poll_interval(step: u32) -> Duration {
+    let base = POLL_MIN
+        .saturating_mul(2u32.saturating_pow(step.saturating_add(1)))
+        .min(POLL_MAX);
+    let hi = u64::try_from(base.as_micros()).unwrap_or(u64::MAX);
+    let lo = (hi / 2).max(u64::try_from(POLL_MIN.as_micros()).unwrap_or(0));
+    let us = if lo < hi {
+        rand::thread_rng().gen_range(lo..=hi)
+    } else {
+        hi
+    };
+    Duration::from_micros(us)
+}
+
 #[async_trait::async_trait]
 impl Backend for SqliteBackend {
-    fn name(&self) -> &'static str { "sqlite" }
-    fn capabilities(&self) -> Capabilities { Capabilities { fencing: true, wakeups: Wakeups::Native, validity: Validity::Lease } }
-    async fn acquire(&self, _req: &Request<'_>) -> Result<Attempt> { Err(crate::Error::Unsupported("sqlite".into())) }
-    async fn wait(&self, _req: &Request<'_>, _busy: &Busy, _until: Instant) -> Result<()> { Err(crate::Error::Unsupported("sqlite".into())) }
-    async fn cancel(&self, _req: &Request<'_>) -> Result<()> { Err(crate::Error::Unsupported("sqlite".into())) }
-    async fn release(&self, _hold: &HoldRef<'_>) -> Result<Released> { Err(crate::Error::Unsupported("sqlite".into())) }
-    async fn extend(&self, _holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> { Err(crate::Error::Unsupported("sqlite".into())) }
-    async fn describe(&self, _prefix: &str) -> Result<Vec<LockInfo>> { Err(crate::Error::Unsupported("sqlite".into())) }
-    async fn force_release(&self, _name: &LockName) -> Result<u64> { Err(crate::Error::Unsupported("sqlite".into())) }
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: true,
+            wakeups: Wakeups::Polling {
+                min: POLL_MIN,
+                max: POLL_MAX,
+            },
+            validity: Validity::Lease,
+        }
+    }
+
+    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
+        self.acquire_tx(req).await
+    }
+
+    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
+        let started = Instant::now();
+        let lease_end = busy.retry_in.and_then(|r| started.checked_add(r));
+        let notify = self.wakeups.notify_for(req.name.as_str());
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        // Registered before the first look, so a release in this process between the caller's
+        // attempt and here is seen either by that look or by the notification.
+        notified.as_mut().enable();
+        let mut step = 0u32;
+        loop {
+            let now = Instant::now();
+            if now >= until || !self.still_busy(req).await? {
+                return Ok(());
+            }
+            let now = Instant::now();
+            let mut wake_at = now + poll_interval(step);
+            step = step.saturating_add(1);
+            if let Some(t) = lease_end.filter(|t| *t > now) {
+                wake_at = wake_at.min(t);
+            }
+            wake_at = wake_at.min(until);
+            tokio::select! {
+                _ = &mut notified => return Ok(()),
+                _ = tokio::time::sleep_until(wake_at.into()) => {}
+            }
+        }
+    }
+
+    async fn cancel(&self, req: &Request<'_>) -> Result<()> {
+        let name = req.name.as_str();
+        let removed = sqlx::query("DELETE FROM dlock_queue WHERE name = ? AND owner = ?")
+            .bind(name)
+            .bind(req.owner)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        if removed > 0 {
+            // Waiters behind the one that left may now be first.
+            self.wakeups.wake(name);
+        }
+        Ok(())
+    }
+
+    async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
+        let name = hold.name.as_str();
+        let removed = sqlx::query(
+            "DELETE FROM dlock_holds WHERE name = ? AND owner = ? AND expires_at_ms > ?",
+        )
+        .bind(name)
+        .bind(hold.owner)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected();
+        if removed > 0 {
+            self.wakeups.wake(name);
+            Ok(Released::Released)
+        } else {
+            Ok(Released::NotHeld)
+        }
+    }
+
+    async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))?;
+        let now = now_ms();
+        let mut out = Vec::with_capacity(holds.len());
+        for h in holds {
+            let n = sqlx::query(
+                "UPDATE dlock_holds SET expires_at_ms = ?
+                 WHERE owner = ? AND name = ? AND expires_at_ms > ?",
+            )
+            .bind(expiry(now, h.lease))
+            .bind(h.owner)
+            .bind(h.name.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+            out.push(if n > 0 {
+                Extended::Held { valid_for: h.lease }
+            } else {
+                Extended::Gone
+            });
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(out)
+    }
+
+    async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        let now = now_ms();
+        // `substr`/`length` rather than LIKE: the prefix may contain `%` and `_`.
+        #[allow(clippy::type_complexity)]
+        let holds: Vec<(
+            String,
+            String,
+            String,
+            i64,
+            String,
+            i64,
+            i64,
+            i64,
+            String,
+            String,
+            i64,
+        )> = sqlx::query_as(
+            "SELECT name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
+                        client_id, host, pid
+                 FROM dlock_holds
+                 WHERE expires_at_ms > ? AND substr(name, 1, length(?)) = ?
+                 ORDER BY name, fence",
+        )
+        .bind(now)
+        .bind(prefix)
+        .bind(prefix)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| self.err(e))?;
+        let queue: Vec<(String, String, String, String, String, i64)> = sqlx::query_as(
+            "SELECT name, owner, mode, client_id, host, pid
+             FROM dlock_queue
+             WHERE expires_at_ms > ? AND substr(name, 1, length(?)) = ?
+             ORDER BY name, seq",
+        )
+        .bind(now)
+        .bind(prefix)
+        .bind(prefix)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| self.err(e))?;
+        tx.commit().await.map_err(|e| self.err(e))?;
+
+        let mut locks: std::collections::BTreeMap<String, LockInfo> = Default::default();
+        for (name, owner, kind, permits, mode, fence, expires, acquired, client_id, host, pid) in
+            holds
+        {
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            let kind = parse_kind(&kind, permits)?;
+            let info = locks.entry(name.clone()).or_insert_with(|| LockInfo {
+                name,
+                kind,
+                holders: Vec::new(),
+                waiters: Vec::new(),
+            });
+            info.holders.push(HolderInfo {
+                owner,
+                meta: HolderMeta {
+                    client_id,
+                    host,
+                    pid: parse_pid(pid)?,
+                },
+                mode: parse_mode(&mode)?,
+                token: Some(parse_token(fence)?),
+                acquired_at_ms: u64::try_from(acquired).unwrap_or(0),
+                lease_left_ms: Some(u64::try_from(expires.saturating_sub(now)).unwrap_or(0)),
+            });
+        }
+        for (name, owner, mode, client_id, host, pid) in queue {
+            // Only names with live holds are listed, as in the other stores.
+            let Some(info) = locks.get_mut(&name) else {
+                continue;
+            };
+            let position = u32::try_from(info.waiters.len()).unwrap_or(u32::MAX);
+            info.waiters.push(WaiterInfo {
+                owner,
+                meta: HolderMeta {
+                    client_id,
+                    host,
+                    pid: parse_pid(pid)?,
+                },
+                mode: parse_mode(&mode)?,
+                position,
+            });
+        }
+        Ok(locks.into_values().collect())
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<u64> {
+        let name = name.as_str();
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))?;
+        let now = now_ms();
+        let live = sqlx::query("DELETE FROM dlock_holds WHERE name = ? AND expires_at_ms > ?")
+            .bind(name)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        // Expired leftovers and every queue place; the fence row stays.
+        for stmt in [
+            "DELETE FROM dlock_holds WHERE name = ?",
+            "DELETE FROM dlock_queue WHERE name = ?",
+        ] {
+            sqlx::query(stmt)
+                .bind(name)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        self.wakeups.wake(name);
+        Ok(live)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const LONG: Duration = Duration::from_secs(30);
+
+    fn meta(id: &str) -> HolderMeta {
+        HolderMeta {
+            client_id: id.into(),
+            host: "testhost".into(),
+            pid: 42,
+        }
+    }
+
+    fn name(n: &str) -> LockName {
+        LockName::new(n).unwrap()
+    }
+
+    /// A plain (unfair, try) mutex request with a long lease.
+    fn rq<'a>(name: &'a LockName, owner: &'a str, meta: &'a HolderMeta) -> Request<'a> {
+        Request {
+            name,
+            kind: LockKind::Mutex,
+            mode: Mode::Exclusive,
+            owner,
+            lease: LONG,
+            fair: false,
+            waiting: false,
+            meta,
+        }
+    }
+
+    fn hr<'a>(r: &Request<'a>) -> HoldRef<'a> {
+        HoldRef {
+            name: r.name,
+            kind: r.kind,
+            mode: r.mode,
+            owner: r.owner,
+            lease: r.lease,
+        }
+    }
+
+    fn token(a: Attempt) -> u64 {
+        match a {
+            Attempt::Granted(g) => g.token.unwrap(),
+            Attempt::Busy(b) => panic!("expected a grant, got {b:?}"),
+        }
+    }
+
+    fn busy(a: Attempt) -> Busy {
+        match a {
+            Attempt::Busy(b) => b,
+            Attempt::Granted(g) => panic!("expected busy, got {g:?}"),
+        }
+    }
+
+    async fn open(path: &Path) -> SqliteBackend {
+        SqliteBackend::open(path).await.unwrap()
+    }
+
+    async fn stored_fence(b: &SqliteBackend, n: &str) -> i64 {
+        let (f,): (i64,) = sqlx::query_as("SELECT fence FROM dlock_fences WHERE name = ?")
+            .bind(n)
+            .fetch_one(&b.pool)
+            .await
+            .unwrap();
+        f
+    }
+
+    #[test]
+    fn futures_are_send() {
+        fn assert_send<T: Send>(_: &T) {}
+        let open = SqliteBackend::open(Path::new("/nonexistent/x.db"));
+        assert_send(&open);
+        assert_eq!(POLL_MIN, Duration::from_millis(5));
+        for step in 0..10 {
+            let d = poll_interval(step);
+            assert!(d >= POLL_MIN && d <= POLL_MAX, "{step}: {d:?}");
+        }
+        assert!(poll_interval(0) <= Duration::from_millis(10));
+        assert!(poll_interval(9) >= POLL_MAX / 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn two_backends_exclude_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("locks.db");
+        let a = open(&path).await;
+        let b = open(&path).await;
+        assert_eq!(a.name(), "sqlite");
+        let n = name("jobs/one");
+        let (ma, mb) = (meta("A"), meta("B"));
+        let ra = rq(&n, "owner-a", &ma);
+        let rb = rq(&n, "owner-b", &mb);
+        let t1 = token(a.acquire(&ra).await.unwrap());
+        assert_eq!(t1, 1);
+        let bz = busy(b.acquire(&rb).await.unwrap());
+        let retry = bz.retry_in.unwrap();
+        assert!(
+            retry <= LONG && retry > LONG - Duration::from_secs(5),
+            "{retry:?}"
+        );
+        // idempotent re-grant with the same token, from either backend object
+        assert_eq!(token(a.acquire(&ra).await.unwrap()), t1);
+        assert_eq!(token(b.acquire(&ra).await.unwrap()), t1);
+        // b cannot release a's hold
+        assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::NotHeld);
+        let info = b.describe("").await.unwrap();
+        assert_eq!(info.len(), 1);
+        assert_eq!(info[0].holders.len(), 1);
+        assert_eq!(info[0].holders[0].owner, "owner-a");
+        assert_eq!(info[0].holders[0].meta, ma);
+        assert_eq!(info[0].holders[0].token, Some(1));
+        assert_eq!(info[0].kind, LockKind::Mutex);
+        assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::Released);
+        assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::NotHeld);
+        assert_eq!(token(b.acquire(&rb).await.unwrap()), 2);
+        let info = a.describe("jobs/").await.unwrap();
+        assert_eq!(info[0].holders[0].owner, "owner-b");
+        let left = info[0].holders[0].lease_left_ms.unwrap();
+        assert!(left <= 30_000 && left > 25_000, "{left}");
+        assert!(busy(a.acquire(&ra).await.unwrap()).retry_in.is_some());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn fence_increases_across_reopen_and_expiry() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fence.db");
+        let m = meta("c");
+        let n = name("fenced");
+        let mut last = 0;
+        for round in 0..3 {
+            let b = open(&path).await;
+            // granted and released
+            let r = rq(&n, "released", &m);
+            let owner_r = format!("rel-{round}");
+            let r = Request {
+                owner: &owner_r,
+                ..r
+            };
+            let t = token(b.acquire(&r).await.unwrap());
+            assert!(t > last, "{t} after {last}");
+            last = t;
+            assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
+            // granted with a short lease and left to expire
+            let owner_e = format!("exp-{round}");
+            let short = Request {
+                owner: &owner_e,
+                lease: Duration::from_millis(60),
+                ..rq(&n, "", &m)
+            };
+            let t = token(b.acquire(&short).await.unwrap());
+            assert!(t > last);
+            last = t;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            // taken over after expiry
+            let owner_t = format!("take-{round}");
+            let take = Request {
+                owner: &owner_t,
+                ..rq(&n, "", &m)
+            };
+            let t = token(b.acquire(&take).await.unwrap());
+            assert!(t > last);
+            last = t;
+            // force release keeps the fence
+            assert_eq!(b.force_release(&n).await.unwrap(), 1);
+            assert!(b.describe("").await.unwrap().is_empty());
+            assert_eq!(stored_fence(&b, "fenced").await, last as i64);
+            b.pool.close().await;
+            drop(b);
+        }
+        assert_eq!(last, 9);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn expired_hold_is_taken_over_and_old_release_is_not_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let a = open(&path).await;
+        let b = open(&path).await;
+        let n = name("takeover");
+        let (ma, mb) = (meta("A"), meta("B"));
+        let old = Request {
+            lease: Duration::from_millis(80),
+            ..rq(&n, "old", &ma)
+        };
+        let new = rq(&n, "new", &mb);
+        let t_old = token(a.acquire(&old).await.unwrap());
+        let bz = busy(b.acquire(&new).await.unwrap());
+        assert!(bz.retry_in.unwrap() <= Duration::from_millis(80));
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        assert!(a.describe("").await.unwrap().is_empty());
+        let t_new = token(b.acquire(&new).await.unwrap());
+        assert!(t_new > t_old);
+        assert_eq!(a.release(&hr(&old)).await.unwrap(), Released::NotHeld);
+        assert_eq!(a.extend(&[hr(&old)]).await.unwrap(), vec![Extended::Gone]);
+        // the old owner asking again is a new contender, not a re-grant
+        assert!(matches!(a.acquire(&old).await.unwrap(), Attempt::Busy(_)));
+        let info = a.describe("take").await.unwrap();
+        assert_eq!(info[0].holders.len(), 1);
+        assert_eq!(info[0].holders[0].owner, "new");
+        assert_eq!(info[0].holders[0].token, Some(t_new));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn extend_mixes_live_and_gone_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let a = open(&path).await;
+        let b = open(&path).await;
+        let m = meta("m");
+        let (nx, ny, nz, nw) = (name("x"), name("y"), name("z"), name("w"));
+        let x = Request {
+            lease: Duration::from_secs(1),
+            ..rq(&nx, "ox", &m)
+        };
+        let y = Request {
+            lease: Duration::from_millis(50),
+            ..rq(&ny, "oy", &m)
+        };
+        let z = rq(&nz, "oz", &m);
+        let w = Request {
+            kind: LockKind::Semaphore { permits: 3 },
+            mode: Mode::Shared,
+            lease: Duration::from_secs(1),
+            ..rq(&nw, "ow", &m)
+        };
+        token(a.acquire(&x).await.unwrap());
+        token(a.acquire(&y).await.unwrap());
+        token(a.acquire(&w).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        // a hold of another owner on x must not count as ours
+        let stranger = HoldRef {
+            owner: "stranger",
+            ..hr(&x)
+        };
+        let long = Duration::from_secs(60);
+        let refs = [
+            HoldRef {
+                lease: long,
+                ..hr(&x)
+            },
+            HoldRef {
+                lease: long,
+                ..hr(&y)
+            },
+            HoldRef {
+                lease: long,
+                ..hr(&z)
+            },
+            stranger,
+            HoldRef {
+                lease: long,
+                ..hr(&w)
+            },
+        ];
+        let got = b.extend(&refs).await.unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Extended::Held { valid_for: long },
+                Extended::Gone,
+                Extended::Gone,
+                Extended::Gone,
+                Extended::Held { valid_for: long },
+            ]
+        );
+        assert!(b.extend(&[]).await.unwrap().is_empty());
+        let info = a.describe("").await.unwrap();
+        let names: Vec<&str> = info.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["w", "x"]);
+        for i in &info {
+            assert!(i.holders[0].lease_left_ms.unwrap() > 55_000);
+        }
+        assert_eq!(info[0].kind, LockKind::Semaphore { permits: 3 });
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn fair_queue_order_across_backends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let a = open(&path).await;
+        let b = open(&path).await;
+        let n = name("fifo");
+        let (ma, mb) = (meta("A"), meta("B"));
+        let fair = |owner: &'static str, m: &'static HolderMeta| Request {
+            fair: true,
+            waiting: true,
+            ..rq(Box::leak(Box::new(n.clone())), owner, m)
+        };
+        let ma: &'static HolderMeta = Box::leak(Box::new(ma));
+        let mb: &'static HolderMeta = Box::leak(Box::new(mb));
+        let h = fair("h", ma);
+        let (w1, w2, w3) = (fair("w1", mb), fair("w2", ma), fair("w3", mb));
+        token(a.acquire(&h).await.unwrap());
+        busy(b.acquire(&w1).await.unwrap());
+        busy(a.acquire(&w2).await.unwrap());
+        busy(b.acquire(&w3).await.unwrap());
+        // repeating keeps the place
+        busy(a.acquire(&w1).await.unwrap());
+        let info = a.describe("fifo").await.unwrap();
+        let order: Vec<(&str, u32)> = info[0]
+            .waiters
+            .iter()
+            .map(|w| (w.owner.as_str(), w.position))
+            .collect();
+        assert_eq!(order, [("w1", 0), ("w2", 1), ("w3", 2)]);
+        assert_eq!(info[0].waiters[1].meta, *ma);
+        // a try (not queued) does not barge
+        let plain = rq(&n, "plain", mb);
+        assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::Released);
+        busy(b.acquire(&plain).await.unwrap());
+        busy(b.acquire(&w2).await.unwrap());
+        busy(a.acquire(&w3).await.unwrap());
+        let t1 = token(b.acquire(&w1).await.unwrap());
+        let info = b.describe("").await.unwrap();
+        let order: Vec<&str> = info[0].waiters.iter().map(|w| w.owner.as_str()).collect();
+        assert_eq!(order, ["w2", "w3"]);
+        assert_eq!(a.release(&hr(&w1)).await.unwrap(), Released::Released);
+        // w2 gives up: w3 is next
+        a.cancel(&w2).await.unwrap();
+        let t3 = token(a.acquire(&w3).await.unwrap());
+        assert!(t3 > t1);
+        // w2 comes back at the end of the (now empty) queue and waits behind nobody but w3's hold
+        busy(a.acquire(&w2).await.unwrap());
+        b.release(&hr(&w3)).await.unwrap();
+        token(b.acquire(&w2).await.unwrap());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn rwlock_semaphore_and_kind_mismatch() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let a = open(&path).await;
+        let b = open(&path).await;
+        let m = meta("m");
+        let n = name("rw");
+        let read = |o: &'static str| Request {
+            kind: LockKind::RwLock,
+            mode: Mode::Shared,
+            ..rq(
+                Box::leak(Box::new(n.clone())),
+                o,
+                Box::leak(Box::new(m.clone())),
+            )
+        };
+        let write = Request {
+            mode: Mode::Exclusive,
+            ..read("w")
+        };
+        token(a.acquire(&read("r1")).await.unwrap());
+        token(b.acquire(&read("r2")).await.unwrap());
+        busy(b.acquire(&write).await.unwrap());
+        let mutex = rq(&n, "m", &m);
+        assert!(matches!(
+            a.acquire(&mutex).await,
+            Err(Error::InvalidConfig(_))
+        ));
+        a.release(&hr(&read("r1"))).await.unwrap();
+        a.release(&hr(&read("r2"))).await.unwrap();
+        token(b.acquire(&write).await.unwrap());
+
+        let s = name("sem");
+        let permit = |o: &'static str| Request {
+            kind: LockKind::Semaphore { permits: 2 },
+            mode: Mode::Shared,
+            ..rq(
+                Box::leak(Box::new(s.clone())),
+                o,
+                Box::leak(Box::new(m.clone())),
+            )
+        };
+        token(a.acquire(&permit("p1")).await.unwrap());
+        token(b.acquire(&permit("p2")).await.unwrap());
+        busy(a.acquire(&permit("p3")).await.unwrap());
+        let info = a.describe("sem").await.unwrap();
+        assert_eq!(info[0].holders.len(), 2);
+        assert_eq!(info[0].kind, LockKind::Semaphore { permits: 2 });
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn describe_prefix_is_literal() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(&dir.path().join("x.db")).await;
+        let m = meta("m");
+        let names = [
+            "a%b/1",
+            "axb/1",
+            "a_c",
+            "b'; DROP TABLE dlock_holds; --",
+            "é/ü",
+        ];
+        for (i, n) in names.iter().enumerate() {
+            let ln = name(n);
+            let owner = format!("o{i}");
+            token(b.acquire(&rq(&ln, &owner, &m)).await.unwrap());
+        }
+        let got = |p: &'static str| {
+            let b = &b;
+            async move {
+                b.describe(p)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|i| i.name)
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(got("a%").await, ["a%b/1"]);
+        assert_eq!(got("a_").await, ["a_c"]);
+        assert_eq!(got("a").await, ["a%b/1", "a_c", "axb/1"]);
+        assert_eq!(got("é").await, ["é/ü"]);
+        assert_eq!(got("zzz").await, Vec::<String>::new());
+        assert_eq!(got("").await.len(), 5);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn in_process_wakeup_is_immediate() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let a = Arc::new(open(&path).await);
+        let b = Arc::new(open(&path).await);
+        for round in 0..5 {
+            let holder = format!("h{round}");
+            let n = name("wake");
+            let m = meta("a");
+            let h = rq(&n, &holder, &m);
+            token(a.acquire(&h).await.unwrap());
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let waiter = {
+                let b = b.clone();
+                tokio::spawn(async move {
+                    let n = name("wake");
+                    let m = meta("b");
+                    let owner = format!("w{round}");
+                    let r = Request {
+                        waiting: true,
+                        ..rq(&n, &owner, &m)
+                    };
+                    let bz = busy(b.acquire(&r).await.unwrap());
+                    let _ = tx.send(());
+                    b.wait(&r, &bz, Instant::now() + Duration::from_secs(10))
+                        .await
+                        .unwrap();
+                    let woke = Instant::now();
+                    token(b.acquire(&r).await.unwrap());
+                    b.release(&hr(&r)).await.unwrap();
+                    woke
+                })
+            };
+            rx.await.unwrap();
+            // long enough for the waiter to reach its longest poll intervals
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let released = Instant::now();
+            assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::Released);
+            let woke = waiter.await.unwrap();
+            let after = woke.saturating_duration_since(released);
+            assert!(
+                after < Duration::from_millis(20),
+                "round {round}: woke {after:?} after the release"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn cross_backend_wait_polls_and_respects_until() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let a = open(&path).await;
+        let b = open(&path).await;
+        let n = name("poll");
+        let (ma, mb) = (meta("a"), meta("b"));
+        let h = rq(&n, "h", &ma);
+        let w = rq(&n, "w", &mb);
+        token(a.acquire(&h).await.unwrap());
+        let bz = busy(b.acquire(&w).await.unwrap());
+        // nothing changes: wait returns at `until`
+        let start = Instant::now();
+        b.wait(&w, &bz, start + Duration::from_millis(120))
+            .await
+            .unwrap();
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(120) && took < Duration::from_millis(400),
+            "{took:?}"
+        );
+        // a change made behind the wake-ups' back (another process) is found by polling
+        sqlx::query("DELETE FROM dlock_holds WHERE owner = 'h'")
+            .execute(&a.pool)
+            .await
+            .unwrap();
+        let start = Instant::now();
+        b.wait(&w, &bz, start + Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(start.elapsed() < Duration::from_millis(200));
+        // a short lease in the way: wait returns when it runs out
+        let short = Request {
+            owner: "short",
+            lease: Duration::from_millis(100),
+            ..rq(&n, "", &ma)
+        };
+        token(a.acquire(&short).await.unwrap());
+        let bz = busy(b.acquire(&w).await.unwrap());
+        let start = Instant::now();
+        b.wait(&w, &bz, start + Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(start.elapsed() < Duration::from_millis(300));
+        token(b.acquire(&w).await.unwrap());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn not_a_database_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notes.txt");
+        std::fs::write(&path, "these are my notes, not a database\n".repeat(200)).unwrap();
+        let e = SqliteBackend::open(&path).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("notes.txt") && msg.contains("not a SQLite database"),
+            "{msg}"
+        );
+        // the file is left alone
+        assert!(std::fs::read_to_string(&path)
+            .unwrap()
+            .starts_with("these are"));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn missing_directory_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("no-such-dir").join("locks.db");
+        let e = SqliteBackend::open(&path).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
+        assert!(e.to_string().contains("no-such-dir"), "{e}");
+        let e = SqliteBackend::open(dir.path()).await.unwrap_err();
+        assert!(e.to_string().contains("directory"), "{e}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn unwritable_directory_is_a_clear_error() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let ro = dir.path().join("ro");
+        std::fs::create_dir(&ro).unwrap();
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+        if std::fs::write(ro.join("probe"), b"x").is_ok() {
+            eprintln!("skipped: running with privileges that ignore file permissions");
+            return;
+        }
+        let path = ro.join("locks.db");
+        let e = SqliteBackend::open(&path).await.unwrap_err();
+        assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+        assert!(e.to_string().contains("locks.db"), "{e}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let b = open(&path).await;
+        sqlx::query("UPDATE dlock_meta SET value = 99 WHERE key = 'schema_version'")
+            .execute(&b.pool)
+            .await
+            .unwrap();
+        b.pool.close().await;
+        let e = SqliteBackend::open(&path).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
+        assert!(e.to_string().contains("99"), "{e}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn busy_database_is_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let a = open(&path).await;
+        let mut blocker = a.pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        sqlx::query("SELECT 1")
+            .execute(&mut *blocker)
+            .await
+            .unwrap();
+        // opening needs the write lock for the migration
+        let e = SqliteBackend::open(&path).await.unwrap_err();
+        assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+        assert!(e.to_string().contains("busy"), "{e}");
+        blocker.rollback().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn concurrent_tasks_never_share_the_mutex() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let mut backends = Vec::new();
+        for _ in 0..4 {
+            backends.push(Arc::new(open(&path).await));
+        }
+        let inside = Arc::new(AtomicUsize::new(0));
+        let grants = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for t in 0..8usize {
+            let b = backends[t % 4].clone();
+            let (inside, grants) = (inside.clone(), grants.clone());
+            tasks.push(tokio::spawn(async move {
+                let n = name("contended");
+                let m = meta(&format!("task{t}"));
+                let mut last = 0;
+                for i in 0..20 {
+                    let owner = format!("t{t}-{i}");
+                    let r = Request {
+                        lease: Duration::from_secs(10),
+                        fair: t % 4 == 1,
+                        waiting: t % 2 == 1,
+                        ..rq(&n, &owner, &m)
+                    };
+                    let tok = loop {
+                        match b.acquire(&r).await.unwrap() {
+                            Attempt::Granted(g) => break g.token.unwrap(),
+                            Attempt::Busy(bz) if r.waiting => b
+                                .wait(&r, &bz, Instant::now() + Duration::from_secs(1))
+                                .await
+                                .unwrap(),
+                            Attempt::Busy(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+                        }
+                    };
+                    assert!(tok > last);
+                    last = tok;
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    grants.fetch_add(1, Ordering::SeqCst);
+                    if i % 5 == 0 {
+                        let info = b.describe("contended").await.unwrap();
+                        assert_eq!(info[0].holders.len(), 1);
+                        assert_eq!(info[0].holders[0].owner, owner);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(grants.load(Ordering::SeqCst), 160);
+        assert_eq!(stored_fence(&backends[0], "contended").await, 160);
+        assert!(backends[0].describe("").await.unwrap().is_empty());
+    }
+
+    const CHILD_DB: &str = "DLOCK_SQLITE_TEST_CHILD_DB";
+    const CHILD_ROUNDS: usize = 15;
+
+    /// Runs only as a child process of `separate_processes_exclude_each_other`.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn child_process_worker() {
+        let Some(db) = std::env::var_os(CHILD_DB) else {
+            return;
+        };
+        let db = PathBuf::from(db);
+        let marker = db.with_extension("inside");
+        let b = open(&db).await;
+        let n = name("cross-process");
+        let m = meta(&format!("pid{}", std::process::id()));
+        let mut last = 0;
+        for i in 0..CHILD_ROUNDS {
+            let owner = format!("{}-{i}", std::process::id());
+            let r = Request {
+                waiting: true,
+                fair: i % 2 == 0,
+                ..rq(&n, &owner, &m)
+            };
+            let tok = loop {
+                match b.acquire(&r).await.unwrap() {
+                    Attempt::Granted(g) => break g.token.unwrap(),
+                    Attempt::Busy(bz) => b
+                        .wait(&r, &bz, Instant::now() + Duration::from_secs(1))
+                        .await
+                        .unwrap(),
+                }
+            };
+            assert!(tok > last);
+            last = tok;
+            // Fails if another process is inside too.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&marker)
+                .expect("another process holds the lock at the same time");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            std::fs::remove_file(&marker).unwrap();
+            assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn separate_processes_exclude_each_other() {
+        if std::env::var_os(CHILD_DB).is_some() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shared.db");
+        let exe = std::env::current_exe().unwrap();
+        let children: Vec<_> = (0..3)
+            .map(|_| {
+                std::process::Command::new(&exe)
+                    .args([
+                        "backend::sqlite::tests::child_process_worker",
+                        "--exact",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .env(CHILD_DB, &path)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for c in children {
+            let out = tokio::task::spawn_blocking(move || c.wait_with_output())
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "child failed:\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+        }
+        let b = open(&path).await;
+        assert_eq!(
+            stored_fence(&b, "cross-process").await,
+            3 * CHILD_ROUNDS as i64
+        );
+        assert!(b.describe("").await.unwrap().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn client_end_to_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("e2e.db").display());
+        let c1 = crate::connect(&url).await.unwrap();
+        let c2 = crate::connect(&url).await.unwrap();
+        assert_eq!(c1.backend_name(), "sqlite");
+        let g = c1.mutex("e2e/job").unwrap().acquire().await.unwrap();
+        assert_eq!(g.token(), Some(1));
+        let e = c2
+            .mutex("e2e/job")
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap_err();
+        assert!(e.is_not_granted(), "{e}");
+        let info = c2.describe("e2e/job").await.unwrap().unwrap();
+        assert_eq!(info.holders[0].meta.client_id, c1.id());
+        // a waiter on the other client gets it right after the release
+        let waiter = {
+            let c2 = c2.clone();
+            tokio::spawn(async move {
+                let g = c2
+                    .mutex("e2e/job")
+                    .unwrap()
+                    .acquire_timeout(Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                let t = g.token();
+                g.release().await.unwrap();
+                (t, Instant::now())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let released = Instant::now();
+        g.release().await.unwrap();
+        let (t, got) = waiter.await.unwrap();
+        assert_eq!(t, Some(2));
+        assert!(got.duration_since(released) < Duration::from_millis(200));
+        assert!(c1.list("").await.unwrap().is_empty());
+        let g = c1.mutex("e2e/job").unwrap().try_acquire().await.unwrap();
+        assert_eq!(g.token(), Some(3));
+        g.release().await.unwrap();
+    }
 }
