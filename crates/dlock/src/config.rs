@@ -94,7 +94,7 @@ pub(crate) fn parse(raw: &str) -> Result<Target> {
                         .ok_or_else(|| Error::InvalidConfig("sqlite path is not UTF-8".into()))?,
                 )
             };
-            if path.as_os_str().is_empty() || path == PathBuf::from("/") {
+            if path.as_os_str().is_empty() || path == std::path::Path::new("/") {
                 return Err(Error::InvalidConfig(
                     "sqlite URL has no file path (example: sqlite:///var/lib/dlock/locks.db)"
                         .into(),
