@@ -328,6 +328,11 @@ pub async fn demo(url: Option<&str>, buyers: u32, tickets: u32) -> CliResult {
     };
 
     let row = |name: &str, r: &Round| {
+        let tokens = match (r.tokens.first(), r.tokens.last()) {
+            (Some(a), Some(b)) if a != b => format!("{a}..{b}"),
+            (Some(a), _) => a.to_string(),
+            _ => "-".into(),
+        };
         vec![
             name.to_string(),
             buyers.to_string(),
@@ -337,6 +342,7 @@ pub async fn demo(url: Option<&str>, buyers: u32, tickets: u32) -> CliResult {
             r.oversold(tickets).to_string(),
             r.left.map_or_else(|| "?".into(), |l| l.to_string()),
             fmt_ms(r.elapsed),
+            tokens,
         ]
     };
     use Align::{Left as L, Right as R};
@@ -344,8 +350,11 @@ pub async fn demo(url: Option<&str>, buyers: u32, tickets: u32) -> CliResult {
     print!(
         "{}",
         render(
-            &["ROUND", "BUYERS", "TICKETS", "SOLD", "REFUSED", "OVERSOLD", "LEFT", "ELAPSED"],
-            &[L, R, R, R, R, R, R, R],
+            &[
+                "ROUND", "BUYERS", "TICKETS", "SOLD", "REFUSED", "OVERSOLD", "LEFT", "ELAPSED",
+                "TOKENS"
+            ],
+            &[L, R, R, R, R, R, R, R, L],
             &[row("1 no lock", &r1), row("2 dlock mutex", &r2)],
         )
     );

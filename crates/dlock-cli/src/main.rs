@@ -63,6 +63,7 @@ enum Cmd {
 /// SIGKILL after --kill-after, and dlock exits 76.
 #[derive(Debug, Args)]
 #[command(
+    override_usage = "dlock run [OPTIONS] <NAME> -- <CMD> [ARGS]...",
     after_help = "Examples:\n  dlock run backups/nightly -- /usr/local/bin/backup --full\n  dlock run --no-wait --hold-at-least 1h reports/hourly -- ./report.sh\n\nExit codes: CMD's own, or 75 not acquired, 76 lock lost, 64 usage, 69 store error, 126/127 CMD not executable / not found."
 )]
 struct RunArgs {
