@@ -145,7 +145,7 @@ pub async fn mutual_exclusion_processes(s: Store) {
 // ---- 3 ------------------------------------------------------------------------------------------
 
 /// try_acquire on a held lock is Busy at once; acquire_timeout gives up with Timeout after its
-/// time (plain and fair); neither leaves anything behind.
+/// time (plain and fair); neither they nor a dropped acquisition leave anything behind.
 pub async fn try_and_timeout(s: Store) {
     let (c1, c2) = (s.client().await, s.client().await);
     let name = s.name("busy");
@@ -196,6 +196,26 @@ pub async fn try_and_timeout(s: Store) {
         Error::Busy { .. },
         "fair try_acquire on a held lock"
     );
+
+    // A fair acquisition abandoned by the caller's own timeout (the future is dropped while it
+    // waits in the queue) removes its queue place too (in the background, so allow a moment).
+    let dropper = c2.mutex(&name).unwrap().fair(true);
+    let abandoned = tokio::time::timeout(ms(300), dropper.acquire()).await;
+    assert!(
+        abandoned.is_err(),
+        "a fair acquire() on a held lock finished within 300 ms: {abandoned:?}"
+    );
+    let (c, n, id2) = (&c1, name.as_str(), c2.id());
+    eventually(
+        secs(2),
+        "the queue place of a dropped acquisition future is removed",
+        || async move {
+            describe(c, n)
+                .await
+                .is_some_and(|i| i.waiters.iter().all(|w| w.meta.client_id != id2))
+        },
+    )
+    .await;
 
     // Nothing of the waiters that gave up is left behind.
     let info = describe(&c1, &name)

@@ -199,7 +199,8 @@ pub async fn semaphore_limit(s: Store) {
                     n <= PERMITS as usize,
                     "{what}: {n} permits of {PERMITS} held at once"
                 );
-                let pause = ms(rand::thread_rng().gen_range(3..=8));
+                // Long enough that three holds overlap even when acquisitions are slow.
+                let pause = ms(rand::thread_rng().gen_range(15..=25));
                 sleep(pause).await;
                 now_in.fetch_sub(1, SeqCst);
                 rounds.fetch_add(1, SeqCst);
@@ -217,7 +218,7 @@ pub async fn semaphore_limit(s: Store) {
     assert_eq!(
         most.load(SeqCst),
         PERMITS as usize,
-        "the most permits observed in use at once (8 tasks competing for 3)"
+        "the most permits observed in use at once (8 tasks competing for 3, holding 15-25 ms each)"
     );
 
     // A permit whose holder vanished comes back when its lease runs out.
@@ -286,7 +287,8 @@ pub async fn semaphore_limit(s: Store) {
 
 // ---- 13 -----------------------------------------------------------------------------------------
 
-/// Fair mode grants in arrival order; a fair waiter that times out leaves the queue.
+/// Fair mode grants in arrival order, also after waiting longer than a queue place lives
+/// unrefreshed; a fair waiter that times out leaves the queue.
 pub async fn fair_fifo_order(s: Store) {
     let clients = [s.client().await, s.client().await];
     let name = s.name("fifo");
@@ -297,6 +299,7 @@ pub async fn fair_fifo_order(s: Store) {
     .await;
     let order = Arc::new(StdMutex::new(Vec::new()));
     let mut tasks = Vec::new();
+    let queued_from = Instant::now();
     for i in 0..5 {
         let m = clients[i % 2].mutex(&name).unwrap().fair(true);
         let order = order.clone();
@@ -332,6 +335,21 @@ pub async fn fair_fifo_order(s: Store) {
     assert_eq!(
         listed, expected,
         "the queue as described (position, client) in arrival order"
+    );
+    // Hold past the queue places' lifetime: waiting clients must refresh their places (every
+    // QUEUE_PLACE_TTL/4 at most), so the queue and its order survive a long wait.
+    let ttl = dlock::QUEUE_PLACE_TTL;
+    let hold_until = queued_from + ttl + secs(1);
+    tokio::time::sleep_until(hold_until.into()).await;
+    let info = describe(&clients[0], &name).await.expect("described");
+    let listed: Vec<(u32, &str)> = info
+        .waiters
+        .iter()
+        .map(|w| (w.position, w.meta.client_id.as_str()))
+        .collect();
+    assert_eq!(
+        listed, expected,
+        "the queue {ttl:?} + 1 s later (longer than a queue place lives without refresh)"
     );
     must("holder: release", holder.release()).await;
     within(secs(40), "5 fair waiters", join_all("fair waiters", tasks)).await;
