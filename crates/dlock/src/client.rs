@@ -546,7 +546,9 @@ async fn renew_due(inner: &Arc<Inner>) -> Instant {
                         sent + valid_for / 3,
                     ),
                     Extended::Gone => {
-                        h.mark_lost("the store no longer has this hold (expired, removed or taken over)");
+                        h.mark_lost(
+                            "the store no longer has this hold (expired, removed or taken over)",
+                        );
                         inner.forget(&h.owner);
                     }
                 }
@@ -554,7 +556,9 @@ async fn renew_due(inner: &Arc<Inner>) -> Instant {
         }
         other => {
             let why = match other {
-                Ok(Ok(_)) => "the store answered a renewal with the wrong number of results".to_string(),
+                Ok(Ok(_)) => {
+                    "the store answered a renewal with the wrong number of results".to_string()
+                }
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => "renewal did not finish before the lease deadline".to_string(),
             };

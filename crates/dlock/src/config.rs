@@ -15,7 +15,15 @@ pub fn enabled_backends() -> Vec<&'static str> {
 
 /// Schemes that are planned but not in this build yet.
 const PLANNED: &[&str] = &[
-    "redis", "rediss", "redlock", "postgres", "postgresql", "mysql", "mariadb", "zk", "etcd",
+    "redis",
+    "rediss",
+    "redlock",
+    "postgres",
+    "postgresql",
+    "mysql",
+    "mariadb",
+    "zk",
+    "etcd",
 ];
 
 /// A parsed store URL.

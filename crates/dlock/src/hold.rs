@@ -12,7 +12,10 @@ use tokio::sync::watch;
 pub(crate) enum HoldState {
     /// Trusted until `deadline` (local monotonic clock, margin already taken off); the watchdog
     /// renews at `renew_at`.
-    Held { deadline: Instant, renew_at: Instant },
+    Held {
+        deadline: Instant,
+        renew_at: Instant,
+    },
     /// Can no longer be trusted.
     Lost(String),
     /// Released (or handed to the store's lease by `expire_in`).

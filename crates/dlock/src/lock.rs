@@ -53,7 +53,13 @@ impl Core {
     }
 
     /// Reentrant when this handle holds already; otherwise a new hold.
-    async fn acquire(&self, kind: LockKind, mode: Mode, wait: Wait, reentrant: bool) -> Result<Guard> {
+    async fn acquire(
+        &self,
+        kind: LockKind,
+        mode: Mode,
+        wait: Wait,
+        reentrant: bool,
+    ) -> Result<Guard> {
         check_lease(self.lease)?;
         if reentrant {
             if let Some(h) = self.current() {
@@ -471,7 +477,10 @@ impl Guard {
             .await?;
         match answer.first() {
             Some(Extended::Held { valid_for }) => {
-                hold.confirmed(sent + valid_for.saturating_sub(margin(*valid_for)), sent + *valid_for);
+                hold.confirmed(
+                    sent + valid_for.saturating_sub(margin(*valid_for)),
+                    sent + *valid_for,
+                );
                 // From now on only the store's lease keeps it; the guard lets go without releasing.
                 hold.leave();
                 hold.client.forget(&hold.owner);

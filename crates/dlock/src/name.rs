@@ -72,7 +72,10 @@ mod tests {
     #[test]
     fn limits() {
         assert!(LockName::new("x".repeat(255)).is_ok());
-        assert!(matches!(LockName::new("x".repeat(256)), Err(Error::InvalidName(_))));
+        assert!(matches!(
+            LockName::new("x".repeat(256)),
+            Err(Error::InvalidName(_))
+        ));
         assert!(matches!(LockName::new(""), Err(Error::InvalidName(_))));
         assert!(matches!(LockName::new("a\0"), Err(Error::InvalidName(_))));
         assert!(LockName::new("../%'\";--{x}").is_ok());

@@ -221,7 +221,13 @@ mod tests {
             decide(&s, &two, &[], 1).unwrap(),
             Decision::Busy { .. }
         ));
-        let other = req(&n, &m, "a", LockKind::Semaphore { permits: 3 }, Mode::Shared);
+        let other = req(
+            &n,
+            &m,
+            "a",
+            LockKind::Semaphore { permits: 3 },
+            Mode::Shared,
+        );
         assert!(matches!(
             decide(&other, &one, &[], 1),
             Err(Error::InvalidConfig(_))
