@@ -231,7 +231,7 @@ enum End {
 async fn finish(
     o: &RunOpts,
     client: &dlock::Client,
-    guard: dlock::Guard,
+    mut guard: dlock::Guard,
     granted: Instant,
     sigs: &mut UnboundedReceiver<Received>,
 ) -> End {

@@ -77,67 +77,11 @@ pub fn resolve(flag: Option<&str>) -> Result<String, Failure> {
     Ok(sqlite_url(&dir.join("locks.db")))
 }
 
-/// Whether `raw` is a well-formed `sqlite:` URL, so that a failure to open it is the store's
-/// fault (exit 69: a missing directory, a file that is not a database), not the URL's (exit 64).
-/// The library reports both as `InvalidConfig`; this mirrors its URL rules to tell them apart
-/// (the library's message is shown either way). Other schemes cannot fail that way.
-pub fn well_formed(raw: &str) -> bool {
-    let Some((scheme, rest)) = raw.split_once(':') else {
-        return false;
-    };
-    if !scheme.eq_ignore_ascii_case("sqlite") || !dlock::enabled_backends().contains(&"sqlite") {
-        return false;
-    }
-    let rest = rest.split_once('#').map_or(rest, |(r, _)| r);
-    let path = match rest.split_once('?') {
-        Some((_, q)) if !q.is_empty() => return false,
-        Some((p, _)) => p,
-        None => rest,
-    };
-    let path = match path.strip_prefix("//") {
-        Some(after) => {
-            let (host, path) = after.find('/').map_or((after, ""), |i| after.split_at(i));
-            if !(host.is_empty() || host.eq_ignore_ascii_case("localhost")) {
-                return false;
-            }
-            path
-        }
-        None => path,
-    };
-    match percent_decode(path) {
-        Some(p) => !p.is_empty() && p != "/",
-        None => false,
-    }
-}
-
-/// Decodes `%XX` escapes; `None` if the result is not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8(out).ok()
-}
-
 /// Connects to `url`, mapping errors to exit codes (bad URL → 64, store trouble → 69). The
 /// message names the store by its redacted URL.
 pub async fn connect(url: &str) -> Result<dlock::Client, Failure> {
     dlock::connect(url).await.map_err(|e| {
-        let mut code = crate::exit::for_error(&e);
-        if code == crate::exit::USAGE && well_formed(url) {
-            code = crate::exit::UNAVAILABLE;
-        }
+        let code = crate::exit::for_error(&e);
         let what = if code == crate::exit::USAGE {
             "bad store URL"
         } else {
@@ -162,31 +106,5 @@ mod tests {
             sqlite_url(Path::new("/tmp/a#b?c")),
             "sqlite:///tmp/a%23b%3Fc"
         );
-    }
-
-    #[test]
-    fn tells_bad_urls() {
-        for good in [
-            "sqlite:///tmp/x.db",
-            "sqlite:///tmp/a%20b.db",
-            "sqlite:rel/x.db",
-            "sqlite://localhost/tmp/x.db",
-            "sqlite:///nonexistent-dir/x/y.db",
-        ] {
-            assert!(well_formed(good), "{good}");
-        }
-        for bad in [
-            "",
-            "nope",
-            "foo://x",
-            "redis://h",
-            "mem://",
-            "sqlite://host/x.db",
-            "sqlite:///",
-            "sqlite:///x.db?bogus=1",
-            "sqlite:///x%FF.db",
-        ] {
-            assert!(!well_formed(bad), "{bad}");
-        }
     }
 }

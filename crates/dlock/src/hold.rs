@@ -35,6 +35,8 @@ pub(crate) struct Hold {
     /// Live guards of this hold (reentrancy count). 0 = the hold is being or has been released.
     pub(crate) guards: AtomicUsize,
     renew: AtomicBool,
+    /// Set by `Guard::expire_in`: dropped guards no longer release the hold.
+    detached: AtomicBool,
     state: watch::Sender<HoldState>,
 }
 
@@ -59,6 +61,7 @@ impl Hold {
             acquired_at: SystemTime::now(),
             guards: AtomicUsize::new(1),
             renew: AtomicBool::new(spec.renew),
+            detached: AtomicBool::new(false),
             state,
         })
     }
@@ -77,6 +80,18 @@ impl Hold {
 
     pub(crate) fn stop_renewing(&self) {
         self.renew.store(false, Ordering::Release);
+    }
+
+    pub(crate) fn resume_renewing(&self) {
+        self.renew.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn detach(&self) {
+        self.detached.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_detached(&self) -> bool {
+        self.detached.load(Ordering::Acquire)
     }
 
     pub(crate) fn as_ref_with(&self, lease: Duration) -> HoldRef<'_> {

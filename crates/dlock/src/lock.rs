@@ -444,51 +444,78 @@ impl Guard {
         release_hold(self.hold.clone()).await
     }
 
-    /// Stops renewing and lets the hold expire `after` from now instead of releasing it: the lock
-    /// stays held that long even if this process exits (a job that must not run twice in one
-    /// period: `dlock run --hold-at-least`). `Duration::ZERO` releases now. Stores whose holds
-    /// are sessions rather than leases (ZooKeeper) answer [`Error::Unsupported`]; keep the guard
-    /// alive that long instead.
-    pub async fn expire_in(mut self, after: Duration) -> Result<()> {
-        self.done = true;
+    /// Stops renewing and sets the hold to expire `after` from now; dropping the guard then no
+    /// longer releases it, so the lock stays held that long even if this process exits (a job
+    /// that must not run twice in one period: `dlock run --hold-at-least`). An explicit
+    /// [`Guard::release`] still ends it early. `Duration::ZERO` releases now. It applies to the
+    /// hold, so to every reentrant guard of it.
+    ///
+    /// On error the guard is unchanged and still held (renewal resumes): a duration over
+    /// [`crate::MAX_LEASE`] is [`Error::InvalidConfig`]; stores whose holds are sessions rather
+    /// than leases (ZooKeeper) answer [`Error::Unsupported`] — keep the guard alive that long
+    /// instead. If the store no longer had the hold: [`Error::NotOwner`], and the hold is lost.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use std::time::Duration;
+    /// let client = dlock::connect("mem://doc-expire").await?;
+    /// let mut guard = client.mutex("hourly-report")?.acquire().await?;
+    /// // ... the work finished quickly; keep others out for the rest of the period:
+    /// guard.expire_in(Duration::from_secs(3)).await?;
+    /// drop(guard);
+    /// assert!(client.mutex("hourly-report")?.try_acquire().await.is_err());
+    /// # Ok(()) }
+    /// ```
+    pub async fn expire_in(&mut self, after: Duration) -> Result<()> {
         let hold = self.hold.clone();
         if after.is_zero() {
+            if self.done {
+                return Ok(());
+            }
+            self.done = true;
             return release_hold(hold).await;
         }
         if after > crate::client::MAX_LEASE {
-            self.done = false;
             return Err(Error::InvalidConfig(format!(
-                "expire_in({after:?}) is longer than the longest lease"
+                "expire_in({after:?}) is longer than the longest lease ({:?})",
+                crate::client::MAX_LEASE
             )));
         }
         if hold.client.backend.capabilities().validity == Validity::Session {
-            self.done = false;
             return Err(Error::Unsupported(format!(
-                "the {} store ends holds with the client's session; it cannot keep a hold after the holder lets go",
+                "the {} store ends holds with the client's session; it cannot keep a hold after \
+                 the holder lets go",
                 hold.client.backend.name()
             )));
         }
+        let renewing = hold.renews();
         hold.stop_renewing();
         let sent = Instant::now();
-        let answer = hold
+        let answer = match hold
             .client
             .backend
             .extend(&[hold.as_ref_with(after)])
-            .await?;
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                if renewing {
+                    hold.resume_renewing();
+                }
+                return Err(e);
+            }
+        };
         match answer.first() {
             Some(Extended::Held { valid_for }) => {
                 hold.confirmed(
                     sent + valid_for.saturating_sub(margin(*valid_for)),
                     sent + *valid_for,
                 );
-                // From now on only the store's lease keeps it; the guard lets go without releasing.
-                hold.leave();
-                hold.client.forget(&hold.owner);
+                hold.detach();
                 Ok(())
             }
             _ => {
                 hold.mark_lost("the store no longer had the hold when asked to keep it");
-                hold.leave();
                 Err(Error::NotOwner {
                     name: hold.name.to_string(),
                 })
@@ -531,6 +558,13 @@ impl Drop for Guard {
             return;
         }
         let hold = self.hold.clone();
+        if hold.is_detached() {
+            // `expire_in`: the store's lease ends the hold; nothing to send.
+            if hold.leave() {
+                hold.client.forget(&hold.owner);
+            }
+            return;
+        }
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {

@@ -364,10 +364,10 @@ pub struct SqliteBackend {
 impl SqliteBackend {
     /// Opens (creating if missing) the database file at `path` and brings its schema up to date.
     ///
-    /// Errors: [`Error::InvalidConfig`] if the directory does not exist, the path is a directory,
-    /// the file is not a SQLite database or was written by a newer dlock;
-    /// [`Error::Unavailable`] if it cannot be opened or written (permissions, I/O) or stays busy
-    /// longer than [`BUSY_TIMEOUT`].
+    /// Errors: [`Error::Unavailable`] (naming the path) if the directory does not exist, the path
+    /// is a directory, the file is not a SQLite database or was written by a newer dlock, it
+    /// cannot be opened or written (permissions, I/O), or it stays busy longer than
+    /// [`BUSY_TIMEOUT`]. A URL that names no file at all is [`Error::InvalidConfig`].
     pub async fn open(path: &Path) -> Result<SqliteBackend> {
         let shown = path.display();
         if path.as_os_str().is_empty() {
@@ -375,14 +375,14 @@ impl SqliteBackend {
         }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             if !dir.is_dir() {
-                return Err(Error::InvalidConfig(format!(
+                return Err(Error::Unavailable(format!(
                     "cannot open sqlite database {shown}: directory {} does not exist",
                     dir.display()
                 )));
             }
         }
         if path.is_dir() {
-            return Err(Error::InvalidConfig(format!(
+            return Err(Error::Unavailable(format!(
                 "cannot open sqlite database {shown}: it is a directory"
             )));
         }
@@ -458,7 +458,7 @@ impl SqliteBackend {
                 .await
                 .map_err(|e| match sqlite_code(&e) {
                     // SQLITE_ERROR: a `dlock_meta` table of another shape
-                    Some(1) => Error::InvalidConfig(format!(
+                    Some(1) => Error::Unavailable(format!(
                         "sqlite database {} has a dlock_meta table this dlock does not \
                          understand ({e}); use another file",
                         self.path.display()
@@ -481,7 +481,7 @@ impl SqliteBackend {
             }
             Some((v,)) if v == SCHEMA_VERSION => {}
             Some((v,)) => {
-                return Err(Error::InvalidConfig(format!(
+                return Err(Error::Unavailable(format!(
                     "sqlite database {} has dlock schema version {v}; this dlock understands \
                      version {SCHEMA_VERSION} (upgrade dlock or use another file)",
                     self.path.display()
@@ -707,7 +707,7 @@ fn map_err(path: &Path, e: sqlx::Error) -> Error {
                      and that this user may read and write the file and its directory)"
                 )),
                 // SQLITE_NOTADB
-                26 => Error::InvalidConfig(format!(
+                26 => Error::Unavailable(format!(
                     "{shown} is not a SQLite database ({db}); point the store URL at a dlock \
                      database file or a path that does not exist yet"
                 )),
@@ -1517,7 +1517,7 @@ mod tests {
         let path = dir.path().join("notes.txt");
         std::fs::write(&path, "these are my notes, not a database\n".repeat(200)).unwrap();
         let e = SqliteBackend::open(&path).await.unwrap_err();
-        assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
+        assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
         let msg = e.to_string();
         assert!(
             msg.contains("notes.txt") && msg.contains("not a SQLite database"),
@@ -1534,7 +1534,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("no-such-dir").join("locks.db");
         let e = SqliteBackend::open(&path).await.unwrap_err();
-        assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
+        assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
         assert!(e.to_string().contains("no-such-dir"), "{e}");
         let e = SqliteBackend::open(dir.path()).await.unwrap_err();
         assert!(e.to_string().contains("directory"), "{e}");
@@ -1551,7 +1551,7 @@ mod tests {
             .unwrap();
         b.pool.close().await;
         let e = SqliteBackend::open(&path).await.unwrap_err();
-        assert!(matches!(e, Error::InvalidConfig(_)), "{e:?}");
+        assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
         assert!(e.to_string().contains("99"), "{e}");
     }
 
