@@ -180,14 +180,14 @@ pub async fn must<T>(what: impl Display, fut: impl Future<Output = dlock::Result
 
 /// Awaits a dlock operation expected to fail (within [`STEP`]) and returns the error and how
 /// long it took; panics if it succeeds or hangs.
-pub async fn fails<T: fmt::Debug>(
+pub async fn fails<T: fmt::Debug + 'static>(
     what: impl Display,
     fut: impl Future<Output = dlock::Result<T>>,
 ) -> (dlock::Error, Duration) {
     let started = Instant::now();
     match tokio::time::timeout(STEP, fut).await {
         Ok(Err(e)) => (e, started.elapsed()),
-        Ok(Ok(v)) => panic!("{what}: expected an error, got Ok({v:?})"),
+        Ok(r @ Ok(_)) => panic!("{what}: expected an error, got {}", show(&r)),
         Err(_) => panic!("{what}: did not finish within {STEP:?}"),
     }
 }
@@ -229,21 +229,46 @@ pub async fn join_all<T>(what: &str, tasks: Vec<tokio::task::JoinHandle<T>>) -> 
     out
 }
 
-/// Asserts that `$r` is `Err($pat)`; the message names the context and what came instead.
+/// Asserts that the `dlock::Result` `$r` is `Err($pat)`; the message names the context and what
+/// came instead.
 macro_rules! assert_err {
     ($r:expr, $pat:pat, $($ctx:tt)+) => {
         match $r {
             Err($pat) => {}
             other => panic!(
-                "{}: expected Err({}), got {:?}",
+                "{}: expected Err({}), got {}",
                 format_args!($($ctx)+),
                 stringify!($pat),
-                other
+                $crate::harness::show(&other)
             ),
         }
     };
 }
 pub(crate) use assert_err;
+
+/// A short rendering of a result for failure messages: a guard as its name, token and owner (its
+/// `Debug` drags in the whole client), anything else as its `Debug`, cut at 400 characters.
+pub fn show<T: fmt::Debug + 'static>(r: &dlock::Result<T>) -> String {
+    match r {
+        Err(e) => format!("Err({e:?})"),
+        Ok(v) => match (v as &dyn std::any::Any).downcast_ref::<dlock::Guard>() {
+            Some(g) => format!(
+                "Ok(Guard {{ name: {:?}, token: {:?}, owner: {}, held: {} }})",
+                g.name(),
+                g.token(),
+                g.owner(),
+                g.is_held()
+            ),
+            None => {
+                let s = format!("Ok({v:?})");
+                match s.char_indices().nth(400) {
+                    Some((i, _)) => format!("{}…", &s[..i]),
+                    None => s,
+                }
+            }
+        },
+    }
+}
 
 /// Asserts that the values are strictly increasing, naming the first pair that is not.
 #[track_caller]

@@ -181,6 +181,7 @@ pub async fn try_and_timeout(s: Store) {
             ),
             e => panic!("{label} on a held lock: expected Timeout, got {e:?}"),
         }
+        eprintln!("{label} on a held lock: Timeout after {took:?}");
         assert!(
             took >= ms(300) && took < secs(2),
             "{label} on a held lock gave up after {took:?}; expected between 300 ms and 2 s"
@@ -278,6 +279,7 @@ pub async fn dropped_guard_releases(s: Store) {
     )
     .await;
     let after = t.elapsed();
+    eprintln!("dropped guard: free after {after:?}");
     assert!(
         after <= secs(1),
         "the lock was free {after:?} after the guard was dropped; expected within 1 s"

@@ -81,6 +81,7 @@ pub async fn holder_killed_taken_over(s: Store) {
     )
     .await;
     let after = t0.elapsed();
+    eprintln!("vanished holder (1 s lease): taken over {after:?} after it was taken");
     assert!(
         after >= ms(800),
         "the waiter was granted {after:?} after a 1 s lease was taken: the lease did not hold"
@@ -145,6 +146,7 @@ async fn killed_process_taken_over(s: &Store, c: &Client) {
     )
     .await;
     let after = killed.elapsed();
+    eprintln!("killed `dlock run` (2 s lease): taken over {after:?} after the kill");
     // The store keeps the hold for a lease from the last renewal, which was sent at most lease/3
     // (one renewal period) before the kill.
     let earliest = lease - lease / 3 - ms(200);
@@ -258,6 +260,7 @@ pub async fn lost_fires_when_store_removes_hold(s: Store) {
         .await
         .expect("the lost() task");
     let after = at.saturating_duration_since(forced);
+    eprintln!("force_release: lost() fired {after:?} later");
     assert!(
         matches!(e, Error::Lost { .. }),
         "lost() resolved with {e:?}"
@@ -328,6 +331,7 @@ pub async fn lost_fires_at_deadline_without_renewal(s: Store) {
         "lost() resolved with {e:?}"
     );
     let fired = lost_at - t0;
+    eprintln!("500 ms lease without renewal: lost() fired after {fired:?}");
     assert!(
         fired >= ms(300) && fired <= ms(1000),
         "lost() fired {fired:?} after acquiring a 500 ms lease; expected about 450 ms (300..=1000 ms)"

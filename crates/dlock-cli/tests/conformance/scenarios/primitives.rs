@@ -247,6 +247,7 @@ pub async fn semaphore_limit(s: Store) {
     )
     .await;
     let after = t0.elapsed();
+    eprintln!("vanished permit (500 ms lease): back after {after:?}");
     assert!(
         after >= ms(400) && after <= ms(500) + ms(1500),
         "the vanished permit (500 ms lease) came back after {after:?}; expected 400 ms ..= lease + 1.5 s"
@@ -439,6 +440,7 @@ pub async fn waiter_wakes_by_notification(s: Store) {
             .expect("the waiter task");
         let gw = r.unwrap_or_else(|e| panic!("the waiter on {label}: {e:?}"));
         let after = at.saturating_duration_since(released);
+        eprintln!("waiter on {label}: granted {after:?} after the release");
         assert!(
             after <= bound,
             "the waiter on {label} was granted {after:?} after the release; expected within {bound:?} \
@@ -470,6 +472,7 @@ pub async fn waiter_wakes_by_notification(s: Store) {
             .await
             .expect("wait for the child");
         let after = released.elapsed();
+        eprintln!("waiter in another process: done {after:?} after the release");
         assert!(
             status.success(),
             "the waiting `dlock run` exited with {status}; stderr: {}",
