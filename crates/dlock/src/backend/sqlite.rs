@@ -89,6 +89,11 @@ pub const POLL_MAX: Duration = Duration::from_millis(50);
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The schema version this build writes and understands.
 const SCHEMA_VERSION: i64 = 1;
+/// Marks the `Unavailable` message of a database whose write lock stayed busy (`acquire` turns it
+/// into a busy answer).
+const BUSY_MARK: &str = "is busy";
+/// How often a release is tried when the write lock stays busy for the whole busy timeout.
+const RELEASE_TRIES: u32 = 3;
 /// Connections per backend.
 const MAX_CONNECTIONS: u32 = 4;
 /// How long an operation waits for a free pooled connection.
@@ -698,7 +703,7 @@ fn map_err(path: &Path, e: sqlx::Error) -> Error {
             match sqlite_code(&e).unwrap_or(-1) {
                 // SQLITE_BUSY, SQLITE_LOCKED
                 5 | 6 => Error::Unavailable(format!(
-                    "sqlite database {shown} is busy: another connection holds its lock \
+                    "sqlite database {shown} {BUSY_MARK}: another connection holds its lock \
                      ({db}; busy timeout {BUSY_TIMEOUT:?})"
                 )),
                 // SQLITE_CANTOPEN
@@ -726,7 +731,7 @@ fn map_err(path: &Path, e: sqlx::Error) -> Error {
             }
         }
         sqlx::Error::PoolTimedOut => Error::Unavailable(format!(
-            "sqlite database {shown} is busy: no connection became free within \
+            "sqlite database {shown} {BUSY_MARK}: no connection became free within \
              {POOL_ACQUIRE_TIMEOUT:?}"
         )),
         sqlx::Error::Io(io) => {
@@ -773,7 +778,19 @@ impl Backend for SqliteBackend {
     }
 
     async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
-        self.acquire_tx(req).await
+        match self.acquire_tx(req).await {
+            // The database's write lock stayed taken for the whole busy timeout: under a herd of
+            // processes that is contention for the lock, not an unreachable store. Answer "busy"
+            // so a waiter keeps waiting (and `try_acquire` reports Busy) instead of failing.
+            Err(Error::Unavailable(why)) if why.contains(BUSY_MARK) => {
+                let retry = Duration::from_millis(rand::thread_rng().gen_range(5..=50));
+                tracing::debug!(%why, "sqlite write lock contended; answering busy");
+                Ok(Attempt::Busy(Busy {
+                    retry_in: Some(retry),
+                }))
+            }
+            other => other,
+        }
     }
 
     async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
@@ -823,16 +840,26 @@ impl Backend for SqliteBackend {
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
         let name = hold.name.as_str();
-        let removed = sqlx::query(
-            "DELETE FROM dlock_holds WHERE name = ? AND owner = ? AND expires_at_ms > ?",
-        )
-        .bind(name)
-        .bind(hold.owner)
-        .bind(now_ms())
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?
-        .rows_affected();
+        // A release that loses to a herd of writers for the whole busy timeout is tried again
+        // (up to RELEASE_TRIES times): a release that gives up leaves the lock held until its
+        // lease ends, which stalls every waiter.
+        let mut tries = 0;
+        let removed = loop {
+            tries += 1;
+            let r = sqlx::query(
+                "DELETE FROM dlock_holds WHERE name = ? AND owner = ? AND expires_at_ms > ?",
+            )
+            .bind(name)
+            .bind(hold.owner)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await;
+            match r {
+                Ok(done) => break done.rows_affected(),
+                Err(e) if is_busy(&e) && tries < RELEASE_TRIES => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        };
         if removed > 0 {
             self.wakeups.wake(name);
             Ok(Released::Released)
