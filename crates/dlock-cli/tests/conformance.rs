@@ -26,9 +26,9 @@
 //!   pass with a `SKIPPED` note (or fail if `DLOCK_TEST_REQUIRE_ALL=1`, as CI sets). `t` displays
 //!   as an id unique to the test (`[a-z0-9_-]`; use it for an in-process store name, a database or
 //!   key prefix) and `t.path("file")` is a file in a temporary directory of the test.
-//! - `cross_process`: whether separate OS processes with the same URL share locks. When true the
-//!   multi-process scenarios run `dlock run` processes against the URL (they need the backend in
-//!   the `dlock` binary too).
+//! - `cross_process`: whether separate OS processes with the same URL share locks. Only when true
+//!   are the multi-process scenarios generated; they run `dlock run` processes against the URL
+//!   (they need the backend in the `dlock` binary too).
 //!
 //! A server-backed store takes its URL from the environment; every scenario already uses lock
 //! names under `conf/<unique id>/`, so tests running in parallel against one server do not meet:
@@ -54,12 +54,34 @@ mod scenarios;
 #[allow(unused_imports)]
 use harness::{env_url, Caps};
 
-/// `conformance!(backend, |t| url, Caps { .. })`: one test per scenario for this backend.
+/// `conformance!(backend, |t| url, Caps { .. })`: one test per scenario for this backend. The
+/// multi-process scenarios are generated only for stores shared between processes (a scenario that
+/// does not apply is not a test, rather than a test that passes without running).
 macro_rules! conformance {
-    ($backend:ident, $url:expr, $caps:expr $(,)?) => {
-        conformance!(@tests $backend, $url, $caps;
+    ($backend:ident, $url:expr, Caps { cross_process: true } $(,)?) => {
+        conformance!(@tests $backend, $url, Caps { cross_process: true };
             mutual_exclusion_tasks,
             mutual_exclusion_processes,
+            try_and_timeout,
+            owner_only_release_after_expiry,
+            holder_killed_taken_over,
+            renewal_keeps_lock,
+            lost_fires_when_store_removes_hold,
+            lost_fires_at_deadline_without_renewal,
+            fencing_tokens_increase,
+            reentrancy_counts,
+            rwlock_shared_exclusive,
+            semaphore_limit,
+            fair_fifo_order,
+            waiter_wakes_by_notification,
+            bad_input,
+            describe_shows_holders,
+            dropped_guard_releases,
+        );
+    };
+    ($backend:ident, $url:expr, Caps { cross_process: false } $(,)?) => {
+        conformance!(@tests $backend, $url, Caps { cross_process: false };
+            mutual_exclusion_tasks,
             try_and_timeout,
             owner_only_release_after_expiry,
             holder_killed_taken_over,
@@ -101,8 +123,8 @@ macro_rules! conformance {
 // ---- the backends ------------------------------------------------------------------------------
 
 // In-process store: one store per test (the test's unique id as the store name). Not shared with
-// other processes, so the multi-process scenarios skip (and `holder_killed_taken_over` simulates
-// the dead holder in-process).
+// other processes, so the multi-process scenarios are not generated for it (and
+// `holder_killed_taken_over` simulates the dead holder in-process).
 conformance!(
     mem,
     |t| format!("mem://{t}"),

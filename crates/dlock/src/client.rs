@@ -441,7 +441,8 @@ impl Inner {
             if let Wakeups::Native = self.caps.wakeups {
                 slice = slice.min(MAX_NATIVE_SLICE);
             }
-            if spec.fair {
+            if req.takes_queue_place() {
+                // Repeating the attempt is what keeps the queue place alive.
                 slice = slice.min(QUEUE_PLACE_TTL / 4);
             }
             let mut until = now + slice;

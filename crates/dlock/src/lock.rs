@@ -491,12 +491,7 @@ impl Guard {
         let renewing = hold.renews();
         hold.stop_renewing();
         let sent = Instant::now();
-        let answer = match hold
-            .client
-            .backend
-            .extend(&[hold.as_ref_with(after)])
-            .await
-        {
+        let answer = match hold.client.backend.extend(&[hold.as_ref_with(after)]).await {
             Ok(a) => a,
             Err(e) => {
                 if renewing {

@@ -78,8 +78,6 @@ pub fn env_url(var: &str) -> Option<String> {
 /// What a scenario gets: the URL of a store of its own (or a shared server with names of its
 /// own), the backend's [`Caps`], a unique id for lock names and a scratch directory.
 pub struct Store {
-    /// The backend's short name, as in the test names.
-    pub backend: &'static str,
     /// The store URL.
     pub url: String,
     /// What the backend offers.
@@ -117,11 +115,6 @@ impl Store {
     pub fn name(&self, what: &str) -> String {
         format!("conf/{}/{what}", self.id)
     }
-
-    /// Logs that this scenario does not apply to the backend (the test passes without running).
-    pub fn skip(&self, why: &str) {
-        eprintln!("SKIPPED on {}: {why}", self.backend);
-    }
 }
 
 /// Runs one scenario against one backend: makes the test's context, asks the backend for its URL,
@@ -144,7 +137,6 @@ where
         return;
     };
     let store = Store {
-        backend,
         url,
         caps,
         id: ctx.id().to_owned(),

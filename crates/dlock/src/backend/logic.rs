@@ -44,6 +44,8 @@ pub(crate) enum Decision {
 /// - A request whose kind differs from the live holders' is an error (`InvalidConfig`).
 /// - Waiters in the fair queue ahead of the request win: a request not in the queue counts every
 ///   queued waiter as ahead, so plain requests never barge past fair waiters.
+/// - A refused request takes a queue place when [`Request::takes_queue_place`] says so (fair
+///   waiters, and rwlock writers always).
 /// - Exclusive: no holders and no waiter ahead. Shared (read): no exclusive holder and no
 ///   exclusive waiter ahead. Semaphore(n): holders + waiters ahead < n.
 pub(crate) fn decide(
@@ -89,7 +91,7 @@ pub(crate) fn decide(
     let retry_in = holds.iter().map(|h| h.expires_in).min();
     Ok(Decision::Busy {
         retry_in,
-        enqueue: req.fair && req.waiting,
+        enqueue: req.takes_queue_place(),
     })
 }
 
@@ -182,6 +184,31 @@ mod tests {
         assert!(matches!(
             decide(&r2, &[], &q[1..], 0).unwrap(),
             Decision::Busy { .. }
+        ));
+    }
+
+    #[test]
+    fn waiting_rwlock_writers_queue_even_when_not_fair() {
+        let n = LockName::new("n").unwrap();
+        let m = meta();
+        let readers = [hold("b", LockKind::RwLock, Mode::Shared)];
+        let mut w = req(&n, &m, "w", LockKind::RwLock, Mode::Exclusive);
+        w.fair = false;
+        assert!(matches!(
+            decide(&w, &readers, &[], 1).unwrap(),
+            Decision::Busy { enqueue: true, .. }
+        ));
+        w.waiting = false; // try_write leaves nothing behind
+        assert!(matches!(
+            decide(&w, &readers, &[], 1).unwrap(),
+            Decision::Busy { enqueue: false, .. }
+        ));
+        let mut mx = req(&n, &m, "x", LockKind::Mutex, Mode::Exclusive);
+        mx.fair = false;
+        let held = [hold("b", LockKind::Mutex, Mode::Exclusive)];
+        assert!(matches!(
+            decide(&mx, &held, &[], 1).unwrap(),
+            Decision::Busy { enqueue: false, .. }
         ));
     }
 

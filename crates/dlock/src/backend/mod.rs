@@ -104,11 +104,23 @@ pub struct Request<'a> {
     pub lease: Duration,
     /// Grant strictly in arrival order.
     pub fair: bool,
-    /// The caller will wait if busy: a fair or queue store keeps (or takes) a place in the queue.
-    /// `false` for `try_acquire`: nothing may be left behind.
+    /// The caller will wait if busy: a queue store, a fair request or a waiting rwlock writer
+    /// keeps (or takes) a place in the queue (see [`Request::takes_queue_place`]). `false` for
+    /// `try_acquire`: nothing may be left behind.
     pub waiting: bool,
     /// Stored with the hold.
     pub meta: &'a HolderMeta,
+}
+
+impl Request<'_> {
+    /// Whether a refused attempt of this request takes (or keeps) a place in the lock's queue:
+    /// every waiting fair request, and every waiting **writer** of a read-write lock even when
+    /// not fair, so that a waiting writer blocks new readers (no writer starvation). Queue places
+    /// expire after [`QUEUE_PLACE_TTL`] unless the waiter repeats its attempt.
+    pub fn takes_queue_place(&self) -> bool {
+        self.waiting
+            && (self.fair || (self.kind == LockKind::RwLock && self.mode == Mode::Exclusive))
+    }
 }
 
 /// The answer to [`Backend::acquire`].

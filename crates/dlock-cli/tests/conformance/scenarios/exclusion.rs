@@ -71,10 +71,10 @@ pub async fn mutual_exclusion_tasks(s: Store) {
 /// log token>'` 8 times (4 processes at a time, 32 in all): the counter ends at 32, and the
 /// tokens in the log, in append order, strictly increase.
 pub async fn mutual_exclusion_processes(s: Store) {
-    if !s.caps.cross_process {
-        s.skip("the store is not shared between processes");
-        return;
-    }
+    assert!(
+        s.caps.cross_process,
+        "generated only for stores shared between processes"
+    );
     let fencing = s.client().await.capabilities().fencing;
     let name = s.name("procs");
     let counter = s.dir.join("counter");
