@@ -59,28 +59,13 @@ use harness::{env_url, Caps};
 /// does not apply is not a test, rather than a test that passes without running).
 macro_rules! conformance {
     ($backend:ident, $url:expr, Caps { cross_process: true } $(,)?) => {
-        conformance!(@tests $backend, $url, Caps { cross_process: true };
-            mutual_exclusion_tasks,
-            mutual_exclusion_processes,
-            try_and_timeout,
-            owner_only_release_after_expiry,
-            holder_killed_taken_over,
-            renewal_keeps_lock,
-            lost_fires_when_store_removes_hold,
-            lost_fires_at_deadline_without_renewal,
-            fencing_tokens_increase,
-            reentrancy_counts,
-            rwlock_shared_exclusive,
-            semaphore_limit,
-            fair_fifo_order,
-            waiter_wakes_by_notification,
-            bad_input,
-            describe_shows_holders,
-            dropped_guard_releases,
-        );
+        conformance!(@all $backend, $url, Caps { cross_process: true }; mutual_exclusion_processes,);
     };
     ($backend:ident, $url:expr, Caps { cross_process: false } $(,)?) => {
-        conformance!(@tests $backend, $url, Caps { cross_process: false };
+        conformance!(@all $backend, $url, Caps { cross_process: false };);
+    };
+    (@all $backend:ident, $url:expr, $caps:expr; $($extra:ident,)*) => {
+        conformance!(@tests $backend, $url, $caps;
             mutual_exclusion_tasks,
             try_and_timeout,
             owner_only_release_after_expiry,
@@ -97,6 +82,7 @@ macro_rules! conformance {
             bad_input,
             describe_shows_holders,
             dropped_guard_releases,
+            $($extra,)*
         );
     };
     (@tests $backend:ident, $url:expr, $caps:expr; $($scenario:ident),+ $(,)?) => {

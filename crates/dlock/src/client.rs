@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::hold::{Hold, HoldState};
 use crate::lock::{Mutex, RwLock, Semaphore};
 use crate::name::LockName;
+use crate::signal::NameSignals;
 use rand::Rng;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
@@ -127,7 +128,7 @@ pub(crate) struct Inner {
     /// Live holds of this client by owner token, for the watchdog.
     holds: StdMutex<HashMap<String, Weak<Hold>>>,
     /// In-process wake-ups by lock name.
-    local: StdMutex<HashMap<String, Weak<Notify>>>,
+    local: NameSignals,
     kick: Arc<Notify>,
 }
 
@@ -166,7 +167,7 @@ impl Client {
             caps,
             backend,
             holds: StdMutex::new(HashMap::new()),
-            local: StdMutex::new(HashMap::new()),
+            local: NameSignals::default(),
             kick: Arc::new(Notify::new()),
         });
         rt.spawn(watchdog(Arc::downgrade(&inner), inner.kick.clone()));
@@ -320,24 +321,9 @@ impl Drop for Abandon {
 }
 
 impl Inner {
-    fn local_notify(&self, name: &str) -> Arc<Notify> {
-        let mut map = lock(&self.local);
-        if let Some(n) = map.get(name).and_then(Weak::upgrade) {
-            return n;
-        }
-        if map.len() >= 64 {
-            map.retain(|_, w| w.strong_count() > 0);
-        }
-        let n = Arc::new(Notify::new());
-        map.insert(name.to_owned(), Arc::downgrade(&n));
-        n
-    }
-
     /// Wakes this client's tasks waiting on `name` (after a release by this client).
     pub(crate) fn wake_local(&self, name: &str) {
-        if let Some(n) = lock(&self.local).get(name).and_then(Weak::upgrade) {
-            n.notify_waiters();
-        }
+        self.local.wake(name);
     }
 
     pub(crate) fn forget(&self, owner: &str) {
@@ -366,7 +352,7 @@ impl Inner {
             meta: &self.meta,
         };
         let started = Instant::now();
-        let local = self.local_notify(spec.name.as_str());
+        let local = self.local.subscribe(spec.name.as_str());
         let mut abandon = Abandon {
             backend: self.backend.clone(),
             name: spec.name.clone(),

@@ -37,6 +37,7 @@ mod error;
 mod hold;
 mod lock;
 mod name;
+mod signal;
 
 pub use backend::{
     Capabilities, HolderInfo, HolderMeta, LockInfo, LockKind, Mode, Validity, WaiterInfo, Wakeups,

@@ -7,9 +7,9 @@
 
 use super::logic::{decide, Decision, LiveHold, LiveWaiter};
 use super::*;
+use crate::signal::NameSignals;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
-use tokio::sync::Notify;
 
 #[derive(Debug)]
 struct MemHold {
@@ -42,7 +42,6 @@ struct State {
     locks: HashMap<String, Entry>,
     fences: HashMap<String, u64>,
     next_seq: u64,
-    notifies: HashMap<String, Weak<Notify>>,
 }
 
 impl State {
@@ -52,17 +51,6 @@ impl State {
             e.queue.retain(|_, w| w.expires > now);
             if e.holds.is_empty() && e.queue.is_empty() {
                 self.locks.remove(name);
-            }
-        }
-    }
-
-    fn wake(&mut self, name: &str) {
-        if let Some(n) = self.notifies.get(name) {
-            match n.upgrade() {
-                Some(n) => n.notify_waiters(),
-                None => {
-                    self.notifies.remove(name);
-                }
             }
         }
     }
@@ -100,11 +88,18 @@ impl State {
 /// The in-process store. Obtain it with `dlock::connect("mem://")`.
 #[derive(Debug)]
 pub struct MemoryBackend {
-    state: Arc<StdMutex<State>>,
+    shared: Arc<Shared>,
 }
 
-fn registry() -> &'static StdMutex<HashMap<String, Weak<StdMutex<State>>>> {
-    static R: OnceLock<StdMutex<HashMap<String, Weak<StdMutex<State>>>>> = OnceLock::new();
+/// One named store: its state and the wake-ups of its waiters.
+#[derive(Debug, Default)]
+struct Shared {
+    state: StdMutex<State>,
+    signals: NameSignals,
+}
+
+fn registry() -> &'static StdMutex<HashMap<String, Weak<Shared>>> {
+    static R: OnceLock<StdMutex<HashMap<String, Weak<Shared>>>> = OnceLock::new();
     R.get_or_init(Default::default)
 }
 
@@ -119,19 +114,19 @@ impl MemoryBackend {
     /// The process-wide store named `name` (created on first use, dropped with its last client).
     pub fn named(name: &str) -> Self {
         let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(state) = reg.get(name).and_then(Weak::upgrade) {
-            return MemoryBackend { state };
+        if let Some(shared) = reg.get(name).and_then(Weak::upgrade) {
+            return MemoryBackend { shared };
         }
         reg.retain(|_, w| w.strong_count() > 0);
-        let state = Arc::new(StdMutex::new(State::default()));
-        reg.insert(name.to_owned(), Arc::downgrade(&state));
-        MemoryBackend { state }
+        let shared = Arc::new(Shared::default());
+        reg.insert(name.to_owned(), Arc::downgrade(&shared));
+        MemoryBackend { shared }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this mutex cannot leave State half-updated in a way that matters
         // more than losing the process, so a poisoned lock is used as is.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -216,18 +211,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn wait(&self, req: &Request<'_>, _busy: &Busy, until: Instant) -> Result<()> {
-        let notify = {
-            let mut st = self.lock();
-            let name = req.name.as_str();
-            match st.notifies.get(name).and_then(Weak::upgrade) {
-                Some(n) => n,
-                None => {
-                    let n = Arc::new(Notify::new());
-                    st.notifies.insert(name.to_owned(), Arc::downgrade(&n));
-                    n
-                }
-            }
-        };
+        let notify = self.shared.signals.subscribe(req.name.as_str());
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
@@ -254,9 +238,10 @@ impl Backend for MemoryBackend {
             None => false,
         };
         st.prune(name, Instant::now());
+        drop(st);
         if removed {
             // Waiters behind the one that left may now be first.
-            st.wake(name);
+            self.shared.signals.wake(name);
         }
         Ok(())
     }
@@ -275,8 +260,9 @@ impl Backend for MemoryBackend {
             None => false,
         };
         st.prune(name, now);
+        drop(st);
         if released {
-            st.wake(name);
+            self.shared.signals.wake(name);
             Ok(Released::Released)
         } else {
             Ok(Released::NotHeld)
@@ -355,7 +341,8 @@ impl Backend for MemoryBackend {
             .remove(name.as_str())
             .map(|e| e.holds.len() as u64)
             .unwrap_or(0);
-        st.wake(name.as_str());
+        drop(st);
+        self.shared.signals.wake(name.as_str());
         Ok(n)
     }
 }

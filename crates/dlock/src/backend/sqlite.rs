@@ -71,6 +71,7 @@
 use super::logic::{decide, Decision, LiveHold, LiveWaiter};
 use super::*;
 use crate::error::Error;
+use crate::signal::NameSignals;
 use rand::Rng;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -79,7 +80,6 @@ use sqlx::ConnectOptions;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
-use tokio::sync::Notify;
 
 /// The shortest interval between two polls of a waiter (see the module docs).
 pub const POLL_MIN: Duration = Duration::from_millis(5);
@@ -136,42 +136,8 @@ const MIGRATION_V1: &[&str] = &[
     )",
 ];
 
-/// Per-file, per-name notifications shared by every backend of this process on one file.
-#[derive(Debug, Default)]
-struct FileWakeups {
-    names: StdMutex<HashMap<String, Weak<Notify>>>,
-}
-
-impl FileWakeups {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Notify>>> {
-        // The map stays consistent even if a holder panicked.
-        self.names.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn notify_for(&self, name: &str) -> Arc<Notify> {
-        let mut map = self.lock();
-        if let Some(n) = map.get(name).and_then(Weak::upgrade) {
-            return n;
-        }
-        if map.len() >= 64 {
-            map.retain(|_, w| w.strong_count() > 0);
-        }
-        let n = Arc::new(Notify::new());
-        map.insert(name.to_owned(), Arc::downgrade(&n));
-        n
-    }
-
-    fn wake(&self, name: &str) {
-        let mut map = self.lock();
-        match map.get(name).map(Weak::upgrade) {
-            Some(Some(n)) => n.notify_waiters(),
-            Some(None) => {
-                map.remove(name);
-            }
-            None => {}
-        }
-    }
-}
+/// Per-name notifications shared by every backend of this process on one file.
+type FileWakeups = NameSignals;
 
 type Registry = StdMutex<HashMap<PathBuf, Weak<FileWakeups>>>;
 
@@ -796,7 +762,7 @@ impl Backend for SqliteBackend {
     async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
         let started = Instant::now();
         let lease_end = busy.retry_in.and_then(|r| started.checked_add(r));
-        let notify = self.wakeups.notify_for(req.name.as_str());
+        let notify = self.wakeups.subscribe(req.name.as_str());
         let notified = notify.notified();
         tokio::pin!(notified);
         // Registered before the first look, so a release in this process between the caller's
