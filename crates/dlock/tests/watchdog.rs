@@ -1,0 +1,134 @@
+//! The renewal watchdog batches: every hold of a client is extended in one `extend` call per
+//! round, at about lease/3, and a failing store is retried without spinning.
+
+use async_trait::async_trait;
+use dlock::backend::memory::MemoryBackend;
+use dlock::backend::{
+    Attempt, Backend, Busy, Capabilities, Extended, HoldRef, LockInfo, Released, Request,
+};
+use dlock::{Client, ClientOptions, LockName};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The in-memory store, recording the size of every `extend` call and able to fail them.
+#[derive(Debug)]
+struct Counting {
+    inner: MemoryBackend,
+    batches: Mutex<Vec<usize>>,
+    failing: AtomicBool,
+    failed_calls: AtomicUsize,
+}
+
+#[async_trait]
+impl Backend for Counting {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(&self, req: &Request<'_>) -> dlock::Result<Attempt> {
+        self.inner.acquire(req).await
+    }
+    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> dlock::Result<()> {
+        self.inner.wait(req, busy, until).await
+    }
+    async fn cancel(&self, req: &Request<'_>) -> dlock::Result<()> {
+        self.inner.cancel(req).await
+    }
+    async fn release(&self, hold: &HoldRef<'_>) -> dlock::Result<Released> {
+        self.inner.release(hold).await
+    }
+    async fn extend(&self, holds: &[HoldRef<'_>]) -> dlock::Result<Vec<Extended>> {
+        if self.failing.load(Ordering::SeqCst) {
+            self.failed_calls.fetch_add(1, Ordering::SeqCst);
+            return Err(dlock::Error::Unavailable("test: store down".into()));
+        }
+        self.batches.lock().unwrap().push(holds.len());
+        self.inner.extend(holds).await
+    }
+    async fn describe(&self, prefix: &str) -> dlock::Result<Vec<LockInfo>> {
+        self.inner.describe(prefix).await
+    }
+    async fn force_release(&self, name: &LockName) -> dlock::Result<u64> {
+        self.inner.force_release(name).await
+    }
+}
+
+fn counting(store: &str) -> Arc<Counting> {
+    Arc::new(Counting {
+        inner: MemoryBackend::named(store),
+        batches: Mutex::new(Vec::new()),
+        failing: AtomicBool::new(false),
+        failed_calls: AtomicUsize::new(0),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_holds_of_a_client_are_renewed_in_one_call_per_round() {
+    let backend = counting("watchdog-batch");
+    let lease = Duration::from_millis(600);
+    let client = Client::with_backend(
+        backend.clone(),
+        "mem://watchdog-batch",
+        ClientOptions::default().lease(lease),
+    )
+    .unwrap();
+    let mut guards = Vec::new();
+    for i in 0..50 {
+        guards.push(
+            client
+                .mutex(format!("n{i}"))
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    // 3 leases: about 9 renewal rounds of lease/3 each.
+    tokio::time::sleep(lease * 3).await;
+    assert!(guards.iter().all(|g| g.is_held()));
+    let batches = backend.batches.lock().unwrap().clone();
+    eprintln!("extend calls (holds per call): {batches:?}");
+    let renewed: usize = batches.iter().sum();
+    // Every hold was renewed several times, in few calls carrying many holds each.
+    assert!(renewed >= 50 * 6, "only {renewed} renewals in {batches:?}");
+    assert!(
+        batches.len() <= 16,
+        "{} extend calls for 50 holds over 3 leases: not batched ({batches:?})",
+        batches.len()
+    );
+    assert!(
+        batches.contains(&50),
+        "no call carried all 50 holds: {batches:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_store_is_retried_calmly_and_the_hold_is_lost_at_its_deadline() {
+    let backend = counting("watchdog-fail");
+    let lease = Duration::from_millis(1000);
+    let client = Client::with_backend(
+        backend.clone(),
+        "mem://watchdog-fail",
+        ClientOptions::default().lease(lease),
+    )
+    .unwrap();
+    let guard = client.mutex("x").unwrap().acquire().await.unwrap();
+    let granted = Instant::now();
+    backend.failing.store(true, Ordering::SeqCst);
+    let lost = tokio::time::timeout(lease * 2, guard.lost()).await;
+    let at = granted.elapsed();
+    assert!(lost.is_ok(), "lost() did not fire while renewals failed");
+    // Deadline = lease - lease/10 after the grant was sent.
+    assert!(
+        at >= Duration::from_millis(800) && at <= Duration::from_millis(1000),
+        "lost() fired at {at:?}"
+    );
+    // Retries every min(lease/10, 1 s) = 100 ms between lease/3 and the deadline: a handful.
+    let calls = backend.failed_calls.load(Ordering::SeqCst);
+    eprintln!("lost() at {at:?} after {calls} failed renewal calls");
+    assert!((2..=15).contains(&calls), "{calls} failed renewal calls");
+    assert!(!guard.is_held());
+}
