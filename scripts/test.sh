@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite of dlock, from a fresh machine: installs what is missing, starts every
-# server the suite needs on loopback ports (none yet beyond the embedded stores: the mem:// and
-# sqlite:// backends need no server), runs formatting and lint checks, every test (unit,
-# conformance, CLI, doctests), and stops what it started.
+# server the suite needs on loopback ports (Redis, PostgreSQL, MariaDB; mem:// and sqlite:// need
+# none), runs formatting
+# and lint checks, every test (unit, conformance, CLI, fault, doctests), and stops what it started.
 #
 #   scripts/test.sh            # everything
 #   scripts/test.sh -E 'test(/^sqlite::/)'   # extra arguments go to `cargo nextest run`
@@ -31,9 +31,71 @@ cleanup() {
   for pid in "${STARTED_PIDS[@]:-}"; do
     [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
   done
+  [ -n "${SCRATCH:-}" ] && rm -rf "$SCRATCH"
 }
 trap cleanup EXIT
-# (Redis, PostgreSQL, MariaDB and ZooKeeper start here when their backends land.)
+
+# A free loopback TCP port.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+need_pkg() { # need_pkg COMMAND DEBIAN-PACKAGE
+  command -v "$1" >/dev/null 2>&1 && return 0
+  log "installing $2 (Debian package)"
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "$2" >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq "$2" >/dev/null; fi
+}
+
+SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/dlock-test.XXXXXX")
+
+# Redis: our own server on a free loopback port, no persistence (the fault tests start their own,
+# with and without persistence). redis-py is the other ecosystem's client of the interop test.
+need_pkg redis-server redis-server
+if [ -z "${DLOCK_TEST_REDIS_URL:-}" ]; then
+  REDIS_PORT=$(free_port)
+  mkdir -p "$SCRATCH/redis"
+  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
+    --dir "$SCRATCH/redis" --logfile "$SCRATCH/redis/redis.log" &
+  STARTED_PIDS+=("$!")
+  for _ in $(seq 1 100); do
+    redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  redis-cli -p "$REDIS_PORT" ping >/dev/null || { log "redis-server did not start"; cat "$SCRATCH/redis/redis.log"; exit 1; }
+  export DLOCK_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/"
+fi
+log "redis for tests: $DLOCK_TEST_REDIS_URL"
+
+# PostgreSQL and MariaDB: the machine's own servers (127.0.0.1:5432 trust, 127.0.0.1:3306 root),
+# started if they are down and installed if missing. Tests use their own table and lock names.
+pg_up() { pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; }
+if [ -z "${DLOCK_TEST_POSTGRES_URL:-}" ]; then
+  need_pkg pg_ctlcluster postgresql
+  if ! pg_up; then
+    log "starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -n1)" main start || true
+    for _ in $(seq 1 100); do pg_up && break; sleep 0.1; done
+  fi
+  pg_up || { log "PostgreSQL is not reachable on 127.0.0.1:5432"; exit 1; }
+  psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 \
+    || psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE test'
+  export DLOCK_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:5432/test"
+fi
+my_up() { mariadb -h 127.0.0.1 -P 3306 -u root -e 'SELECT 1' >/dev/null 2>&1; }
+if [ -z "${DLOCK_TEST_MYSQL_URL:-}" ]; then
+  need_pkg mariadbd mariadb-server
+  if ! my_up; then
+    log "starting MariaDB"
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+    for _ in $(seq 1 150); do my_up && break; sleep 0.2; done
+  fi
+  my_up || { log "MariaDB is not reachable on 127.0.0.1:3306 as root"; exit 1; }
+  mariadb -h 127.0.0.1 -u root -e 'CREATE DATABASE IF NOT EXISTS test'
+  export DLOCK_TEST_MYSQL_URL="mysql://root@127.0.0.1:3306/test"
+fi
+
+python3 -c 'import redis' 2>/dev/null || { log "installing redis-py (PyPI)"; python3 -m pip install --quiet 'redis>=5,<6'; }
 
 # --- checks --------------------------------------------------------------------------------------
 log "cargo fmt --check"
