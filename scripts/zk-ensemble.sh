@@ -186,17 +186,21 @@ cmd_start() {
 }
 
 cmd_stop() {
-    local dir=$1 i pid
+    local dir=$1 i pids=()
     for i in $(seq 1 $N); do
         if pid_alive "$dir/s$i/pid"; then
-            pid=$(cat "$dir/s$i/pid")
-            kill "$pid" 2>/dev/null || true
-            for _ in $(seq 1 50); do
-                kill -0 "$pid" 2>/dev/null || break
-                sleep 0.1
-            done
-            kill -9 "$pid" 2>/dev/null || true
+            pids+=("$(cat "$dir/s$i/pid")")
         fi
+    done
+    if ((${#pids[@]})); then
+        kill "${pids[@]}" 2>/dev/null || true
+        for _ in $(seq 1 30); do
+            kill -0 "${pids[@]}" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -9 "${pids[@]}" 2>/dev/null || true
+    fi
+    for i in $(seq 1 $N); do
         rm -f "$dir/s$i/pid"
     done
 }

@@ -74,6 +74,7 @@ pub(crate) fn margin(valid_for: Duration) -> Duration {
 /// |---|---|
 /// | `mem://` or `mem://NAME` | in-process; all clients of one process with the same NAME share it |
 /// | `sqlite:///abs/path.db`, `sqlite:rel/path.db` | embedded SQLite file, shared by every process of the machine |
+/// | `zk://host:2181,host2:2181/chroot[?session_timeout=10s]` | a ZooKeeper ensemble (feature `zookeeper`) |
 ///
 /// Must be called inside a tokio runtime (the client runs a renewal task on it).
 ///
@@ -104,6 +105,16 @@ pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client> {
         crate::config::Target::Sqlite(_) => {
             return Err(Error::InvalidConfig(
                 "this build of dlock has no sqlite backend".into(),
+            ))
+        }
+        #[cfg(feature = "zookeeper")]
+        crate::config::Target::ZooKeeper(target) => {
+            Arc::new(crate::backend::zookeeper::ZooKeeperBackend::connect(&target).await?)
+        }
+        #[cfg(not(feature = "zookeeper"))]
+        crate::config::Target::ZooKeeper(_) => {
+            return Err(Error::InvalidConfig(
+                "this build of dlock has no zookeeper backend".into(),
             ))
         }
     };

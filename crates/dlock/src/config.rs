@@ -10,6 +10,9 @@ pub fn enabled_backends() -> Vec<&'static str> {
     if cfg!(feature = "sqlite") {
         v.push("sqlite");
     }
+    if cfg!(feature = "zookeeper") {
+        v.push("zk");
+    }
     v
 }
 
@@ -31,6 +34,9 @@ const PLANNED: &[&str] = &[
 pub(crate) enum Target {
     /// `mem://NAME`
     Memory(String),
+    /// `zk://host:port,host:port/chroot`
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+    ZooKeeper(ZkTarget),
     /// `sqlite:///path` or `sqlite:relative/path`
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Sqlite(PathBuf),
@@ -42,6 +48,10 @@ pub(crate) enum Target {
 /// assert_eq!(dlock::redact_url("redis://u:secret@h:6379/0"), "redis://u:***@h:6379/0");
 /// ```
 pub fn redact_url(url: &str) -> String {
+    // ZooKeeper URLs carry no credentials (and are not URLs the url crate can read).
+    if url.starts_with("zk://") && !url.contains('@') {
+        return url.to_string();
+    }
     match Url::parse(url) {
         Ok(mut u) => {
             if u.password().is_some() {
@@ -58,6 +68,9 @@ pub fn redact_url(url: &str) -> String {
 }
 
 pub(crate) fn parse(raw: &str) -> Result<Target> {
+    if let Some(rest) = raw.strip_prefix("zk://") {
+        return parse_zk(rest);
+    }
     let u = Url::parse(raw).map_err(|e| {
         Error::InvalidConfig(format!(
             "malformed store URL {}: {e} (examples: sqlite:///var/lib/dlock.db, mem://)",
@@ -118,6 +131,175 @@ pub(crate) fn parse(raw: &str) -> Result<Target> {
             "unknown store URL scheme {s:?} (enabled: {})",
             enabled_backends().join(", ")
         ))),
+    }
+}
+
+/// A parsed `zk://` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+pub(crate) struct ZkTarget {
+    /// The connect string: `host:port,host:port` (port 2181 when not given).
+    pub hosts: String,
+    /// The chroot every lock lives under, `/` for none.
+    pub chroot: String,
+    /// The session timeout to ask the servers for (`session_timeout`, default 10 s).
+    pub session_timeout: std::time::Duration,
+}
+
+/// `zk://host1:2181,host2:2181,host3:2181/chroot?session_timeout=10s` (after `zk://`).
+fn parse_zk(rest: &str) -> Result<Target> {
+    if !cfg!(feature = "zookeeper") {
+        return Err(Error::InvalidConfig(
+            "this build of dlock has no zookeeper backend (cargo feature \"zookeeper\")".into(),
+        ));
+    }
+    let bad = |why: String| Error::InvalidConfig(format!("bad zk:// URL: {why}"));
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (hosts, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if hosts.contains('@') {
+        return Err(bad("credentials in the URL are not supported".into()));
+    }
+    let mut list = Vec::new();
+    for h in hosts.split(',') {
+        let (host, port) = match h.rsplit_once(':') {
+            Some((host, port)) if !host.ends_with(':') => (host, Some(port)),
+            _ => (h, None),
+        };
+        let host_ok = if let Some(v6) = host.strip_prefix('[') {
+            v6.strip_suffix(']')
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
+        } else {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
+        };
+        if !host_ok {
+            return Err(bad(format!(
+                "{h:?} is not a host[:port] (example: zk://zk1:2181,zk2:2181,zk3:2181/locks)"
+            )));
+        }
+        let port: u16 = match port {
+            None => 2181,
+            Some(p) => p
+                .parse()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| bad(format!("bad port {p:?}")))?,
+        };
+        list.push(format!("{host}:{port}"));
+    }
+    let chroot = percent_decode(path.trim_end_matches('/'))
+        .ok_or_else(|| bad("the chroot is not UTF-8".into()))?;
+    let chroot = if chroot.is_empty() {
+        "/".to_string()
+    } else {
+        for part in chroot[1..].split('/') {
+            if part.is_empty() || part == "." || part == ".." {
+                return Err(bad(format!(
+                    "the chroot {chroot:?} has an empty, \".\" or \"..\" component"
+                )));
+            }
+            if part.chars().any(|c| {
+                c.is_control() || ('\u{e000}'..='\u{f8ff}').contains(&c) || c >= '\u{fff0}'
+            }) {
+                return Err(bad(format!(
+                    "the chroot {chroot:?} has characters ZooKeeper forbids"
+                )));
+            }
+        }
+        if chroot == "/zookeeper" || chroot.starts_with("/zookeeper/") {
+            return Err(bad("the chroot must not be inside /zookeeper".into()));
+        }
+        chroot
+    };
+    let mut session_timeout = std::time::Duration::from_secs(10);
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "session_timeout" => session_timeout = parse_duration(&v)
+                .filter(|d| {
+                    *d >= std::time::Duration::from_millis(100)
+                        && *d <= std::time::Duration::from_secs(600)
+                })
+                .ok_or_else(|| {
+                    bad(format!(
+                        "session_timeout={v:?}: write a duration between 100ms and 10m, e.g. 10s"
+                    ))
+                })?,
+            k => {
+                return Err(Error::InvalidConfig(format!(
+                    "unknown option {k:?} in zk URL"
+                )))
+            }
+        }
+    }
+    Ok(Target::ZooKeeper(ZkTarget {
+        hosts: list.join(","),
+        chroot,
+        session_timeout,
+    }))
+}
+
+/// `250ms`, `10s`, `2m` (an integer and a unit).
+fn parse_duration(s: &str) -> Option<std::time::Duration> {
+    let digits = s.len() - s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    let n: u64 = s[..digits].parse().ok()?;
+    Some(match &s[digits..] {
+        "ms" => std::time::Duration::from_millis(n),
+        "s" => std::time::Duration::from_secs(n),
+        "m" => std::time::Duration::from_secs(n.checked_mul(60)?),
+        _ => return None,
+    })
+}
+
+#[cfg(all(test, feature = "zookeeper"))]
+mod zk_url_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn parses_zk_urls() {
+        let t = |u: &str| match parse(u) {
+            Ok(Target::ZooKeeper(t)) => t,
+            other => panic!("{u}: {other:?}"),
+        };
+        let a = t("zk://h1:2181,h2:2182,h3/locks/app?session_timeout=4s");
+        assert_eq!(a.hosts, "h1:2181,h2:2182,h3:2181");
+        assert_eq!(a.chroot, "/locks/app");
+        assert_eq!(a.session_timeout, Duration::from_secs(4));
+        let b = t("zk://127.0.0.1:1234");
+        assert_eq!(
+            (b.chroot.as_str(), b.session_timeout),
+            ("/", Duration::from_secs(10))
+        );
+        assert_eq!(t("zk://[::1]:5/").chroot, "/");
+        assert_eq!(
+            t("zk://h/x?session_timeout=1500ms").session_timeout,
+            Duration::from_millis(1500)
+        );
+        for bad in [
+            "zk://",
+            "zk://h:0",
+            "zk://h:x",
+            "zk://h,,k",
+            "zk://u:pw@h/x",
+            "zk://h/a//b",
+            "zk://h/a/../b",
+            "zk://h/zookeeper",
+            "zk://h/x?bogus=1",
+            "zk://h/x?session_timeout=10",
+            "zk://h/x?session_timeout=1h",
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidConfig(_)), "{bad}: {e}");
+            assert!(!e.to_string().contains("pw"), "{e}");
+        }
+        assert_eq!(redact_url("zk://h:1,k:2/x"), "zk://h:1,k:2/x");
+        assert!(!redact_url("zk://u:pw@h/x").contains("pw"));
+        assert!(enabled_backends().contains(&"zk"));
     }
 }
 

@@ -20,6 +20,8 @@ pub(crate) mod logic;
 pub mod memory;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 use crate::error::Result;
 use crate::name::LockName;

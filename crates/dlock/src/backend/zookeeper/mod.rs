@@ -1,0 +1,983 @@
+//! The ZooKeeper store (`zk://host1:2181,host2:2181,host3:2181/chroot?session_timeout=10s`).
+//!
+//! A queue store: every acquisition is an `EPHEMERAL_SEQUENTIAL` node under the lock's node, and
+//! the order of the sequence numbers is the order of the grants.
+//!
+//! # Layout (Apache Curator's)
+//!
+//! ```text
+//! /<chroot>                                    PERSISTENT (created when missing)
+//!   /<escaped lock name>                       CONTAINER (the server removes it once empty)
+//!     /_c_<owner uuid>-lock-0000000007         a Mutex (Curator's InterProcessMutex)
+//!     /_c_<owner uuid>-__READ__0000000008      a RwLock reader (Curator's InterProcessReadWriteLock)
+//!     /_c_<owner uuid>-__WRIT__0000000009      a RwLock writer
+//!     /_c_<owner uuid>-semaphore-3-0000000010  a Semaphore(3) permit (dlock's own layout)
+//! ```
+//!
+//! The `_c_<uuid>-` prefix is Curator's *protected mode*: when the reply to a create is lost
+//! (connection loss), the client lists the children and finds its node again by the prefix
+//! before creating another one. dlock uses the hold's owner token (a UUID) as that uuid, so
+//! `release` finds the node even without local state.
+//!
+//! Grant rules, over the children sorted by sequence number:
+//! - mutex and writer: granted when first; otherwise watch **only the predecessor** (no herd);
+//! - reader: granted when no writer node precedes it; otherwise watch the nearest writer ahead
+//!   (Curator watches the first writer ahead; both are correct, the nearest wakes less often);
+//! - semaphore(n): granted while among the first n children. A waiter watches the lock node's
+//!   children (any departure ahead may let it in): semaphore waiters are woken together. This is
+//!   **not** Curator's `InterProcessSemaphoreV2` layout (leases under `/leases` guarded by a
+//!   lock); it is the simple "first n" recipe, so Curator semaphores and dlock semaphores do not
+//!   interoperate.
+//!
+//! Grants are FIFO by construction (`Request::fair` is implied). Node names reveal the kind, so
+//! a kind mismatch on one name (mutex vs rwlock vs semaphore(n) vs semaphore(m)) is
+//! [`Error::InvalidConfig`] as soon as both sides have nodes.
+//!
+//! Each node's data is a small JSON object with the holder metadata (`client_id`, `host`, `pid`,
+//! `owner`). Curator's nodes carry the client's IP address instead; [`Backend::describe`] shows
+//! such data as the host and leaves the rest empty.
+//!
+//! # Lock names → paths
+//!
+//! A name becomes one path component: ASCII letters, digits, `-` and `_` stay; every other byte
+//! of the UTF-8 name (including `/`, `.`, `%`, space and non-ASCII) becomes `%XX` (upper-case
+//! hex). `%` itself is always escaped, so decoding is unique and the mapping is injective
+//! (`a/b` → `a%2Fb`, `../x` → `%2E%2E%2Fx`, `A b` → `A%20b`). The one component ZooKeeper
+//! reserves at the root, `zookeeper`, is written `%7Aookeeper`. Names differing only in case stay
+//! separate (ZooKeeper paths are case-sensitive). A 255-byte name is at most 765 characters.
+//!
+//! # Fencing tokens
+//!
+//! The token of a hold is the `czxid` of its node: the zxid of the transaction that created it.
+//! Zxids are global to the ensemble and strictly increasing, and for one lock name a node created
+//! later is granted later, so tokens strictly increase per name (they also increase across
+//! names, with gaps).
+//!
+//! # Sessions and `lost()`
+//!
+//! One ZooKeeper session per client serves every lock of that client (`Validity::Session`).
+//! The backend records the **send time** of the last request the server answered (every
+//! operation counts, plus a tiny `exists` heartbeat every sixth of the session timeout): the
+//! server cannot have expired the session before `that time + session timeout`. `extend` makes
+//! no round trip; it answers `Held { valid_for: session timeout − time since that contact }`,
+//! and `Gone` once the session expired or closed, once the hold's node was seen deleted (a
+//! watch on every held node, e.g. `dlock unlock`), or when no guarantee is left.
+//!
+//! Policy for a disconnected (SUSPENDED) client: its holds are trusted only while the session
+//! could not have expired — the core fires `lost()` at `last contact + timeout − margin` unless a
+//! reconnect refreshes the contact first. EXPIRED (or CLOSED): every hold of the session is lost
+//! (`Gone` at the next watchdog round), and the next acquisition opens a **new** session.
+//! `Guard::expire_in` is `Unsupported`: an ephemeral node cannot outlive its session.
+
+use super::*;
+use crate::config::ZkTarget;
+use crate::error::Error;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use zookeeper_client as zk;
+
+/// The session timeout when the URL does not set `session_timeout`.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How many times an operation that lost its connection is tried before giving up.
+const ATTEMPTS: usize = 5;
+
+/// The ZooKeeper store. Obtain it with `dlock::connect("zk://host:2181/chroot")`.
+#[derive(Debug, Clone)]
+pub struct ZooKeeperBackend {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    hosts: String,
+    chroot: String,
+    session_timeout: Duration,
+    /// The current session; replaced by a new one after it expired or closed.
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// Owner token → its node (waiting or holding).
+    nodes: StdMutex<HashMap<String, NodeRec>>,
+    stats: Stats,
+}
+
+/// Counters for tests and debugging.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    /// `getChildren` calls (each re-check of a queue position is one).
+    pub(crate) lists: AtomicU64,
+    /// Watches that fired while a waiter waited on them.
+    pub(crate) wakeups: AtomicU64,
+    /// Sessions opened.
+    pub(crate) sessions: AtomicU64,
+}
+
+struct Session {
+    client: zk::Client,
+    id: i64,
+    timeout: Duration,
+    /// Expired, closed or failed authentication: terminal.
+    dead: AtomicBool,
+    /// Send time of the last request the server answered.
+    contact: StdMutex<Instant>,
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &format_args!("{:#x}", self.id))
+            .field("timeout", &self.timeout)
+            .field("dead", &self.dead.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Session {
+    fn touch(&self, sent: Instant) {
+        let mut c = self.contact.lock().unwrap_or_else(|p| p.into_inner());
+        if sent > *c {
+            *c = sent;
+        }
+    }
+
+    fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// What remains of the session's guarantee now (`None`: nothing).
+    fn valid_for(&self) -> Option<Duration> {
+        if self.is_dead() {
+            return None;
+        }
+        let contact = *self.contact.lock().unwrap_or_else(|p| p.into_inner());
+        self.timeout
+            .checked_sub(contact.elapsed())
+            .filter(|d| !d.is_zero())
+    }
+
+    /// Runs one request, recording the contact when the server answered (even with an error
+    /// about the node) and the session's death when it answered that.
+    async fn run<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, zk::Error>>,
+    ) -> Result<T, zk::Error> {
+        let sent = Instant::now();
+        let r = match tokio::time::timeout(self.timeout, f).await {
+            Ok(r) => r,
+            Err(_) => Err(zk::Error::ConnectionLoss),
+        };
+        match &r {
+            Ok(_)
+            | Err(zk::Error::NoNode)
+            | Err(zk::Error::NodeExists)
+            | Err(zk::Error::NotEmpty)
+            | Err(zk::Error::BadVersion) => self.touch(sent),
+            Err(zk::Error::SessionExpired)
+            | Err(zk::Error::ClientClosed)
+            | Err(zk::Error::AuthFailed) => self.dead.store(true, Ordering::Release),
+            Err(_) => {}
+        }
+        r
+    }
+}
+
+/// One node of an owner.
+#[derive(Debug, Clone)]
+struct NodeRec {
+    session: Arc<Session>,
+    /// `/<escaped name>` (below the chroot).
+    lock_path: String,
+    /// The child's name.
+    node: String,
+    czxid: i64,
+    granted: bool,
+    /// Set by the watch on a held node when it is deleted (e.g. `dlock unlock`).
+    deleted: Arc<AtomicBool>,
+    /// What to watch while waiting: a child name, or `None` for the children of the lock node.
+    watch: Option<String>,
+}
+
+/// What a child node of a lock says about itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeKind {
+    /// `lock-` (Curator's mutex; kazoo's `__lock__` is read the same way).
+    Lock,
+    Read,
+    Write,
+    Semaphore(u32),
+}
+
+#[derive(Debug, Clone)]
+struct Child {
+    name: String,
+    seq: i64,
+    kind: NodeKind,
+}
+
+/// The kind marker of a node name for a request.
+fn marker(kind: LockKind, mode: Mode) -> String {
+    match (kind, mode) {
+        (LockKind::Mutex, _) => "lock-".into(),
+        (LockKind::RwLock, Mode::Shared) => "__READ__".into(),
+        (LockKind::RwLock, Mode::Exclusive) => "__WRIT__".into(),
+        (LockKind::Semaphore { permits }, _) => format!("semaphore-{permits}-"),
+    }
+}
+
+fn node_kind(kind: LockKind, mode: Mode) -> NodeKind {
+    match (kind, mode) {
+        (LockKind::Mutex, _) => NodeKind::Lock,
+        (LockKind::RwLock, Mode::Shared) => NodeKind::Read,
+        (LockKind::RwLock, Mode::Exclusive) => NodeKind::Write,
+        (LockKind::Semaphore { permits }, _) => NodeKind::Semaphore(permits),
+    }
+}
+
+fn compatible(a: NodeKind, b: NodeKind) -> bool {
+    matches!(
+        (a, b),
+        (NodeKind::Lock, NodeKind::Lock)
+            | (
+                NodeKind::Read | NodeKind::Write,
+                NodeKind::Read | NodeKind::Write
+            )
+    ) || matches!((a, b), (NodeKind::Semaphore(x), NodeKind::Semaphore(y)) if x == y)
+}
+
+fn kind_of(k: NodeKind) -> LockKind {
+    match k {
+        NodeKind::Lock => LockKind::Mutex,
+        NodeKind::Read | NodeKind::Write => LockKind::RwLock,
+        NodeKind::Semaphore(permits) => LockKind::Semaphore { permits },
+    }
+}
+
+fn mode_of(k: NodeKind) -> Mode {
+    match k {
+        NodeKind::Lock | NodeKind::Write => Mode::Exclusive,
+        NodeKind::Read | NodeKind::Semaphore(_) => Mode::Shared,
+    }
+}
+
+/// Parses a child's name: its sequence number (the trailing 10 or 19 digits) and kind. `None`
+/// for nodes that are not lock nodes.
+fn parse_child(name: &str) -> Option<Child> {
+    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    if digits < 10 {
+        return None;
+    }
+    let seq: i64 = name[name.len() - digits..].parse().ok()?;
+    let head = &name[..name.len() - digits];
+    let kind = if head.ends_with("__WRIT__") {
+        NodeKind::Write
+    } else if head.ends_with("__READ__") {
+        NodeKind::Read
+    } else if head.ends_with("lock-") || head.ends_with("__lock__") {
+        NodeKind::Lock
+    } else {
+        let (before, n) = head.strip_suffix('-')?.rsplit_once('-')?;
+        if !before.ends_with("semaphore") {
+            return None;
+        }
+        NodeKind::Semaphore(n.parse().ok()?)
+    };
+    Some(Child {
+        name: name.to_owned(),
+        seq,
+        kind,
+    })
+}
+
+/// The owner token in a protected-mode name (`_c_<uuid>-…`).
+fn owner_of(node: &str) -> Option<&str> {
+    let rest = node.strip_prefix("_c_")?;
+    let uuid = rest.get(..36)?;
+    (rest.as_bytes().get(36) == Some(&b'-')).then_some(uuid)
+}
+
+/// The lock nodes among `names`, in sequence order.
+fn sorted_children(names: Vec<String>) -> Vec<Child> {
+    let mut v: Vec<Child> = names.iter().filter_map(|n| parse_child(n)).collect();
+    v.sort_by(|a, b| a.seq.cmp(&b.seq).then_with(|| a.name.cmp(&b.name)));
+    v
+}
+
+/// Whether the child at `i` holds, and if not, what it should watch (`Some(None)` = the children
+/// of the lock node).
+fn position(children: &[Child], i: usize) -> (bool, Option<String>) {
+    match children[i].kind {
+        NodeKind::Lock | NodeKind::Write => {
+            if i == 0 {
+                (true, None)
+            } else {
+                (false, Some(children[i - 1].name.clone()))
+            }
+        }
+        NodeKind::Read => match children[..i]
+            .iter()
+            .rposition(|c| matches!(c.kind, NodeKind::Write | NodeKind::Lock))
+        {
+            None => (true, None),
+            Some(w) => (false, Some(children[w].name.clone())),
+        },
+        NodeKind::Semaphore(n) => (i < n as usize, None),
+    }
+}
+
+/// Escapes a lock name into one ZooKeeper path component (see the module docs).
+pub fn escape_name(name: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    if out == "zookeeper" {
+        out.replace_range(..1, "%7A");
+    }
+    out
+}
+
+/// The lock name of an escaped path component; `None` if `s` is not the escape of any name.
+pub fn unescape_name(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    let name = String::from_utf8(out).ok()?;
+    (escape_name(&name) == s && LockName::new(name.clone()).is_ok()).then_some(name)
+}
+
+fn unavailable(e: zk::Error) -> Error {
+    match e {
+        zk::Error::BadArguments(_) | zk::Error::InvalidAcl => Error::backend(e),
+        zk::Error::NoAuth | zk::Error::AuthFailed => {
+            Error::Unavailable(format!("ZooKeeper refused access: {e}"))
+        }
+        _ => Error::Unavailable(format!("ZooKeeper: {e}")),
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[derive(Serialize, Deserialize)]
+struct NodeData {
+    owner: String,
+    client_id: String,
+    host: String,
+    pid: u32,
+    #[serde(default)]
+    created_at_ms: u64,
+}
+
+impl ZooKeeperBackend {
+    /// Connects: opens the session and creates the chroot when missing.
+    pub(crate) async fn connect(target: &ZkTarget) -> Result<Self> {
+        let b = ZooKeeperBackend {
+            shared: Arc::new(Shared {
+                hosts: target.hosts.clone(),
+                chroot: target.chroot.clone(),
+                session_timeout: target.session_timeout,
+                session: tokio::sync::Mutex::new(None),
+                nodes: StdMutex::new(HashMap::new()),
+                stats: Stats::default(),
+            }),
+        };
+        b.session().await?;
+        Ok(b)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    /// The id of the current session (for tests and logs).
+    #[cfg(test)]
+    pub(crate) async fn session_info(&self) -> Option<(zk::SessionInfo, i64)> {
+        let s = self.shared.session.lock().await;
+        s.as_ref().map(|s| (s.client.session().clone(), s.id))
+    }
+
+    fn nodes(&self) -> std::sync::MutexGuard<'_, HashMap<String, NodeRec>> {
+        self.shared.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The live session, opening a new one if there is none or it expired.
+    async fn session(&self) -> Result<Arc<Session>> {
+        let mut cur = self.shared.session.lock().await;
+        if let Some(s) = cur.as_ref() {
+            if !s.is_dead() {
+                return Ok(s.clone());
+            }
+        }
+        let s = self.open_session().await?;
+        *cur = Some(s.clone());
+        Ok(s)
+    }
+
+    async fn open_session(&self) -> Result<Arc<Session>> {
+        let sh = &self.shared;
+        let sent = Instant::now();
+        let connect = zk::Client::connector()
+            .with_session_timeout(sh.session_timeout)
+            .connect(&sh.hosts);
+        let client = match tokio::time::timeout(sh.session_timeout * 2, connect).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                return Err(Error::Unavailable(format!(
+                    "cannot open a ZooKeeper session with {}: {e}",
+                    sh.hosts
+                )))
+            }
+            Err(_) => {
+                return Err(Error::Unavailable(format!(
+                    "no ZooKeeper server of {} answered within {:?}",
+                    sh.hosts,
+                    sh.session_timeout * 2
+                )))
+            }
+        };
+        if sh.chroot != "/" {
+            let opts = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            client.mkdir(&sh.chroot, &opts).await.map_err(unavailable)?;
+        }
+        let timeout = client.session_timeout();
+        let id = client.session_id().0;
+        let client = client
+            .chroot(sh.chroot.clone())
+            .map_err(|_| Error::InvalidConfig(format!("bad ZooKeeper chroot {:?}", sh.chroot)))?;
+        let session = Arc::new(Session {
+            client,
+            id,
+            timeout,
+            dead: AtomicBool::new(false),
+            contact: StdMutex::new(sent),
+        });
+        sh.stats.sessions.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            session = format_args!("{id:#x}"),
+            ?timeout,
+            "ZooKeeper session opened"
+        );
+        tokio::spawn(heartbeat(
+            Arc::downgrade(&session),
+            session.client.state_watcher(),
+            timeout,
+        ));
+        Ok(session)
+    }
+
+    /// Creates the lock node (a container) and the chroot if needed.
+    async fn ensure_parent(&self, s: &Session, lock_path: &str) -> Result<()> {
+        let opts = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        match s.run(s.client.create(lock_path, &[], &opts)).await {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(zk::Error::NoNode) if self.shared.chroot != "/" => {
+                // The chroot was removed under us: make it again (from the root).
+                let root = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                let unrooted = s.client.clone().chroot("/").map_err(|_| {
+                    Error::InvalidConfig("cannot address the ZooKeeper root".into())
+                })?;
+                s.run(unrooted.mkdir(&self.shared.chroot, &root))
+                    .await
+                    .map_err(unavailable)?;
+                match s.run(s.client.create(lock_path, &[], &opts)).await {
+                    Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+                    Err(e) => Err(unavailable(e)),
+                }
+            }
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    async fn list(&self, s: &Session, lock_path: &str) -> Result<Vec<String>, zk::Error> {
+        self.shared.stats.lists.fetch_add(1, Ordering::Relaxed);
+        s.run(s.client.list_children(lock_path)).await
+    }
+
+    /// Creates the owner's node (protected mode), returning (name, czxid).
+    async fn create_node(
+        &self,
+        s: &Session,
+        req: &Request<'_>,
+        lock_path: &str,
+    ) -> Result<(String, i64)> {
+        let prefix = format!("_c_{}-", req.owner);
+        let path = format!("{lock_path}/{prefix}{}", marker(req.kind, req.mode));
+        let data = serde_json::to_vec(&NodeData {
+            owner: req.owner.to_owned(),
+            client_id: req.meta.client_id.clone(),
+            host: req.meta.host.clone(),
+            pid: req.meta.pid,
+            created_at_ms: unix_ms(),
+        })
+        .map_err(Error::backend)?;
+        let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let mut last = None;
+        for _ in 0..ATTEMPTS {
+            match s.run(s.client.create(&path, &data, &opts)).await {
+                Ok((stat, seq)) => {
+                    return Ok((
+                        format!("{prefix}{}{seq}", marker(req.kind, req.mode)),
+                        stat.czxid,
+                    ))
+                }
+                Err(zk::Error::NoNode) => self.ensure_parent(s, lock_path).await?,
+                Err(e @ (zk::Error::ConnectionLoss | zk::Error::Timeout)) => {
+                    // The create may have happened: find our node by its protected prefix.
+                    last = Some(e);
+                    if let Ok(names) = self.list(s, lock_path).await {
+                        if let Some(n) = names.into_iter().find(|n| n.starts_with(&prefix)) {
+                            let stat = s
+                                .run(s.client.check_stat(&format!("{lock_path}/{n}")))
+                                .await
+                                .map_err(unavailable)?;
+                            if let Some(stat) = stat {
+                                return Ok((n, stat.czxid));
+                            }
+                        }
+                    }
+                }
+                Err(e) => return Err(unavailable(e)),
+            }
+            if s.is_dead() {
+                break;
+            }
+        }
+        Err(unavailable(last.unwrap_or(zk::Error::ConnectionLoss)))
+    }
+
+    /// Lists the lock's children and places `rec` among them. `Ok(None)`: the node is gone.
+    async fn check(
+        &self,
+        s: &Session,
+        req: &Request<'_>,
+        rec: &NodeRec,
+    ) -> Result<Option<(bool, Option<String>)>> {
+        let names = match self.list(s, &rec.lock_path).await {
+            Ok(n) => n,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(unavailable(e)),
+        };
+        let children = sorted_children(names);
+        let Some(i) = children.iter().position(|c| c.name == rec.node) else {
+            return Ok(None);
+        };
+        let mine = node_kind(req.kind, req.mode);
+        if let Some(other) = children.iter().find(|c| !compatible(mine, c.kind)) {
+            return Err(Error::InvalidConfig(format!(
+                "lock {:?} is used as a {} by another holder, not as a {}",
+                req.name.as_str(),
+                kind_of(other.kind),
+                req.kind
+            )));
+        }
+        Ok(Some(position(&children, i)))
+    }
+
+    async fn delete_node(&self, s: &Session, lock_path: &str, node: &str) -> Result<bool> {
+        match s
+            .run(s.client.delete(&format!("{lock_path}/{node}"), None))
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => Ok(false),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// Watches a held node so that `extend` learns of its deletion without a round trip.
+    fn watch_held(&self, rec: &NodeRec) {
+        let s = rec.session.clone();
+        let deleted = rec.deleted.clone();
+        let path = format!("{}/{}", rec.lock_path, rec.node);
+        tokio::spawn(async move {
+            let Ok((stat, watcher)) = s.client.check_and_watch_stat(&path).await else {
+                return;
+            };
+            if stat.is_none() {
+                deleted.store(true, Ordering::Release);
+                return;
+            }
+            let weak = Arc::downgrade(&s);
+            drop(s);
+            let ev = watcher.changed().await;
+            if ev.event_type == zk::EventType::NodeDeleted {
+                deleted.store(true, Ordering::Release);
+            } else if ev.event_type == zk::EventType::Session {
+                if let Some(s) = weak.upgrade() {
+                    if ev.session_state.is_terminated() {
+                        s.dead.store(true, Ordering::Release);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Keeps the session's contact time fresh (a tiny `exists` every sixth of the timeout) and
+/// marks the session dead on a terminal state. Ends with the session.
+async fn heartbeat(session: Weak<Session>, mut states: zk::StateWatcher, timeout: Duration) {
+    let every = timeout / 6;
+    loop {
+        tokio::select! {
+            st = states.changed() => {
+                let Some(s) = session.upgrade() else { return };
+                tracing::debug!(session = format_args!("{:#x}", s.id), state = %st, "ZooKeeper session state");
+                if st.is_terminated() {
+                    s.dead.store(true, Ordering::Release);
+                    return;
+                }
+            }
+            _ = tokio::time::sleep(every) => {
+                let Some(s) = session.upgrade() else { return };
+                if s.is_dead() {
+                    return;
+                }
+                let _ = s.run(s.client.check_stat("/")).await;
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for ZooKeeperBackend {
+    fn name(&self) -> &'static str {
+        "zk"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: true,
+            wakeups: Wakeups::Native,
+            validity: Validity::Session,
+        }
+    }
+
+    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
+        let existing = self.nodes().get(req.owner).cloned();
+        let rec = match existing {
+            Some(rec) if !rec.session.is_dead() && !rec.deleted.load(Ordering::Acquire) => {
+                Some(rec)
+            }
+            Some(_) => {
+                // Its session expired or the node was removed: start over in a fresh session.
+                self.nodes().remove(req.owner);
+                None
+            }
+            None => None,
+        };
+        let (s, mut rec) = match rec {
+            Some(rec) => (rec.session.clone(), rec),
+            None => {
+                let s = self.session().await?;
+                let lock_path = format!("/{}", escape_name(req.name.as_str()));
+                let (node, czxid) = self.create_node(&s, req, &lock_path).await?;
+                let rec = NodeRec {
+                    session: s.clone(),
+                    lock_path,
+                    node,
+                    czxid,
+                    granted: false,
+                    deleted: Arc::new(AtomicBool::new(false)),
+                    watch: None,
+                };
+                self.nodes().insert(req.owner.to_owned(), rec.clone());
+                (s, rec)
+            }
+        };
+        if rec.granted {
+            return Ok(match s.valid_for() {
+                Some(valid_for) => Attempt::Granted(Grant {
+                    token: Some(rec.czxid as u64),
+                    valid_for,
+                }),
+                None => Attempt::Busy(Busy::default()),
+            });
+        }
+        let place = match self.check(&s, req, &rec).await {
+            Ok(p) => p,
+            Err(e) => {
+                if matches!(e, Error::InvalidConfig(_)) {
+                    self.nodes().remove(req.owner);
+                    let _ = self.delete_node(&s, &rec.lock_path, &rec.node).await;
+                }
+                return Err(e);
+            }
+        };
+        let Some((granted, watch)) = place else {
+            // Our node vanished (removed by an administrator): queue again next time.
+            self.nodes().remove(req.owner);
+            return Ok(Attempt::Busy(Busy {
+                retry_in: Some(Duration::ZERO),
+            }));
+        };
+        if granted {
+            if let Some(valid_for) = s.valid_for() {
+                rec.granted = true;
+                rec.watch = None;
+                self.nodes().insert(req.owner.to_owned(), rec.clone());
+                self.watch_held(&rec);
+                return Ok(Attempt::Granted(Grant {
+                    token: Some(rec.czxid as u64),
+                    valid_for,
+                }));
+            }
+        }
+        if !req.waiting {
+            self.nodes().remove(req.owner);
+            self.delete_node(&s, &rec.lock_path, &rec.node).await?;
+            return Ok(Attempt::Busy(Busy::default()));
+        }
+        rec.watch = watch;
+        if let Some(r) = self.nodes().get_mut(req.owner) {
+            r.watch = rec.watch.clone();
+        }
+        Ok(Attempt::Busy(Busy::default()))
+    }
+
+    async fn wait(&self, req: &Request<'_>, _busy: &Busy, until: Instant) -> Result<()> {
+        let Some(rec) = self.nodes().get(req.owner).cloned() else {
+            return Ok(());
+        };
+        let s = rec.session.clone();
+        let watcher = match &rec.watch {
+            Some(pred) => {
+                let path = format!("{}/{}", rec.lock_path, pred);
+                match s.run(s.client.check_and_watch_stat(&path)).await {
+                    // Gone between our listing and the watch: look again at once.
+                    Ok((None, _)) => return Ok(()),
+                    Ok((Some(_), w)) => w,
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
+            None => {
+                self.shared.stats.lists.fetch_add(1, Ordering::Relaxed);
+                match s
+                    .run(s.client.list_and_watch_children(&rec.lock_path))
+                    .await
+                {
+                    Ok((names, w)) => {
+                        let children = sorted_children(names);
+                        match children.iter().position(|c| c.name == rec.node) {
+                            Some(i) if !position(&children, i).0 => w,
+                            _ => return Ok(()),
+                        }
+                    }
+                    Err(zk::Error::NoNode) => return Ok(()),
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
+        };
+        if tokio::time::timeout_at(until.into(), watcher.changed())
+            .await
+            .is_ok()
+        {
+            self.shared.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    async fn cancel(&self, req: &Request<'_>) -> Result<()> {
+        let rec = {
+            let mut nodes = self.nodes();
+            match nodes.get(req.owner) {
+                Some(r) if !r.granted => nodes.remove(req.owner),
+                _ => None,
+            }
+        };
+        if let Some(rec) = rec {
+            self.delete_node(&rec.session, &rec.lock_path, &rec.node)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
+        let rec = self.nodes().remove(hold.owner);
+        match rec {
+            Some(rec) => {
+                if rec.session.is_dead() || rec.deleted.load(Ordering::Acquire) {
+                    return Ok(Released::NotHeld);
+                }
+                match self
+                    .delete_node(&rec.session, &rec.lock_path, &rec.node)
+                    .await
+                {
+                    Ok(true) => Ok(Released::Released),
+                    Ok(false) => Ok(Released::NotHeld),
+                    Err(e) => {
+                        self.nodes().insert(hold.owner.to_owned(), rec);
+                        Err(e)
+                    }
+                }
+            }
+            None => {
+                // No local record (an acquisition abandoned mid-create): find the node by its
+                // protected prefix in the current session.
+                let s = self.session().await?;
+                let lock_path = format!("/{}", escape_name(hold.name.as_str()));
+                let prefix = format!("_c_{}-", hold.owner);
+                let names = match self.list(&s, &lock_path).await {
+                    Ok(n) => n,
+                    Err(zk::Error::NoNode) => return Ok(Released::NotHeld),
+                    Err(e) => return Err(unavailable(e)),
+                };
+                let mut released = Released::NotHeld;
+                for n in names.iter().filter(|n| n.starts_with(&prefix)) {
+                    if self.delete_node(&s, &lock_path, n).await? {
+                        released = Released::Released;
+                    }
+                }
+                Ok(released)
+            }
+        }
+    }
+
+    async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
+        let nodes = self.nodes();
+        Ok(holds
+            .iter()
+            .map(|h| match nodes.get(h.owner) {
+                Some(rec) if rec.granted && !rec.deleted.load(Ordering::Acquire) => {
+                    match rec.session.valid_for() {
+                        Some(valid_for) => Extended::Held { valid_for },
+                        None => Extended::Gone,
+                    }
+                }
+                _ => Extended::Gone,
+            })
+            .collect())
+    }
+
+    async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let s = self.session().await?;
+        let tops = match self.list(&s, "/").await {
+            Ok(n) => n,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(unavailable(e)),
+        };
+        let mut out = Vec::new();
+        for top in tops {
+            if self.shared.chroot == "/" && top == "zookeeper" {
+                continue;
+            }
+            let Some(name) = unescape_name(&top) else {
+                continue;
+            };
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            let lock_path = format!("/{top}");
+            let children = match self.list(&s, &lock_path).await {
+                Ok(n) => sorted_children(n),
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(unavailable(e)),
+            };
+            let Some(first) = children.first() else {
+                continue;
+            };
+            let kind = kind_of(first.kind);
+            let mut info = LockInfo {
+                name,
+                kind,
+                holders: Vec::new(),
+                waiters: Vec::new(),
+            };
+            for (i, c) in children.iter().enumerate() {
+                let path = format!("{lock_path}/{}", c.name);
+                let (data, stat) = match s.run(s.client.get_data(&path)).await {
+                    Ok(d) => d,
+                    Err(zk::Error::NoNode) => continue,
+                    Err(e) => return Err(unavailable(e)),
+                };
+                let (owner, meta) = match serde_json::from_slice::<NodeData>(&data) {
+                    Ok(d) => (
+                        d.owner,
+                        HolderMeta {
+                            client_id: d.client_id,
+                            host: d.host,
+                            pid: d.pid,
+                        },
+                    ),
+                    // Curator stores the client's IP address; anything else shows as empty.
+                    Err(_) => (
+                        owner_of(&c.name).unwrap_or(&c.name).to_owned(),
+                        HolderMeta {
+                            client_id: String::new(),
+                            host: std::str::from_utf8(&data)
+                                .ok()
+                                .filter(|h| h.len() <= 255 && h.chars().all(|ch| !ch.is_control()))
+                                .unwrap_or("")
+                                .to_owned(),
+                            pid: 0,
+                        },
+                    ),
+                };
+                if position(&children, i).0 {
+                    info.holders.push(HolderInfo {
+                        owner,
+                        meta,
+                        mode: mode_of(c.kind),
+                        token: Some(stat.czxid as u64),
+                        acquired_at_ms: stat.mtime.max(stat.ctime) as u64,
+                        lease_left_ms: None,
+                    });
+                } else {
+                    let position = info.waiters.len() as u32;
+                    info.waiters.push(WaiterInfo {
+                        owner,
+                        meta,
+                        mode: mode_of(c.kind),
+                        position,
+                    });
+                }
+            }
+            if !info.holders.is_empty() {
+                out.push(info);
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<u64> {
+        let s = self.session().await?;
+        let lock_path = format!("/{}", escape_name(name.as_str()));
+        let children = match self.list(&s, &lock_path).await {
+            Ok(n) => sorted_children(n),
+            Err(zk::Error::NoNode) => return Ok(0),
+            Err(e) => return Err(unavailable(e)),
+        };
+        let mut removed = 0;
+        for (i, c) in children.iter().enumerate() {
+            let held = position(&children, i).0;
+            if self.delete_node(&s, &lock_path, &c.name).await? && held {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,678 @@
+//! Tests against a real three-server ensemble: the one named by `DLOCK_TEST_ZK_URL`
+//! (`host:port,host:port,...` or a `zk://` URL), else one started for the test with
+//! `scripts/zk-ensemble.sh`. Tests that kill servers always start their own. Never skipped: a
+//! missing ZooKeeper is a failure.
+
+use super::*;
+use crate::client::{Client, ClientOptions};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/zk-ensemble.sh");
+
+/// An ensemble for one test; stopped (by pid) when dropped.
+struct Ensemble {
+    hosts: String,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Ensemble {
+    fn start() -> Ensemble {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("bash")
+            .arg(SCRIPT)
+            .arg("start")
+            .arg(dir.path())
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        let hosts = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        if !out.status.success() || hosts.is_empty() {
+            let _ = Command::new("bash")
+                .arg(SCRIPT)
+                .arg("stop")
+                .arg(dir.path())
+                .status();
+            panic!("zk-ensemble.sh start failed: {:?}", out.status);
+        }
+        Ensemble {
+            hosts,
+            dir: Some(dir),
+        }
+    }
+
+    /// The shared ensemble of the environment, or an own one.
+    fn any() -> Ensemble {
+        match std::env::var("DLOCK_TEST_ZK_URL") {
+            Ok(u) if !u.trim().is_empty() => {
+                let u = u.trim().trim_start_matches("zk://");
+                let hosts = u.split(['/', '?']).next().unwrap_or(u).to_string();
+                Ensemble { hosts, dir: None }
+            }
+            _ => Ensemble::start(),
+        }
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.dir.as_ref().unwrap().path().to_path_buf()
+    }
+
+    fn script(&self, args: &[&str]) -> String {
+        let out = Command::new("bash")
+            .arg(SCRIPT)
+            .args(args)
+            .arg(self.dir())
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "zk-ensemble.sh {args:?} failed");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    /// A backend under a chroot unique to `tag`.
+    async fn backend(&self, chroot: &str, session_timeout: Duration) -> ZooKeeperBackend {
+        ZooKeeperBackend::connect(&ZkTarget {
+            hosts: self.hosts.clone(),
+            chroot: chroot.to_string(),
+            session_timeout,
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn client(&self, chroot: &str) -> (Client, ZooKeeperBackend) {
+        let b = self.backend(chroot, Duration::from_secs(4)).await;
+        let c = Client::with_backend(Arc::new(b.clone()), "zk://test", ClientOptions::default())
+            .unwrap();
+        (c, b)
+    }
+
+    /// A raw session on the chroot, to look at the nodes.
+    async fn raw(&self, chroot: &str) -> zk::Client {
+        let c = zk::Client::connect(&self.hosts).await.unwrap();
+        c.chroot(chroot.to_string()).unwrap()
+    }
+}
+
+impl Drop for Ensemble {
+    fn drop(&mut self) {
+        if let Some(d) = &self.dir {
+            let _ = Command::new("bash")
+                .arg(SCRIPT)
+                .arg("stop")
+                .arg(d.path())
+                .status();
+        }
+    }
+}
+
+fn chroot() -> String {
+    format!("/dlock-test-{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn children(raw: &zk::Client, name: &str) -> Vec<String> {
+    match raw.list_children(&format!("/{}", escape_name(name))).await {
+        Ok(v) => v,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+async fn within<T>(d: Duration, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(d, f).await.expect("timed out")
+}
+
+#[test]
+fn escaping_is_injective_and_safe() {
+    let names = [
+        "a",
+        "A",
+        "a b",
+        "a/b",
+        "a%2Fb",
+        "../x",
+        "..",
+        ".",
+        "zookeeper",
+        "Zookeeper",
+        "é",
+        "a_b-c",
+        "%",
+        "%25",
+        "x/../y",
+    ];
+    let mut seen = std::collections::HashSet::new();
+    for n in names {
+        let e = escape_name(n);
+        assert!(seen.insert(e.clone()), "{n} collides as {e}");
+        assert!(
+            e.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"%-_".contains(&b)),
+            "{e}"
+        );
+        assert!(e != "zookeeper" && e != "." && e != "..");
+        assert_eq!(unescape_name(&e).as_deref(), Some(n));
+    }
+    assert_eq!(escape_name("a/b"), "a%2Fb");
+    assert_eq!(escape_name("../x"), "%2E%2E%2Fx");
+    assert_eq!(escape_name("zookeeper"), "%7Aookeeper");
+    assert_eq!(
+        unescape_name("a%2fb"),
+        None,
+        "lower-case hex is not canonical"
+    );
+    assert_eq!(unescape_name("a.b"), None);
+    assert_eq!(unescape_name("zookeeper"), None);
+}
+
+#[test]
+fn node_names_parse_like_curator() {
+    let c = parse_child("_c_1b0e1a7e-9a55-4a43-8d3a-2b9a0c4f2f11-lock-0000000012").unwrap();
+    assert_eq!((c.seq, c.kind), (12, NodeKind::Lock));
+    assert_eq!(parse_child("lock-0000000003").unwrap().kind, NodeKind::Lock);
+    assert_eq!(
+        parse_child("_c_x-__READ__0000000004").unwrap().kind,
+        NodeKind::Read
+    );
+    assert_eq!(
+        parse_child("_c_x-__WRIT__0000000005").unwrap().kind,
+        NodeKind::Write
+    );
+    assert_eq!(
+        parse_child("_c_x-semaphore-3-0000000006").unwrap().kind,
+        NodeKind::Semaphore(3)
+    );
+    assert!(parse_child("leases").is_none());
+    assert_eq!(
+        owner_of("_c_1b0e1a7e-9a55-4a43-8d3a-2b9a0c4f2f11-lock-0000000012"),
+        Some("1b0e1a7e-9a55-4a43-8d3a-2b9a0c4f2f11")
+    );
+    let kids = sorted_children(vec![
+        "_c_b-__READ__0000000002".into(),
+        "_c_a-__WRIT__0000000001".into(),
+        "_c_c-__READ__0000000003".into(),
+        "_c_d-__WRIT__0000000004".into(),
+        "_c_e-__READ__0000000005".into(),
+    ]);
+    assert_eq!(position(&kids, 0), (true, None));
+    assert_eq!(position(&kids, 1), (false, Some(kids[0].name.clone())));
+    assert_eq!(position(&kids, 4), (false, Some(kids[3].name.clone())));
+    assert_eq!(position(&kids, 3), (false, Some(kids[2].name.clone())));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exclusion_fifo_and_increasing_tokens() {
+    let zk = Ensemble::any();
+    let root = chroot();
+    let (a, _) = zk.client(&root).await;
+    let (b, _) = zk.client(&root).await;
+    let (c, _) = zk.client(&root).await;
+    let ga = a.mutex("jobs/x").unwrap().acquire().await.unwrap();
+    assert_eq!(a.capabilities().validity, Validity::Session);
+    assert!(matches!(
+        b.mutex("jobs/x").unwrap().try_acquire().await,
+        Err(Error::Busy { .. })
+    ));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for (i, cl) in [b.clone(), c.clone()].into_iter().enumerate() {
+        let tx = tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = cl.mutex("jobs/x").unwrap().acquire().await.unwrap();
+            tx.send((i, g.token().unwrap())).unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            g.release().await.unwrap();
+        }));
+        // b's node is created before c's.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let t0 = ga.token().unwrap();
+    ga.release().await.unwrap();
+    let (first, t1) = within(Duration::from_secs(10), rx.recv()).await.unwrap();
+    let (second, t2) = within(Duration::from_secs(10), rx.recv()).await.unwrap();
+    assert_eq!((first, second), (0, 1), "FIFO");
+    assert!(t0 < t1 && t1 < t2, "tokens {t0} {t1} {t2}");
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Names that differ by case or space, and ../ names, are separate locks.
+    let g1 = a.mutex("Case").unwrap().try_acquire().await.unwrap();
+    let g2 = b.mutex("case").unwrap().try_acquire().await.unwrap();
+    let g3 = c.mutex("../x").unwrap().try_acquire().await.unwrap();
+    let g4 = b.mutex("x").unwrap().try_acquire().await.unwrap();
+    for g in [g1, g2, g3, g4] {
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn release_wakes_only_the_next_waiter() {
+    let zk = Ensemble::any();
+    let root = chroot();
+    let (h, _) = zk.client(&root).await;
+    let g = h.mutex("herd").unwrap().acquire().await.unwrap();
+    let mut waiters = Vec::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..4 {
+        let (c, b) = zk.client(&root).await;
+        let tx = tx.clone();
+        let task = tokio::spawn(async move {
+            let g = c.mutex("herd").unwrap().acquire().await.unwrap();
+            tx.send((i, Instant::now())).unwrap();
+            // Hold until told to stop (the task is aborted at the end).
+            std::future::pending::<()>().await;
+            drop(g);
+        });
+        waiters.push((task, b));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before: Vec<(u64, u64)> = waiters
+        .iter()
+        .map(|(_, b)| {
+            (
+                b.stats().lists.load(Ordering::Relaxed),
+                b.stats().wakeups.load(Ordering::Relaxed),
+            )
+        })
+        .collect();
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let (who, at) = within(Duration::from_secs(5), rx.recv()).await.unwrap();
+    assert_eq!(who, 0);
+    eprintln!(
+        "hand-off latency (release → next holder granted): {:?}",
+        at - released
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (i, (_, b)) in waiters.iter().enumerate() {
+        let now = (
+            b.stats().lists.load(Ordering::Relaxed),
+            b.stats().wakeups.load(Ordering::Relaxed),
+        );
+        if i == 0 {
+            assert_eq!(now.1, before[i].1 + 1, "the next waiter's watch fired once");
+        } else {
+            assert_eq!(now, before[i], "waiter {i} was woken or re-listed");
+        }
+    }
+    assert!(rx.try_recv().is_err(), "only one holder");
+    for (t, _) in waiters {
+        t.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn try_and_timeout_leave_no_node() {
+    let zk = Ensemble::any();
+    let root = chroot();
+    let raw = zk.raw(&root).await;
+    let (a, _) = zk.client(&root).await;
+    let (b, _) = zk.client(&root).await;
+    let g = a.mutex("t").unwrap().acquire().await.unwrap();
+    assert_eq!(children(&raw, "t").await.len(), 1);
+    assert!(matches!(
+        b.mutex("t").unwrap().try_acquire().await,
+        Err(Error::Busy { .. })
+    ));
+    assert_eq!(children(&raw, "t").await.len(), 1, "try left a node");
+    let e = b
+        .mutex("t")
+        .unwrap()
+        .acquire_timeout(Duration::from_millis(400))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert_eq!(children(&raw, "t").await.len(), 1, "timeout left a node");
+    // A dropped acquisition (caller's own timeout) cleans up too.
+    let _ = tokio::time::timeout(Duration::from_millis(300), b.mutex("t").unwrap().acquire()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        children(&raw, "t").await.len(),
+        1,
+        "abandoned acquisition left a node"
+    );
+    g.release().await.unwrap();
+    assert!(children(&raw, "t").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rwlock_semaphore_kinds_and_describe() {
+    let zk = Ensemble::any();
+    let root = chroot();
+    let (a, _) = zk.client(&root).await;
+    let (b, _) = zk.client(&root).await;
+    let r1 = a.rwlock("rw").unwrap().read().await.unwrap();
+    let r2 = b.rwlock("rw").unwrap().read().await.unwrap();
+    let bw = b.clone();
+    let writer =
+        tokio::spawn(async move { bw.rwlock("rw").unwrap().write().await.map(|g| g.token()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A waiting writer blocks new readers.
+    assert!(matches!(
+        a.rwlock("rw").unwrap().try_read().await,
+        Err(Error::Busy { .. })
+    ));
+    let info = a.describe("rw").await.unwrap().unwrap();
+    assert_eq!(info.kind, LockKind::RwLock);
+    assert_eq!(info.holders.len(), 2);
+    assert_eq!(info.waiters.len(), 1);
+    assert_eq!(info.waiters[0].mode, Mode::Exclusive);
+    assert_eq!(info.holders[0].meta.client_id, a.id());
+    assert_eq!(info.holders[0].token, r1.token());
+    // Kind mismatch.
+    let e = a.mutex("rw").unwrap().try_acquire().await.unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    within(Duration::from_secs(5), writer)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let s1 = a.semaphore("sem", 2).unwrap().acquire().await.unwrap();
+    let s2 = b.semaphore("sem", 2).unwrap().acquire().await.unwrap();
+    assert!(matches!(
+        a.semaphore("sem", 2).unwrap().try_acquire().await,
+        Err(Error::Busy { .. })
+    ));
+    let e = a
+        .semaphore("sem", 3)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    let ac = a.clone();
+    let third =
+        tokio::spawn(async move { ac.semaphore("sem", 2).unwrap().acquire().await.is_ok() });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The second holder (not the first) leaves: the waiter must still get in.
+    s2.release().await.unwrap();
+    assert!(within(Duration::from_secs(5), third).await.unwrap());
+    s1.release().await.unwrap();
+    let all = a.list("").await.unwrap();
+    assert!(all.iter().all(|i| i.name != "sem"), "{all:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_kill_keeps_holds_and_exclusion() {
+    let zk = Ensemble::start();
+    let root = chroot();
+    let (a, _) = zk.client(&root).await;
+    let (b, _) = zk.client(&root).await;
+    let ga = a.mutex("l").unwrap().acquire().await.unwrap();
+    let bc = b.clone();
+    let waiter = tokio::spawn(async move {
+        let g = bc.mutex("l").unwrap().acquire().await.unwrap();
+        (Instant::now(), g)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let leader = zk.script(&["leader"]);
+    zk.script(&["kill", &leader]);
+    eprintln!("killed leader {leader}");
+    // Longer than the session timeout (4 s): the holds survive the fail-over.
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(ga.is_held(), "the hold survived the leader's death");
+        assert!(!waiter.is_finished(), "mutual exclusion kept");
+    }
+    let new_leader = zk.script(&["leader"]);
+    assert_ne!(new_leader, leader);
+    let released = Instant::now();
+    ga.release().await.unwrap();
+    let (at, g) = within(Duration::from_secs(10), waiter).await.unwrap();
+    eprintln!("hand-off after fail-over: {:?}", at - released);
+    assert!(g.token() > Some(0));
+    g.release().await.unwrap();
+    zk.script(&["start-one", &leader]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn expired_session_lets_the_next_waiter_in_and_fires_lost() {
+    let zk = Ensemble::any();
+    let root = chroot();
+    let ab = zk.backend(&root, Duration::from_secs(2)).await;
+    let a =
+        Client::with_backend(Arc::new(ab.clone()), "zk://test", ClientOptions::default()).unwrap();
+    let (b, _) = zk.client(&root).await;
+    let ga = a.mutex("s").unwrap().acquire().await.unwrap();
+    let lost = ga.lost();
+    let bc = b.clone();
+    let waiter = tokio::spawn(async move {
+        let g = bc.mutex("s").unwrap().acquire().await.unwrap();
+        (Instant::now(), g)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Expire a's session from outside: attach to it and close it.
+    let (info, _) = ab.session_info().await.unwrap();
+    let killed = Instant::now();
+    let thief = zk::Client::connector()
+        .with_session(info)
+        .connect(&zk.hosts)
+        .await
+        .unwrap();
+    drop(thief);
+    let (at, gb) = within(Duration::from_secs(10), waiter).await.unwrap();
+    eprintln!(
+        "takeover after the holder's session was closed: {:?}",
+        at - killed
+    );
+    within(Duration::from_secs(5), lost).await;
+    let lost_at = killed.elapsed();
+    eprintln!("lost() fired {lost_at:?} after the session was closed");
+    assert!(!ga.is_held());
+    assert!(matches!(
+        ga.release().await,
+        Err(Error::Lost { .. } | Error::NotOwner { .. })
+    ));
+    // A new session serves new acquisitions.
+    gb.release().await.unwrap();
+    let again = within(Duration::from_secs(10), a.mutex("s").unwrap().acquire())
+        .await
+        .unwrap();
+    assert!(ab.stats().sessions.load(Ordering::Relaxed) >= 2);
+    again.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curator_interop_both_ways() {
+    let zk = Ensemble::any();
+    let root = chroot();
+    let (a, _) = zk.client(&root).await;
+    let classes = tempfile::tempdir().unwrap();
+    let jars = [
+        "curator-client",
+        "curator-framework",
+        "curator-recipes",
+        "zookeeper",
+        "zookeeper-jute",
+        "guava",
+        "slf4j-api",
+        "slf4j-nop",
+        "netty-handler",
+        "netty-transport",
+        "netty-common",
+        "netty-buffer",
+        "netty-codec",
+        "netty-resolver",
+        "netty-transport-native-epoll",
+        "netty-transport-native-unix-common",
+    ];
+    let cp: Vec<String> = jars
+        .iter()
+        .map(|j| format!("/usr/share/java/{j}.jar"))
+        .filter(|p| std::path::Path::new(p).exists())
+        .collect();
+    assert!(
+        cp.iter().any(|p| p.contains("curator-recipes")),
+        "Curator is not installed: apt-get install libcurator-recipes-java libcurator-framework-java"
+    );
+    let cp = cp.join(":");
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/backend/zookeeper/CuratorHold.java"
+    );
+    let st = Command::new("javac")
+        .args(["-cp", &cp, "-d"])
+        .arg(classes.path())
+        .arg(src)
+        .status()
+        .unwrap();
+    assert!(st.success(), "javac failed");
+    let cp = format!("{cp}:{}", classes.path().display());
+    let path = format!("{root}/{}", escape_name("interop/lock"));
+    let java = |wait_ms: u64, hold_ms: u64| {
+        let mut child = tokio::process::Command::new("java")
+            .args(["-cp", &cp, "CuratorHold", &zk.hosts, &path])
+            .arg(wait_ms.to_string())
+            .arg(hold_ms.to_string())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        (child, tokio::io::BufReader::new(out))
+    };
+    use tokio::io::AsyncBufReadExt;
+    async fn line(r: &mut tokio::io::BufReader<tokio::process::ChildStdout>) -> String {
+        let mut s = String::new();
+        within(Duration::from_secs(30), r.read_line(&mut s))
+            .await
+            .unwrap();
+        s.trim().to_string()
+    }
+    // Curator holds → dlock is excluded, then gets it after Curator's release.
+    let (mut child, mut out) = java(5000, 1500);
+    assert_eq!(line(&mut out).await, "READY");
+    assert!(line(&mut out).await.starts_with("ACQUIRED"));
+    let m = a.mutex("interop/lock").unwrap();
+    assert!(matches!(m.try_acquire().await, Err(Error::Busy { .. })));
+    let g = within(Duration::from_secs(10), m.acquire()).await.unwrap();
+    assert!(line(&mut out).await.starts_with("RELEASED"));
+    child.wait().await.unwrap();
+    // dlock holds → Curator times out; a waiting Curator gets it after dlock's release.
+    let (mut child, mut out) = java(1000, 0);
+    assert_eq!(line(&mut out).await, "READY");
+    assert_eq!(line(&mut out).await, "TIMEOUT");
+    child.wait().await.unwrap();
+    let (mut child, mut out) = java(20000, 500);
+    assert_eq!(line(&mut out).await, "READY");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let info = a.describe("interop/lock").await.unwrap().unwrap();
+    assert_eq!(
+        info.waiters.len(),
+        1,
+        "Curator's node is shown as a waiter: {info:?}"
+    );
+    g.release().await.unwrap();
+    assert!(line(&mut out).await.starts_with("ACQUIRED"));
+    let info = a.describe("interop/lock").await.unwrap().unwrap();
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].meta.client_id, "");
+    assert!(line(&mut out).await.starts_with("RELEASED"));
+    child.wait().await.unwrap();
+}
+
+/// A TCP proxy to one server that can silently stop forwarding (a dead network, not a closed
+/// socket): the client hears nothing and the server expires the session after its timeout.
+struct Blackhole {
+    addr: String,
+    cut: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Blackhole {
+    async fn to(server: &str) -> Blackhole {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cut = Arc::new(AtomicBool::new(false));
+        let (server, c) = (server.to_string(), cut.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = tokio::net::TcpStream::connect(&server).await else {
+                    continue;
+                };
+                let (ri, wi) = inbound.into_split();
+                let (ro, wo) = outbound.into_split();
+                tokio::spawn(Self::pipe(ri, wo, c.clone()));
+                tokio::spawn(Self::pipe(ro, wi, c.clone()));
+            }
+        });
+        Blackhole { addr, cut, task }
+    }
+
+    async fn pipe(
+        mut r: tokio::net::tcp::OwnedReadHalf,
+        mut w: tokio::net::tcp::OwnedWriteHalf,
+        cut: Arc<AtomicBool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 16384];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if !cut.load(Ordering::Acquire) && w.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Blackhole {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silent_network_loss_fires_lost_before_the_takeover() {
+    let zk = Ensemble::any();
+    let root = chroot();
+    let first = zk.hosts.split(',').next().unwrap().to_string();
+    let proxy = Blackhole::to(&first).await;
+    let timeout = Duration::from_secs(2);
+    let ab = ZooKeeperBackend::connect(&ZkTarget {
+        hosts: proxy.addr.clone(),
+        chroot: root.clone(),
+        session_timeout: timeout,
+    })
+    .await
+    .unwrap();
+    let a = Client::with_backend(Arc::new(ab), "zk://test", ClientOptions::default()).unwrap();
+    let (b, _) = zk.client(&root).await;
+    let ga = a.mutex("net").unwrap().acquire().await.unwrap();
+    let lost = ga.lost();
+    let bc = b.clone();
+    let waiter = tokio::spawn(async move {
+        let g = bc.mutex("net").unwrap().acquire().await.unwrap();
+        (Instant::now(), g)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiter.is_finished());
+    let cut = Instant::now();
+    proxy.cut.store(true, Ordering::Release);
+    let lost_task = tokio::spawn(async move {
+        lost.await;
+        Instant::now()
+    });
+    let (taken, gb) = within(Duration::from_secs(15), waiter).await.unwrap();
+    let lost_at = within(Duration::from_secs(1), lost_task).await.unwrap();
+    eprintln!(
+        "network cut: lost() after {:?}, next waiter granted after {:?} (session timeout {timeout:?})",
+        lost_at - cut,
+        taken - cut
+    );
+    assert!(
+        lost_at < taken,
+        "lost() must fire before anyone else can hold the lock"
+    );
+    assert!(
+        taken - cut >= timeout / 2,
+        "the takeover waited for the session to expire"
+    );
+    gb.release().await.unwrap();
+}
