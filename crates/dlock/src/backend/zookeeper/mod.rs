@@ -186,6 +186,27 @@ impl Session {
         }
         r
     }
+
+    /// Runs an idempotent request, trying again (every 100 ms) while the connection is lost but
+    /// the session may still be alive, for at most the session timeout (a leader fail-over or a
+    /// reconnect to another server takes that long at most).
+    async fn retry<T, F, Fut>(&self, mut f: F) -> Result<T, zk::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, zk::Error>>,
+    {
+        let started = Instant::now();
+        loop {
+            match self.run(f()).await {
+                Err(zk::Error::ConnectionLoss | zk::Error::Timeout)
+                    if !self.is_dead() && started.elapsed() < self.timeout =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                r => return r,
+            }
+        }
+    }
 }
 
 /// One node of an owner.
@@ -519,8 +540,11 @@ impl ZooKeeperBackend {
     }
 
     async fn list(&self, s: &Session, lock_path: &str) -> Result<Vec<String>, zk::Error> {
-        self.shared.stats.lists.fetch_add(1, Ordering::Relaxed);
-        s.run(s.client.list_children(lock_path)).await
+        s.retry(|| {
+            self.shared.stats.lists.fetch_add(1, Ordering::Relaxed);
+            s.client.list_children(lock_path)
+        })
+        .await
     }
 
     /// Creates the owner's node (protected mode), returning (name, czxid).
@@ -571,6 +595,7 @@ impl ZooKeeperBackend {
             if s.is_dead() {
                 break;
             }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Err(unavailable(last.unwrap_or(zk::Error::ConnectionLoss)))
     }
@@ -604,10 +629,8 @@ impl ZooKeeperBackend {
     }
 
     async fn delete_node(&self, s: &Session, lock_path: &str, node: &str) -> Result<bool> {
-        match s
-            .run(s.client.delete(&format!("{lock_path}/{node}"), None))
-            .await
-        {
+        let path = format!("{lock_path}/{node}");
+        match s.retry(|| s.client.delete(&path, None)).await {
             Ok(()) => Ok(true),
             Err(zk::Error::NoNode) => Ok(false),
             Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => Ok(false),

@@ -411,6 +411,17 @@ async fn leader_kill_keeps_holds_and_exclusion() {
     let leader = zk.script(&["leader"]);
     zk.script(&["kill", &leader]);
     eprintln!("killed leader {leader}");
+    // Requests made during the election wait for it (no Unavailable for a fail-over).
+    let (c, _) = zk.client(&root).await;
+    let t = Instant::now();
+    let e = within(Duration::from_secs(10), c.mutex("l").unwrap().try_acquire())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Busy { .. }), "during the fail-over: {e}");
+    eprintln!(
+        "try_acquire during the fail-over answered Busy after {:?}",
+        t.elapsed()
+    );
     // Longer than the session timeout (4 s): the holds survive the fail-over.
     for _ in 0..12 {
         tokio::time::sleep(Duration::from_millis(500)).await;
