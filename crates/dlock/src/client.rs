@@ -117,6 +117,16 @@ pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client> {
                 "this build of dlock has no zookeeper backend".into(),
             ))
         }
+        #[cfg(feature = "redis")]
+        crate::config::Target::Redis(target) => {
+            Arc::new(crate::backend::redis::RedisBackend::open(target).await?)
+        }
+        #[cfg(not(feature = "redis"))]
+        crate::config::Target::Redis(_) => {
+            return Err(Error::InvalidConfig(
+                "this build of dlock has no redis backend".into(),
+            ))
+        }
     };
     Client::with_backend(backend, crate::config::redact_url(url), options)
 }

@@ -13,12 +13,18 @@ pub fn enabled_backends() -> Vec<&'static str> {
     if cfg!(feature = "zookeeper") {
         v.push("zk");
     }
+    if cfg!(feature = "redis") {
+        v.push("redis");
+        v.push("rediss");
+    }
     v
 }
 
 /// Schemes that are planned but not in this build yet.
 const PLANNED: &[&str] = &[
+    #[cfg(not(feature = "redis"))]
     "redis",
+    #[cfg(not(feature = "redis"))]
     "rediss",
     "redlock",
     "postgres",
@@ -40,6 +46,146 @@ pub(crate) enum Target {
     /// `sqlite:///path` or `sqlite:relative/path`
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Sqlite(PathBuf),
+    /// `redis://[user:pass@]host:port[/db]` or `rediss://...`
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Redis(RedisTarget),
+}
+
+/// A parsed `redis://` / `rediss://` URL: where to connect and the dlock options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct RedisTarget {
+    /// The URL handed to the Redis client: the given URL without dlock's query options.
+    pub url: String,
+    /// The URL with the password redacted, for messages.
+    pub shown: String,
+    /// The password, if any, so messages from the server can be scrubbed of it.
+    pub password: Option<String>,
+    /// Prepended to every key (`prefix`, default `dlock:`).
+    pub prefix: String,
+    /// Wrap the lock name in `{}` so all keys of a name share a cluster slot (`hashtag`, default true).
+    pub hashtag: bool,
+    /// How long connecting may take (`connect_timeout`, default 3 s).
+    pub connect_timeout: std::time::Duration,
+    /// How long one command (or pipeline) may take (`timeout`, default 2 s).
+    pub timeout: std::time::Duration,
+}
+
+/// The default key prefix of the Redis store.
+pub(crate) const REDIS_DEFAULT_PREFIX: &str = "dlock:";
+/// The default connect timeout of the Redis store.
+pub(crate) const REDIS_DEFAULT_CONNECT_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(3);
+/// The default command timeout of the Redis store.
+pub(crate) const REDIS_DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Parses `500ms`, `2s`, `1m` or a bare number of seconds (`5`, `0.5`).
+fn parse_duration_option(key: &str, v: &str) -> Result<std::time::Duration> {
+    let bad = || {
+        Error::InvalidConfig(format!(
+            "option {key}={v:?}: expected a duration such as 500ms, 2s or 5"
+        ))
+    };
+    let d = if let Ok(secs) = v.parse::<f64>() {
+        if !secs.is_finite() || !(0.0..=86_400.0).contains(&secs) {
+            return Err(bad());
+        }
+        std::time::Duration::from_secs_f64(secs)
+    } else {
+        parse_unit_duration(v).ok_or_else(bad)?
+    };
+    if d.is_zero() {
+        return Err(Error::InvalidConfig(format!(
+            "option {key}={v:?}: must be more than zero"
+        )));
+    }
+    Ok(d)
+}
+
+/// `<number><unit>` with unit `ms`, `s` or `m`.
+fn parse_unit_duration(v: &str) -> Option<std::time::Duration> {
+    let split = v.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (num, unit) = v.split_at(split);
+    let num: f64 = num.parse().ok()?;
+    let secs = match unit.trim() {
+        "ms" => num / 1000.0,
+        "s" | "sec" => num,
+        "m" | "min" => num * 60.0,
+        _ => return None,
+    };
+    if !secs.is_finite() || !(0.0..=86_400.0).contains(&secs) {
+        return None;
+    }
+    Some(std::time::Duration::from_secs_f64(secs))
+}
+
+fn parse_redis(raw: &str, u: &Url) -> Result<RedisTarget> {
+    let shown = redact_url(raw);
+    if u.host_str().map_or(true, str::is_empty) {
+        return Err(Error::InvalidConfig(format!(
+            "redis URL {shown} has no host (example: redis://127.0.0.1:6379/0)"
+        )));
+    }
+    let db = u.path().trim_start_matches('/');
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Err(Error::InvalidConfig(format!(
+            "redis URL {shown}: the path must be a database number, got {db:?}"
+        )));
+    }
+    if u.fragment().is_some() {
+        return Err(Error::InvalidConfig(format!(
+            "redis URL {shown} has a fragment; dlock does not use it"
+        )));
+    }
+    let mut prefix = REDIS_DEFAULT_PREFIX.to_string();
+    let mut hashtag = true;
+    let mut connect_timeout = REDIS_DEFAULT_CONNECT_TIMEOUT;
+    let mut timeout = REDIS_DEFAULT_TIMEOUT;
+    for (k, v) in u.query_pairs() {
+        match &*k {
+            "prefix" => {
+                if v.contains('{') || v.contains('}') {
+                    return Err(Error::InvalidConfig(format!(
+                        "option prefix={v:?}: must not contain {{ or }} (the lock name is the hash tag)"
+                    )));
+                }
+                prefix = v.into_owned();
+            }
+            "hashtag" => {
+                hashtag = match &*v {
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    other => {
+                        return Err(Error::InvalidConfig(format!(
+                            "option hashtag={other:?}: expected true or false"
+                        )))
+                    }
+                }
+            }
+            "connect_timeout" => connect_timeout = parse_duration_option(&k, &v)?,
+            "timeout" => timeout = parse_duration_option(&k, &v)?,
+            other => {
+                return Err(Error::InvalidConfig(format!(
+                    "unknown option {other:?} in {} URL (known: prefix, hashtag, connect_timeout, timeout)",
+                    u.scheme()
+                )))
+            }
+        }
+    }
+    let mut plain = u.clone();
+    plain.set_query(None);
+    let password = u
+        .password()
+        .map(|p| percent_decode(p).unwrap_or_else(|| p.to_string()));
+    Ok(RedisTarget {
+        url: plain.to_string(),
+        shown,
+        password,
+        prefix,
+        hashtag,
+        connect_timeout,
+        timeout,
+    })
 }
 
 /// Returns `url` with any password replaced by `***`, for logs, errors and listings.
@@ -78,6 +224,15 @@ pub(crate) fn parse(raw: &str) -> Result<Target> {
         ))
     })?;
     let scheme = u.scheme();
+    if scheme == "redis" || scheme == "rediss" {
+        if !cfg!(feature = "redis") {
+            return Err(Error::InvalidConfig(format!(
+                "this build of dlock has no redis backend (cargo feature \"redis\"; enabled: {})",
+                enabled_backends().join(", ")
+            )));
+        }
+        return Ok(Target::Redis(parse_redis(raw, &u)?));
+    }
     if let Some((k, _)) = u.query_pairs().next() {
         return Err(Error::InvalidConfig(format!(
             "unknown option {k:?} in {} URL",
@@ -331,11 +486,57 @@ mod tests {
             assert!(parse("sqlite:///").is_err());
             assert!(parse("sqlite:///x.db?bogus=1").is_err());
         }
-        for bad in ["", "nope", "foo://x", "redis://:pw@h", "://x", "sqlite"] {
+        for bad in ["", "nope", "foo://x", "redis://:pw@h/x", "://x", "sqlite"] {
             let e = parse(bad).unwrap_err();
             assert!(matches!(e, Error::InvalidConfig(_)), "{bad}: {e}");
             assert!(!e.to_string().contains("pw@"), "{e}");
         }
+    }
+
+    #[test]
+    fn parses_redis() {
+        if !cfg!(feature = "redis") {
+            assert!(matches!(
+                parse("redis://h:1/"),
+                Err(Error::InvalidConfig(_))
+            ));
+            return;
+        }
+        let Target::Redis(t) = parse("redis://u:p%40ss@h:6380/2").unwrap() else {
+            panic!("not redis")
+        };
+        assert_eq!(t.url, "redis://u:p%40ss@h:6380/2");
+        assert_eq!(t.shown, "redis://u:***@h:6380/2");
+        assert_eq!(t.password.as_deref(), Some("p@ss"));
+        assert_eq!(t.prefix, "dlock:");
+        assert!(t.hashtag);
+        assert_eq!(t.timeout, REDIS_DEFAULT_TIMEOUT);
+        let Target::Redis(t) = parse(
+            "rediss://h/?prefix=app%3Alocks%3A&hashtag=false&connect_timeout=250ms&timeout=1.5",
+        )
+        .unwrap() else {
+            panic!("not redis")
+        };
+        assert_eq!(t.url, "rediss://h/");
+        assert_eq!(t.prefix, "app:locks:");
+        assert!(!t.hashtag);
+        assert_eq!(t.connect_timeout, std::time::Duration::from_millis(250));
+        assert_eq!(t.timeout, std::time::Duration::from_millis(1500));
+        for bad in [
+            "redis://h/?bogus=1",
+            "redis://h/?prefix=a%7Bb",
+            "redis://h/?hashtag=maybe",
+            "redis://h/?timeout=0",
+            "redis://h/?timeout=soon",
+            "redis://:pw@h/x",
+            "redis:///0",
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidConfig(_)), "{bad}: {e}");
+            assert!(!e.to_string().contains("pw@"), "{e}");
+        }
+        assert!(enabled_backends().contains(&"rediss"));
+        assert!(!PLANNED.contains(&"redis"));
     }
 
     #[test]

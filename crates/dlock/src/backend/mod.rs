@@ -18,6 +18,8 @@
 
 pub(crate) mod logic;
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(feature = "zookeeper")]

@@ -1,0 +1,2 @@
+-- A trivial script, for timing one EVALSHA round trip.
+return 1

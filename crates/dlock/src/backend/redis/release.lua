@@ -1,0 +1,31 @@
+-- release: compare-and-delete on the owner token.
+-- KEYS: 1 base, 2 exp, 3 meta; ARGV: 1 owner, 2 channel. Returns 1 released, 0 not held.
+local base, exp, meta, owner = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
+local now = now_ms()
+local t = redis.call('TYPE', base)['ok']
+local released = 0
+if t == 'string' then
+  if redis.call('GET', base) == owner then
+    redis.call('DEL', base)
+    released = 1
+  end
+elseif t == 'hash' then
+  local s = redis.call('ZSCORE', exp, owner)
+  if s then
+    if tonumber(s) > now and redis.call('HEXISTS', base, 'h:' .. owner) == 1 then
+      released = 1
+    end
+    redis.call('HDEL', base, 'h:' .. owner)
+    redis.call('ZREM', exp, owner)
+    if redis.call('ZCARD', exp) == 0 then
+      redis.call('DEL', base, exp)
+    else
+      expire_with_latest(base, exp, now)
+    end
+  end
+end
+if released == 1 then
+  redis.call('DEL', meta)
+  redis.call('PUBLISH', ARGV[2], 'released')
+end
+return released
