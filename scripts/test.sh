@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite of dlock, from a fresh machine: installs what is missing, starts every
-# server the suite needs on loopback ports (Redis, PostgreSQL, MariaDB; mem:// and sqlite:// need
-# none), runs formatting
+# server the suite needs on loopback ports (Redis, PostgreSQL, MariaDB, a ZooKeeper ensemble;
+# mem:// and sqlite:// need none), runs formatting
 # and lint checks, every test (unit, conformance, CLI, fault, doctests), and stops what it started.
 #
 #   scripts/test.sh            # everything
@@ -31,6 +31,7 @@ cleanup() {
   for pid in "${STARTED_PIDS[@]:-}"; do
     [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
   done
+  [ -n "${ZK_DIR:-}" ] && scripts/zk-ensemble.sh stop "$ZK_DIR" >/dev/null 2>&1 || true
   [ -n "${SCRATCH:-}" ] && rm -rf "$SCRATCH"
 }
 trap cleanup EXIT
@@ -93,6 +94,21 @@ if [ -z "${DLOCK_TEST_MYSQL_URL:-}" ]; then
   my_up || { log "MariaDB is not reachable on 127.0.0.1:3306 as root"; exit 1; }
   mariadb -h 127.0.0.1 -u root -e 'CREATE DATABASE IF NOT EXISTS test'
   export DLOCK_TEST_MYSQL_URL="mysql://root@127.0.0.1:3306/test"
+fi
+
+# ZooKeeper: a three-server ensemble on free loopback ports (installs the Debian package when
+# missing), with a 2 s session timeout so a dead holder is taken over as fast as a 2 s lease.
+# Curator (Java) is the other ecosystem's client of the interop test.
+if [ -z "${DLOCK_TEST_ZK_URL:-}" ]; then
+  ZK_DIR="$SCRATCH/zk"
+  ZK_HOSTS=$(scripts/zk-ensemble.sh start "$ZK_DIR")
+  export DLOCK_TEST_ZK_URL="zk://$ZK_HOSTS/dlock-test?session_timeout=2s"
+fi
+log "zookeeper for tests: $DLOCK_TEST_ZK_URL"
+if ! ls /usr/share/java/curator-recipes*.jar >/dev/null 2>&1; then
+  log "installing Curator (Debian packages)"
+  apt_get="apt-get"; [ "$(id -u)" = 0 ] || apt_get="sudo apt-get"
+  $apt_get update -qq && DEBIAN_FRONTEND=noninteractive $apt_get install -y -qq libcurator-recipes-java libcurator-framework-java >/dev/null
 fi
 
 python3 -c 'import redis' 2>/dev/null || { log "installing redis-py (PyPI)"; python3 -m pip install --quiet 'redis>=5,<6'; }

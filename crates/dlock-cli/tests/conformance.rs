@@ -129,5 +129,22 @@ conformance!(
     }
 );
 
-// Server-backed stores add themselves here, e.g.:
-// conformance!(redis, |_| env_url("DLOCK_TEST_REDIS_URL"), Caps { cross_process: true });
+// Redis: the server `scripts/test.sh` starts (its URL in DLOCK_TEST_REDIS_URL); every scenario
+// uses lock names under `conf/<unique id>/`, so tests share the server without meeting.
+// ZooKeeper: the three-server ensemble `scripts/test.sh` starts (DLOCK_TEST_ZK_URL, with a 2 s
+// session timeout: a dead holder is taken over after the session timeout, not the lease).
+conformance!(
+    zookeeper,
+    |_| env_url("DLOCK_TEST_ZK_URL"),
+    Caps {
+        cross_process: true
+    }
+);
+
+conformance!(
+    redis,
+    |_| env_url("DLOCK_TEST_REDIS_URL"),
+    Caps {
+        cross_process: true
+    }
+);

@@ -1,0 +1,352 @@
+//! Redis under faults, and next to a client from another ecosystem. Each test that breaks a server
+//! starts its own `redis-server` on a free loopback port (stopped by pid when the test ends); the
+//! interop test uses the suite's server (`DLOCK_TEST_REDIS_URL`, started by `scripts/test.sh`).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A private redis-server on a free loopback port.
+struct Server {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let mut s = Server {
+            child: None,
+            port: free_port(),
+            dir: tempfile::tempdir().unwrap(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--dir", self.dir.path().to_str().unwrap()])
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (scripts/test.sh installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL (a crash: nothing flushed that was not already).
+    fn crash(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn restart(&mut self) {
+        self.crash();
+        self.spawn();
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    #[allow(dead_code)]
+    fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.crash();
+    }
+}
+
+fn unique(what: &str) -> String {
+    format!("faults/{what}/{}", uuid::Uuid::new_v4())
+}
+
+fn lease() -> Duration {
+    Duration::from_millis(1500)
+}
+
+async fn client(url: &str) -> dlock::Client {
+    dlock::connect_with(url, dlock::ClientOptions::default().lease(lease()))
+        .await
+        .unwrap()
+}
+
+/// Without persistence a restart loses the lock **and** the fencing counter: the holder's `lost()`
+/// fires (renewal finds the key gone), another client is granted the lock, and its token is not
+/// greater than the old holder's — the documented limit of a non-persistent Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_fires_lost_and_shows_the_token_going_back() {
+    let mut server = Server::start(&["--save", "", "--appendonly", "no"]);
+    let url = server.url();
+    let name = unique("nopersist");
+    let a = client(&url).await;
+    let mut last = 0;
+    for _ in 0..3 {
+        let g = a.mutex(name.as_str()).unwrap().acquire().await.unwrap();
+        last = g.token().unwrap();
+        g.release().await.unwrap();
+    }
+    let g = a.mutex(name.as_str()).unwrap().acquire().await.unwrap();
+    let held_token = g.token().unwrap();
+    assert!(held_token > last);
+    server.restart();
+    let lost = tokio::time::timeout(lease() * 2, g.lost()).await;
+    assert!(
+        lost.is_ok(),
+        "lost() did not fire after the server lost the key"
+    );
+    assert!(!g.is_held());
+    let b = client(&url).await;
+    let g2 = tokio::time::timeout(
+        Duration::from_secs(5),
+        b.mutex(name.as_str()).unwrap().acquire(),
+    )
+    .await
+    .expect("the lock is free after the restart")
+    .unwrap();
+    let t2 = g2.token().unwrap();
+    eprintln!("token before restart {held_token}, after restart {t2}");
+    assert!(
+        t2 <= held_token,
+        "without persistence the fence restarts: expected a token ≤ {held_token}, got {t2}"
+    );
+}
+
+/// With AOF and `appendfsync always` the lock and the fence survive a crash of the server: the
+/// hold is renewed again once the server is back (its token still matches), and the next grant's
+/// token is greater than every earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_with_aof_always_keeps_the_lock_and_the_fence() {
+    let mut server = Server::start(&[
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+    ]);
+    let url = server.url();
+    let name = unique("aof");
+    let a = client(&url).await;
+    let g = a.mutex(name.as_str()).unwrap().acquire().await.unwrap();
+    let t1 = g.token().unwrap();
+    server.restart();
+    // Longer than the lease: the hold lives only if renewals reach the restarted server.
+    tokio::time::sleep(lease() * 2).await;
+    assert!(
+        g.is_held(),
+        "the hold did not survive the restart with AOF always"
+    );
+    let b = client(&url).await;
+    assert!(b.mutex(name.as_str()).unwrap().try_acquire().await.is_err());
+    g.release().await.unwrap();
+    let g2 = b.mutex(name.as_str()).unwrap().acquire().await.unwrap();
+    assert!(g2.token().unwrap() > t1, "the fence went back despite AOF");
+}
+
+/// A server that is down at connect time is reported as unavailable, quickly, without a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_down_at_start_is_unavailable_quickly() {
+    let port = free_port(); // nothing listens there
+    let started = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(15),
+        dlock::connect(&format!("redis://127.0.0.1:{port}/")),
+    )
+    .await
+    .expect("connect to a closed port must not hang");
+    let e = r.expect_err("connecting to a closed port must fail");
+    assert!(matches!(e, dlock::Error::Unavailable(_)), "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A wrong password gives a clear error that never contains the password, from the library
+/// (`InvalidConfig`: retrying will not help) and from the CLI (exit 64, one line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_is_clear_and_never_printed() {
+    let server = Server::start(&["--save", "", "--requirepass", "right-secret-123"]);
+    let bad = format!("redis://:wrong-secret-456@127.0.0.1:{}/", server.port);
+    let e = match dlock::connect(&bad).await {
+        Ok(c) => c.mutex("x").unwrap().try_acquire().await.err().unwrap(),
+        Err(e) => e,
+    };
+    let msg = e.to_string();
+    assert!(matches!(e, dlock::Error::InvalidConfig(_)), "{e:?}");
+    assert!(!msg.contains("wrong-secret-456"), "{msg}");
+    assert!(
+        msg.to_lowercase().contains("auth") || msg.contains("password"),
+        "{msg}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["list", "--url", &bad])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(!stderr.contains("wrong-secret-456"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+
+    let good = format!("redis://:right-secret-123@127.0.0.1:{}/", server.port);
+    let c = dlock::connect(&good).await.unwrap();
+    let g = c.mutex(unique("auth")).unwrap().acquire().await.unwrap();
+    assert!(g.token().is_some());
+}
+
+fn python_script(dir: &Path) -> PathBuf {
+    let p = dir.join("interop.py");
+    std::fs::write(
+        &p,
+        r#"
+import sys, time, redis
+url, key, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+r = redis.Redis.from_url(url)
+lock = r.lock(key, timeout=10)
+if mode == "hold":
+    assert lock.acquire(blocking=True, blocking_timeout=10), "redis-py could not acquire"
+    print("held", flush=True)
+    sys.stdin.readline()          # hold until told
+    lock.release()
+    print("released", flush=True)
+elif mode == "try":
+    print("acquired" if lock.acquire(blocking=False) else "busy", flush=True)
+"#,
+    )
+    .unwrap();
+    p
+}
+
+/// A redis-py `Lock` (SET NX PX with a token, Lua release) on the key of a dlock Mutex and the dlock
+/// Mutex exclude each other, both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_lock_and_dlock_mutex_exclude_each_other() {
+    use std::io::{BufRead, BufReader, Write};
+    let url =
+        std::env::var("DLOCK_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let dir = tempfile::tempdir().unwrap();
+    let script = python_script(dir.path());
+    let name = unique("interop");
+    let key = format!("dlock:{{{name}}}");
+    let c = dlock::connect(&url).await.unwrap();
+
+    // redis-py holds → dlock is busy; redis-py releases → dlock gets it.
+    let mut py = Command::new("python3")
+        .arg(&script)
+        .args([&url, &key, "hold"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 with redis-py (scripts/test.sh installs it)");
+    let mut out = BufReader::new(py.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "held");
+    let m = c.mutex(name.as_str()).unwrap();
+    assert!(m.try_acquire().await.unwrap_err().is_not_granted());
+    let waiter = tokio::spawn({
+        let m = c.mutex(name.as_str()).unwrap();
+        async move { m.acquire_timeout(Duration::from_secs(10)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    py.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "released");
+    let g = waiter
+        .await
+        .unwrap()
+        .expect("dlock gets the lock after redis-py released it");
+    py.wait().unwrap();
+
+    // dlock holds → redis-py is refused.
+    let o = Command::new("python3")
+        .arg(&script)
+        .args([&url, &key, "try"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "busy");
+    g.release().await.unwrap();
+    let o = Command::new("python3")
+        .arg(&script)
+        .args([&url, &key, "try"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "acquired");
+}
+
+/// `dlock run` and `dlock list` work against Redis: a running hold is listed with its token, pid
+/// and lease, found by a key-space scan under the prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlock_run_and_list_work_on_redis() {
+    let url =
+        std::env::var("DLOCK_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let name = unique("cli");
+    let mut run = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args([
+            "run", "--url", &url, "--ttl", "5s", &name, "--", "sleep", "30",
+        ])
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let listed = loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .args(["list", "--url", &url, "--json", &name])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if v.as_array().is_some_and(|a| !a.is_empty()) {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the hold never showed up in dlock list"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // SIGTERM: dlock forwards it to `sleep`, releases the lock and exits (nothing left behind).
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = run.wait();
+    let lock = &listed[0];
+    assert_eq!(lock["name"], name.as_str());
+    let holder = &lock["holders"][0];
+    assert_eq!(holder["pid"], run.id());
+    assert!(holder["token"].as_u64().is_some_and(|t| t >= 1), "{holder}");
+    let left = holder["lease_left_ms"].as_u64().unwrap();
+    assert!(left > 0 && left <= 5000, "{holder}");
+}
