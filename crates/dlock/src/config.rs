@@ -374,16 +374,18 @@ fn parse_zk(rest: &str) -> Result<Target> {
     let mut session_timeout = std::time::Duration::from_secs(10);
     for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
         match &*k {
-            "session_timeout" => session_timeout = parse_duration(&v)
-                .filter(|d| {
-                    *d >= std::time::Duration::from_millis(100)
-                        && *d <= std::time::Duration::from_secs(600)
-                })
-                .ok_or_else(|| {
-                    bad(format!(
+            "session_timeout" => {
+                session_timeout = parse_duration(&v)
+                    .filter(|d| {
+                        *d >= std::time::Duration::from_millis(100)
+                            && *d <= std::time::Duration::from_secs(600)
+                    })
+                    .ok_or_else(|| {
+                        bad(format!(
                         "session_timeout={v:?}: write a duration between 100ms and 10m, e.g. 10s"
                     ))
-                })?,
+                    })?
+            }
             k => {
                 return Err(Error::InvalidConfig(format!(
                     "unknown option {k:?} in zk URL"
