@@ -74,6 +74,8 @@ pub(crate) fn margin(valid_for: Duration) -> Duration {
 /// |---|---|
 /// | `mem://` or `mem://NAME` | in-process; all clients of one process with the same NAME share it |
 /// | `sqlite:///abs/path.db`, `sqlite:rel/path.db` | embedded SQLite file, shared by every process of the machine |
+/// | `postgres://user@host/db[?table=…&mode=session]` | PostgreSQL (feature `postgres`), see [`crate::backend::sql`] |
+/// | `mysql://user@host/db[?table=…&mode=session]`, `mariadb://…` | MySQL/MariaDB (feature `mysql`), see [`crate::backend::sql`] |
 /// | `zk://host:2181,host2:2181/chroot[?session_timeout=10s]` | a ZooKeeper ensemble (feature `zookeeper`) |
 ///
 /// Must be called inside a tokio runtime (the client runs a renewal task on it).
@@ -116,6 +118,10 @@ pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client> {
             return Err(Error::InvalidConfig(
                 "this build of dlock has no zookeeper backend".into(),
             ))
+        }
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
+        crate::config::Target::Sql(cfg) => {
+            Arc::new(crate::backend::sql::SqlBackend::open_config(cfg).await?)
         }
         #[cfg(feature = "redis")]
         crate::config::Target::Redis(target) => {

@@ -17,6 +17,14 @@ pub fn enabled_backends() -> Vec<&'static str> {
         v.push("redis");
         v.push("rediss");
     }
+    if cfg!(feature = "postgres") {
+        v.push("postgres");
+        v.push("postgresql");
+    }
+    if cfg!(feature = "mysql") {
+        v.push("mysql");
+        v.push("mariadb");
+    }
     v
 }
 
@@ -49,6 +57,9 @@ pub(crate) enum Target {
     /// `redis://[user:pass@]host:port[/db]` or `rediss://...`
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Redis(RedisTarget),
+    /// `postgres://…`, `postgresql://…`, `mysql://…`, `mariadb://…` (options checked)
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    Sql(crate::backend::sql::SqlConfig),
 }
 
 /// A parsed `redis://` / `rediss://` URL: where to connect and the dlock options.
@@ -188,6 +199,19 @@ fn parse_redis(raw: &str, u: &Url) -> Result<RedisTarget> {
     })
 }
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn parse_sql(raw: &str) -> Result<Target> {
+    Ok(Target::Sql(crate::backend::sql::SqlConfig::parse(raw)?))
+}
+
+#[cfg(not(any(feature = "postgres", feature = "mysql")))]
+fn parse_sql(raw: &str) -> Result<Target> {
+    Err(Error::InvalidConfig(format!(
+        "this build of dlock has no SQL backend for {}",
+        redact_url(raw)
+    )))
+}
+
 /// Returns `url` with any password replaced by `***`, for logs, errors and listings.
 ///
 /// ```
@@ -232,6 +256,20 @@ pub(crate) fn parse(raw: &str) -> Result<Target> {
             )));
         }
         return Ok(Target::Redis(parse_redis(raw, &u)?));
+    }
+    let sql_feature = match scheme {
+        "postgres" | "postgresql" => Some(("postgres", cfg!(feature = "postgres"))),
+        "mysql" | "mariadb" => Some(("mysql", cfg!(feature = "mysql"))),
+        _ => None,
+    };
+    if let Some((feature, enabled)) = sql_feature {
+        if !enabled {
+            return Err(Error::InvalidConfig(format!(
+                "this build of dlock has no {feature} backend (cargo feature \"{feature}\"; enabled: {})",
+                enabled_backends().join(", ")
+            )));
+        }
+        return parse_sql(raw);
     }
     if let Some((k, _)) = u.query_pairs().next() {
         return Err(Error::InvalidConfig(format!(

@@ -1,0 +1,1861 @@
+//! The networked SQL stores: PostgreSQL (`postgres://`, `postgresql://`) and MySQL/MariaDB
+//! (`mysql://`, `mariadb://`). One backend, [`SqlBackend`], with a [`Dialect`] for the few places
+//! where the SQL differs; the grant rule is the shared `logic::decide`, exactly as in the SQLite
+//! store, whose table layout this one follows.
+//!
+//! # URL options
+//!
+//! | option | values | default |
+//! |---|---|---|
+//! | `table` | `[A-Za-z_][A-Za-z0-9_]{0,40}` (never quoted: anything else is refused) | `dlock_locks` |
+//! | `mode` | `lease` (rows renewed by the client) or `session` (server session locks, see below) | `lease` |
+//! | PostgreSQL only | `sslmode`, `sslrootcert`, `sslcert`, `sslkey`, `application_name` (passed to the driver) | |
+//! | MySQL only | `ssl-mode`, `ssl-ca`, `ssl-cert`, `ssl-key` (passed to the driver) | |
+//!
+//! Any other option is [`Error::InvalidConfig`].
+//!
+//! # Tables (lease mode)
+//!
+//! Created on first use by an idempotent migration (`CREATE TABLE IF NOT EXISTS`, serialized
+//! between clients by a server lock), recorded as `schema_version` in `<table>_meta`:
+//!
+//! | table | columns |
+//! |---|---|
+//! | `<table>` | `name`, `owner` (unique together), `kind`, `permits`, `mode`, `fence`, `expires_at_ms`, `acquired_at_ms`, `client_id`, `host`, `pid` |
+//! | `<table>_queue` | `seq` (auto-increment: arrival order), `name`, `owner`, `mode`, `expires_at_ms`, `client_id`, `host`, `pid` |
+//! | `<table>_fences` | `name` primary key, `fence`: the last fencing token per name; **rows are never deleted** |
+//! | `<table>_meta` | `meta_key` primary key, `meta_value` |
+//!
+//! MySQL stores names and owners as `VARCHAR(255) CHARACTER SET utf8mb4` with a binary **no-pad**
+//! collation (`utf8mb4_nopad_bin` on MariaDB, `utf8mb4_0900_bin` on MySQL 8), so names that
+//! differ by case or by trailing spaces are different locks (the plain `utf8mb4_bin` pads). Names
+//! and owner tokens are always bound parameters.
+//!
+//! # Transactions and clock
+//!
+//! `acquire` is one transaction: make sure the name's fence row exists (`INSERT … ON CONFLICT DO
+//! NOTHING` / `INSERT … ON DUPLICATE KEY UPDATE fence = fence`), lock it (`SELECT … FOR UPDATE`),
+//! which serializes every grant of that name across all clients, read the **database clock**
+//! (`clock_timestamp()` on PostgreSQL — not `now()`, the transaction's start, which lies before
+//! the lock wait — and `NOW(6)` on MySQL), drop expired rows of the name, load live holds and
+//! queue, `decide`, apply, commit. MySQL sessions run at `READ COMMITTED`. Deadlocks and
+//! serialization failures are retried. `release` is one `DELETE` comparing the owner token;
+//! `extend` of many holds is one transaction. Expiries are milliseconds on the database clock,
+//! so client clocks do not matter; only the database's clock stepping changes lease lengths.
+//!
+//! # Wake-ups
+//!
+//! PostgreSQL: every release, cancel and force-release sends `NOTIFY` on the channel named like
+//! the table with the lock name as payload. Each backend keeps one listener connection
+//! (`PgListener`) that wakes the waiters of that name; a waiter subscribes before it re-reads
+//! the lock, so a release is never missed. While the listener is down (it reconnects with
+//! backoff) waiters poll as on MySQL. MySQL/MariaDB have no notification: waiters poll with a
+//! jittered interval from [`POLL_MIN`] to [`POLL_MAX`], bounded by the blocking holder's remaining
+//! lease. On both, waiters in the **same process** (any backend on the same URL and table) are
+//! woken at once by an in-process signal.
+//!
+//! # Session mode (`?mode=session`)
+//!
+//! Each hold is a server session lock on a **dedicated connection** opened for that hold:
+//! PostgreSQL `pg_try_advisory_lock(key)` where `key` is the FNV-1a 64-bit hash of the UTF-8
+//! bytes of `<table>`, a NUL byte and the lock name (see [`advisory_key`]); MySQL
+//! `GET_LOCK(str, 0)` where `str` is `<table>:<name>` when that is at most 64 characters, else
+//! `<table>#` followed by the 16 hex digits of the same hash (see [`mysql_lock_name`]). A hash
+//! collision makes two names exclude each other; it never lets two holders in. The server frees
+//! the lock when the connection ends (client crash, `pg_terminate_backend`, `KILL`), so a dead
+//! holder never blocks others for a lease. `extend` checks, on the dedicated connection, that it
+//! is alive, is still the same server session (`pg_backend_pid()` / `CONNECTION_ID()` unchanged)
+//! and still holds the lock (`pg_locks` / `IS_USED_LOCK(str) = CONNECTION_ID()`); otherwise the
+//! hold is `Gone` and `lost()` fires. To the core the hold is still a lease: a hold that is not
+//! extended within its lease is released by the backend (so `expire_in` works). The fencing
+//! token is the name's row in `<table>_fences`, bumped on the dedicated connection at grant time.
+//! Only [`LockKind::Mutex`] is supported in session mode, without fair queueing (a try-lock
+//! cannot queue): RwLock, Semaphore and `fair` answer [`Error::Unsupported`]. Session and lease
+//! holds of one name do not exclude each other: use one mode per table.
+//!
+//! **Transaction-pooling proxies break session mode**: behind pgbouncer in transaction (or
+//! statement) mode, consecutive statements of one client connection run on different server
+//! sessions, so the advisory lock is taken by a server session the client no longer talks to
+//! (and that the proxy hands to other clients), and the unlock runs elsewhere. The backend
+//! records the server session id at grant and `extend` declares the hold `Gone` when it changes.
+//! Use session pooling, or lease mode, behind such a proxy.
+//!
+//! # Timeouts
+//!
+//! At most [`MAX_CONNECTIONS`] pooled connections per backend; connecting and every operation are
+//! bounded by [`OP_TIMEOUT`] on the client, and statements by a server-side timeout, so a dead
+//! database is [`Error::Unavailable`] within seconds, never a hang.
+
+pub mod config;
+
+use super::logic::{decide, Decision, LiveHold, LiveWaiter};
+use super::*;
+use crate::error::Error;
+use crate::signal::NameSignals;
+pub use config::{HoldMode, SqlConfig};
+use rand::Rng;
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyConnection, AnyPool};
+use sqlx::{ConnectOptions, Connection, Executor, Row};
+use std::collections::HashMap;
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
+
+/// The shortest poll interval of a waiter without notification.
+pub const POLL_MIN: Duration = Duration::from_millis(10);
+/// The longest poll interval of a waiter without notification.
+pub const POLL_MAX: Duration = Duration::from_millis(100);
+/// Pooled connections per backend.
+pub const MAX_CONNECTIONS: u32 = 5;
+/// The longest any single operation (including connecting) may take before it is
+/// [`Error::Unavailable`].
+pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The server-side statement and lock-wait timeout.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The schema version this build writes and understands.
+const SCHEMA_VERSION: i64 = 1;
+/// See the SQLite store: a fair waiter's place is rewritten only once it is this old.
+const QUEUE_REFRESH_AFTER: Duration = Duration::from_secs(1);
+/// How often a deadlocked or serialization-failed transaction is tried.
+const TX_TRIES: u32 = 4;
+
+/// The SQL flavour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL or MariaDB (InnoDB).
+    MySql,
+}
+
+impl Dialect {
+    /// `postgres` or `mysql`: the backend's short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "postgres",
+            Dialect::MySql => "mysql",
+        }
+    }
+
+    /// The database clock in milliseconds since the Unix epoch, as a BIGINT expression.
+    fn now_ms(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "floor(extract(epoch from clock_timestamp()) * 1000)::bigint",
+            Dialect::MySql => "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)",
+        }
+    }
+
+    /// Rewrites `?` placeholders to the dialect's (`$1, $2, …` on PostgreSQL).
+    fn sql(self, s: &str) -> String {
+        match self {
+            Dialect::MySql => s.to_string(),
+            Dialect::Postgres => {
+                let mut out = String::with_capacity(s.len() + 8);
+                let mut n = 0;
+                for c in s.chars() {
+                    if c == '?' {
+                        n += 1;
+                        out.push('$');
+                        out.push_str(&n.to_string());
+                    } else {
+                        out.push(c);
+                    }
+                }
+                out
+            }
+        }
+    }
+}
+
+/// FNV-1a, 64 bits, over `table`, a NUL byte and `name`: the session-mode key. Offset basis
+/// `0xcbf29ce484222325`, prime `0x100000001b3`.
+pub fn fnv1a64(table: &str, name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in table.bytes().chain([0u8]).chain(name.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The PostgreSQL advisory-lock key of `name` in session mode: [`fnv1a64`] as a signed 64-bit
+/// integer (two's complement).
+pub fn advisory_key(table: &str, name: &str) -> i64 {
+    i64::from_ne_bytes(fnv1a64(table, name).to_ne_bytes())
+}
+
+/// The MySQL `GET_LOCK` string of `name` in session mode: `<table>:<name>` when that is at most
+/// 64 characters (the server's limit), else `<table>#<16 hex digits of fnv1a64>`.
+pub fn mysql_lock_name(table: &str, name: &str) -> String {
+    let direct = format!("{table}:{name}");
+    if direct.chars().count() <= 64 {
+        direct
+    } else {
+        format!("{table}#{:016x}", fnv1a64(table, name))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared row helpers (the same columns as the SQLite store).
+
+fn kind_columns(kind: LockKind) -> (&'static str, i64) {
+    match kind {
+        LockKind::Mutex => ("mutex", 0),
+        LockKind::RwLock => ("rwlock", 0),
+        LockKind::Semaphore { permits } => ("semaphore", i64::from(permits)),
+    }
+}
+
+fn corrupt(what: &str, value: &dyn std::fmt::Debug) -> Error {
+    Error::backend(format!("unexpected {what} {value:?} in the dlock tables"))
+}
+
+fn parse_kind(kind: &str, permits: i64) -> Result<LockKind> {
+    match kind {
+        "mutex" => Ok(LockKind::Mutex),
+        "rwlock" => Ok(LockKind::RwLock),
+        "semaphore" => u32::try_from(permits)
+            .ok()
+            .filter(|p| *p > 0)
+            .map(|permits| LockKind::Semaphore { permits })
+            .ok_or_else(|| corrupt("permits", &permits)),
+        other => Err(corrupt("lock kind", &other)),
+    }
+}
+
+fn parse_mode(mode: &str) -> Result<Mode> {
+    match mode {
+        "exclusive" => Ok(Mode::Exclusive),
+        "shared" => Ok(Mode::Shared),
+        other => Err(corrupt("mode", &other)),
+    }
+}
+
+fn parse_token(fence: i64) -> Result<u64> {
+    u64::try_from(fence).map_err(|_| corrupt("fencing token", &fence))
+}
+
+fn parse_pid(pid: i64) -> Result<u32> {
+    u32::try_from(pid).map_err(|_| corrupt("pid", &pid))
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+fn expiry(now: i64, d: Duration) -> i64 {
+    now.saturating_add(ms(d))
+}
+
+fn left(expires_at_ms: i64, now: i64) -> Duration {
+    Duration::from_millis(u64::try_from(expires_at_ms.saturating_sub(now)).unwrap_or(0))
+}
+
+/// The jittered poll interval of the `step`-th poll of one wait: uniform in `[b/2, b]`, `b`
+/// doubling from `2 * POLL_MIN` up to `POLL_MAX`.
+fn poll_interval(step: u32) -> Duration {
+    let base = POLL_MIN
+        .saturating_mul(2u32.saturating_pow(step.saturating_add(1)))
+        .min(POLL_MAX);
+    let hi = u64::try_from(base.as_micros()).unwrap_or(u64::MAX);
+    let lo = (hi / 2).max(u64::try_from(POLL_MIN.as_micros()).unwrap_or(0));
+    let us = if lo < hi {
+        rand::thread_rng().gen_range(lo..=hi)
+    } else {
+        hi
+    };
+    Duration::from_micros(us)
+}
+
+struct HoldRow {
+    owner: String,
+    kind: LockKind,
+    mode: Mode,
+    token: u64,
+    expires_at_ms: i64,
+}
+
+struct WaiterRow {
+    owner: String,
+    mode: Mode,
+    expires_at_ms: i64,
+}
+
+struct NameState {
+    holds: Vec<HoldRow>,
+    queue: Vec<WaiterRow>,
+}
+
+impl NameState {
+    fn decide(&self, req: &Request<'_>, fence: u64, now: i64) -> Result<Decision> {
+        let holds: Vec<LiveHold<'_>> = self
+            .holds
+            .iter()
+            .map(|h| LiveHold {
+                owner: &h.owner,
+                kind: h.kind,
+                mode: h.mode,
+                token: Some(h.token),
+                expires_in: left(h.expires_at_ms, now),
+            })
+            .collect();
+        let queue: Vec<LiveWaiter<'_>> = self
+            .queue
+            .iter()
+            .map(|w| LiveWaiter {
+                owner: &w.owner,
+                mode: w.mode,
+            })
+            .collect();
+        decide(req, &holds, &queue, fence)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statements
+
+/// Every statement, built once per backend with the table names and placeholders filled in.
+#[derive(Debug)]
+struct Stmts {
+    now: String,
+    ensure_fence: String,
+    lock_fence: String,
+    set_fence: String,
+    bump_fence: String,
+    read_fence: String,
+    del_expired_holds: String,
+    del_expired_queue: String,
+    load_holds: String,
+    load_queue: String,
+    regrant: String,
+    del_queue_owner: String,
+    del_hold_owner: String,
+    insert_hold: String,
+    refresh_queue: String,
+    insert_queue: String,
+    release: String,
+    extend: String,
+    describe_holds: String,
+    describe_queue: String,
+    force_live: String,
+    del_name_holds: String,
+    del_name_queue: String,
+}
+
+impl Stmts {
+    fn new(d: Dialect, t: &str) -> Stmts {
+        let now = d.now_ms();
+        let len = match d {
+            Dialect::Postgres => "length",
+            Dialect::MySql => "CHAR_LENGTH",
+        };
+        let s = |x: String| d.sql(&x);
+        Stmts {
+            now: format!("SELECT {now}"),
+            ensure_fence: s(match d {
+                Dialect::Postgres => format!(
+                    "INSERT INTO {t}_fences (name, fence) VALUES (?, 0) ON CONFLICT (name) DO NOTHING"
+                ),
+                Dialect::MySql => format!(
+                    "INSERT INTO {t}_fences (name, fence) VALUES (?, 0) \
+                     ON DUPLICATE KEY UPDATE fence = fence"
+                ),
+            }),
+            lock_fence: s(format!(
+                "SELECT fence FROM {t}_fences WHERE name = ? FOR UPDATE"
+            )),
+            set_fence: s(format!("UPDATE {t}_fences SET fence = ? WHERE name = ?")),
+            bump_fence: s(match d {
+                Dialect::Postgres => format!(
+                    "INSERT INTO {t}_fences (name, fence) VALUES (?, 1) \
+                     ON CONFLICT (name) DO UPDATE SET fence = {t}_fences.fence + 1"
+                ),
+                Dialect::MySql => format!(
+                    "INSERT INTO {t}_fences (name, fence) VALUES (?, 1) \
+                     ON DUPLICATE KEY UPDATE fence = fence + 1"
+                ),
+            }),
+            read_fence: s(format!("SELECT fence FROM {t}_fences WHERE name = ?")),
+            del_expired_holds: s(format!(
+                "DELETE FROM {t} WHERE name = ? AND expires_at_ms <= ?"
+            )),
+            del_expired_queue: s(format!(
+                "DELETE FROM {t}_queue WHERE name = ? AND expires_at_ms <= ?"
+            )),
+            load_holds: s(format!(
+                "SELECT owner, kind, permits, mode, fence, expires_at_ms FROM {t}
+                 WHERE name = ? AND expires_at_ms > ? ORDER BY fence"
+            )),
+            load_queue: s(format!(
+                "SELECT owner, mode, expires_at_ms FROM {t}_queue
+                 WHERE name = ? AND expires_at_ms > ? ORDER BY seq"
+            )),
+            regrant: s(format!(
+                "UPDATE {t} SET expires_at_ms = ? WHERE owner = ? AND name = ?"
+            )),
+            del_queue_owner: s(format!(
+                "DELETE FROM {t}_queue WHERE name = ? AND owner = ?"
+            )),
+            del_hold_owner: s(format!("DELETE FROM {t} WHERE name = ? AND owner = ?")),
+            insert_hold: s(format!(
+                "INSERT INTO {t} (name, owner, kind, permits, mode, fence, expires_at_ms,
+                     acquired_at_ms, client_id, host, pid)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            )),
+            refresh_queue: s(format!(
+                "UPDATE {t}_queue SET expires_at_ms = ? WHERE name = ? AND owner = ?"
+            )),
+            insert_queue: s(format!(
+                "INSERT INTO {t}_queue (name, owner, mode, expires_at_ms, client_id, host, pid)
+                 VALUES (?, ?, ?, ?, ?, ?, ?)"
+            )),
+            release: s(format!(
+                "DELETE FROM {t} WHERE name = ? AND owner = ? AND expires_at_ms > {now}"
+            )),
+            extend: s(format!(
+                "UPDATE {t} SET expires_at_ms = ?
+                 WHERE owner = ? AND name = ? AND expires_at_ms > ?"
+            )),
+            describe_holds: s(format!(
+                "SELECT name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
+                        client_id, host, pid
+                 FROM {t}
+                 WHERE expires_at_ms > ? AND substr(name, 1, {len}(?)) = ?
+                 ORDER BY name, fence"
+            )),
+            describe_queue: s(format!(
+                "SELECT name, owner, mode, client_id, host, pid FROM {t}_queue
+                 WHERE expires_at_ms > ? AND substr(name, 1, {len}(?)) = ?
+                 ORDER BY name, seq"
+            )),
+            force_live: s(format!(
+                "DELETE FROM {t} WHERE name = ? AND expires_at_ms > ?"
+            )),
+            del_name_holds: s(format!("DELETE FROM {t} WHERE name = ?")),
+            del_name_queue: s(format!("DELETE FROM {t}_queue WHERE name = ?")),
+        }
+    }
+}
+
+/// The schema, version 1.
+fn migration(d: Dialect, t: &str, collation: &str) -> Vec<String> {
+    match d {
+        Dialect::Postgres => vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_meta (
+                    meta_key TEXT NOT NULL PRIMARY KEY,
+                    meta_value BIGINT NOT NULL)"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    name TEXT NOT NULL,
+                    owner TEXT NOT NULL,
+                    kind TEXT NOT NULL,
+                    permits BIGINT NOT NULL,
+                    mode TEXT NOT NULL,
+                    fence BIGINT NOT NULL,
+                    expires_at_ms BIGINT NOT NULL,
+                    acquired_at_ms BIGINT NOT NULL,
+                    client_id TEXT NOT NULL,
+                    host TEXT NOT NULL,
+                    pid BIGINT NOT NULL,
+                    CONSTRAINT {t}_name_owner UNIQUE (name, owner))"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_queue (
+                    seq BIGSERIAL PRIMARY KEY,
+                    name TEXT NOT NULL,
+                    owner TEXT NOT NULL,
+                    mode TEXT NOT NULL,
+                    expires_at_ms BIGINT NOT NULL,
+                    client_id TEXT NOT NULL,
+                    host TEXT NOT NULL,
+                    pid BIGINT NOT NULL,
+                    CONSTRAINT {t}_queue_name_owner UNIQUE (name, owner))"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_fences (
+                    name TEXT NOT NULL PRIMARY KEY,
+                    fence BIGINT NOT NULL)"
+            ),
+        ],
+        Dialect::MySql => {
+            let key = format!("VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {collation}");
+            vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_meta (
+                        meta_key VARCHAR(64) NOT NULL PRIMARY KEY,
+                        meta_value BIGINT NOT NULL) ENGINE=InnoDB"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+                        name {key} NOT NULL,
+                        owner {key} NOT NULL,
+                        kind VARCHAR(16) NOT NULL,
+                        permits BIGINT NOT NULL,
+                        mode VARCHAR(16) NOT NULL,
+                        fence BIGINT NOT NULL,
+                        expires_at_ms BIGINT NOT NULL,
+                        acquired_at_ms BIGINT NOT NULL,
+                        client_id VARCHAR(255) NOT NULL,
+                        host VARCHAR(255) NOT NULL,
+                        pid BIGINT NOT NULL,
+                        UNIQUE KEY {t}_name_owner (name, owner)
+                    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_queue (
+                        seq BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                        name {key} NOT NULL,
+                        owner {key} NOT NULL,
+                        mode VARCHAR(16) NOT NULL,
+                        expires_at_ms BIGINT NOT NULL,
+                        client_id VARCHAR(255) NOT NULL,
+                        host VARCHAR(255) NOT NULL,
+                        pid BIGINT NOT NULL,
+                        UNIQUE KEY {t}_queue_name_owner (name, owner)
+                    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_fences (
+                        name {key} NOT NULL PRIMARY KEY,
+                        fence BIGINT NOT NULL
+                    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                ),
+            ]
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/// The SQLSTATE / server error code of a database error.
+fn db_code(e: &sqlx::Error) -> Option<String> {
+    match e {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
+    }
+}
+
+/// A deadlock or serialization failure: the transaction may simply be tried again.
+fn is_retryable(e: &sqlx::Error) -> bool {
+    matches!(
+        db_code(e).as_deref(),
+        // PostgreSQL serialization_failure, deadlock_detected; MySQL ER_LOCK_DEADLOCK (SQLSTATE
+        // 40001 as well), ER_LOCK_WAIT_TIMEOUT is *not* retried (it already waited).
+        Some("40001" | "40P01")
+    )
+}
+
+fn map_err(shown: &str, e: sqlx::Error) -> Error {
+    match &e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Error::Unavailable(format!("{shown}: {e}")),
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            // PostgreSQL: connection exceptions (08…), operator intervention (57…: statement
+            // timeout, admin shutdown, cannot connect now), lock_not_available (55P03),
+            // insufficient resources (53…). MySQL (SQLSTATE): HY000 lock wait timeout and
+            // max_statement_time are reported by message; 08S01 communication errors.
+            let unavailable = code.starts_with("08")
+                || code.starts_with("57")
+                || code.starts_with("53")
+                || code == "55P03"
+                || code == "70100"
+                || db.message().contains("Lock wait timeout")
+                || db.message().contains("max_statement_time")
+                || db.message().contains("maximum statement execution time");
+            if unavailable {
+                Error::Unavailable(format!("{shown}: {db}"))
+            } else {
+                Error::backend(e)
+            }
+        }
+        _ => Error::backend(e),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wake-ups
+
+type Registry = StdMutex<HashMap<String, Weak<NameSignals>>>;
+
+fn registry() -> &'static Registry {
+    static R: OnceLock<Registry> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+/// The in-process wake-ups of every backend of this process on `key` (URL + table).
+fn signals_for(key: String) -> Arc<NameSignals> {
+    let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(w) = reg.get(&key).and_then(Weak::upgrade) {
+        return w;
+    }
+    reg.retain(|_, w| w.strong_count() > 0);
+    let w = Arc::new(NameSignals::default());
+    reg.insert(key, Arc::downgrade(&w));
+    w
+}
+
+/// The state of the PostgreSQL listener, shared with its task.
+#[derive(Debug)]
+struct ListenerState {
+    /// `true` while LISTEN is active; changes (both ways) wake every waiter.
+    up: tokio::sync::watch::Sender<bool>,
+}
+
+/// Runs the LISTEN connection of one backend until the backend is dropped (then the task is
+/// aborted). Reconnects with backoff; while down, waiters poll.
+#[cfg(feature = "postgres")]
+async fn listen_loop(
+    url: String,
+    channel: String,
+    signals: Arc<NameSignals>,
+    state: Arc<ListenerState>,
+    ready: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut ready = Some(ready);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let attempt = async {
+            let opts = sqlx::postgres::PgConnectOptions::from_str(&url)?
+                .disable_statement_logging()
+                .application_name("dlock-listener");
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(OP_TIMEOUT)
+                .connect_lazy_with(opts);
+            let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            l.eager_reconnect(false);
+            l.listen(&channel).await?;
+            Ok::<_, sqlx::Error>(l)
+        };
+        match tokio::time::timeout(OP_TIMEOUT, attempt).await {
+            Ok(Ok(mut l)) => {
+                backoff = Duration::from_millis(100);
+                state.up.send_replace(true);
+                if let Some(r) = ready.take() {
+                    let _ = r.send(());
+                }
+                // `Ok(None)` or an error: the connection is gone.
+                while let Ok(Some(n)) = l.try_recv().await {
+                    signals.wake(n.payload());
+                }
+                tracing::warn!(%channel, "postgres LISTEN connection lost; waiters poll until it is back");
+                state.up.send_replace(false);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "postgres LISTEN connection failed; retrying");
+                ready.take();
+            }
+            Err(_) => {
+                tracing::warn!("postgres LISTEN connection timed out; retrying");
+                ready.take();
+            }
+        }
+        let pause = backoff.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
+        tokio::time::sleep(pause).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session mode
+
+/// One session-mode hold: the dedicated connection that owns the server lock.
+#[derive(Debug)]
+struct SessionHold {
+    name: String,
+    token: u64,
+    /// The server session id at grant (`pg_backend_pid()` / `CONNECTION_ID()`).
+    server_pid: i64,
+    conn: tokio::sync::Mutex<Option<AnyConnection>>,
+    /// When the backend releases the hold unless it is extended (the lease in the core's eyes).
+    deadline: tokio::sync::watch::Sender<Instant>,
+}
+
+impl SessionHold {
+    fn set_deadline(&self, d: Instant) {
+        self.deadline.send_replace(d);
+    }
+}
+
+type SessionHolds = StdMutex<HashMap<String, Arc<SessionHold>>>;
+
+// ---------------------------------------------------------------------------------------------
+// The backend
+
+/// The PostgreSQL and MySQL/MariaDB store. Obtain it with `dlock::connect("postgres://…")` /
+/// `dlock::connect("mysql://…")`, or [`SqlBackend::open`] and [`crate::Client::with_backend`].
+/// See the module docs for tables, options, wake-ups and session mode.
+#[derive(Debug)]
+pub struct SqlBackend {
+    dialect: Dialect,
+    mode: HoldMode,
+    table: String,
+    shown: String,
+    pool: AnyPool,
+    connect: AnyConnectOptions,
+    st: Stmts,
+    notify: Option<String>,
+    signals: Arc<NameSignals>,
+    listener: Option<(Arc<ListenerState>, tokio::task::JoinHandle<()>)>,
+    sessions: Arc<SessionHolds>,
+}
+
+impl Drop for SqlBackend {
+    fn drop(&mut self) {
+        if let Some((_, task)) = &self.listener {
+            task.abort();
+        }
+    }
+}
+
+impl SqlBackend {
+    /// Connects to the store at `url` (see the module docs for the options), creates or checks
+    /// its tables, and on PostgreSQL starts the LISTEN connection.
+    ///
+    /// Errors: [`Error::InvalidConfig`] for a bad URL or option, [`Error::Unavailable`] when the
+    /// server cannot be reached within [`OP_TIMEOUT`] or its tables belong to a newer dlock.
+    pub async fn open(url: &str) -> Result<SqlBackend> {
+        Self::open_config(SqlConfig::parse(url)?).await
+    }
+
+    /// [`SqlBackend::open`] with a parsed URL.
+    pub async fn open_config(cfg: SqlConfig) -> Result<SqlBackend> {
+        let key = format!("{}|{}|{:?}", cfg.driver_url, cfg.table, cfg.mode);
+        Self::open_with_signals(cfg, signals_for(key)).await
+    }
+
+    async fn open_with_signals(cfg: SqlConfig, signals: Arc<NameSignals>) -> Result<SqlBackend> {
+        sqlx::any::install_default_drivers();
+        let shown = cfg.shown.clone();
+        let connect = AnyConnectOptions::from_str(&cfg.driver_url)
+            .map_err(|e| Error::InvalidConfig(format!("{shown}: {e}")))?
+            .disable_statement_logging();
+        let dialect = cfg.dialect;
+        let pool = AnyPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .min_connections(0)
+            .acquire_timeout(OP_TIMEOUT)
+            .idle_timeout(Duration::from_secs(60))
+            .after_connect(move |conn, _| Box::pin(async move { setup(dialect, conn).await }))
+            .connect_lazy_with(connect.clone());
+        // Fail fast (and clearly) when the server is not there, instead of retrying until the
+        // pool's acquire timeout.
+        match tokio::time::timeout(OP_TIMEOUT, AnyConnection::connect_with(&connect)).await {
+            Ok(Ok(c)) => {
+                let _ = c.close().await;
+            }
+            Ok(Err(e)) => return Err(map_err(&shown, e)),
+            Err(_) => {
+                return Err(Error::Unavailable(format!(
+                    "{shown}: no connection within {OP_TIMEOUT:?}"
+                )))
+            }
+        }
+        let collation = match dialect {
+            Dialect::Postgres => String::new(),
+            Dialect::MySql => timed(&shown, mysql_collation(&pool, &shown)).await?,
+        };
+        let notify =
+            (dialect == Dialect::Postgres).then(|| d_sql(dialect, "SELECT pg_notify(?, ?)"));
+        #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+        let mut backend = SqlBackend {
+            dialect,
+            mode: cfg.mode,
+            st: Stmts::new(dialect, &cfg.table),
+            table: cfg.table,
+            shown: shown.clone(),
+            pool,
+            connect,
+            notify,
+            signals,
+            listener: None,
+            sessions: Arc::default(),
+        };
+        if let Err(e) = timed(&shown, backend.migrate(&collation)).await {
+            backend.pool.close().await;
+            return Err(e);
+        }
+        #[cfg(feature = "postgres")]
+        if dialect == Dialect::Postgres {
+            let (up, _) = tokio::sync::watch::channel(false);
+            let state = Arc::new(ListenerState { up });
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let task = tokio::spawn(listen_loop(
+                cfg.driver_url,
+                backend.table.clone(),
+                backend.signals.clone(),
+                state.clone(),
+                tx,
+            ));
+            backend.listener = Some((state, task));
+            // Wait for LISTEN to be active so no release after `open` returns is missed; if it
+            // cannot start, waiters poll until it does.
+            let _ = tokio::time::timeout(OP_TIMEOUT, rx).await;
+        }
+        Ok(backend)
+    }
+
+    fn err(&self, e: sqlx::Error) -> Error {
+        map_err(&self.shown, e)
+    }
+
+    /// The table name in use.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The SQL dialect.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    async fn migrate(&self, collation: &str) -> Result<()> {
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let lock_name = format!("dlock-migrate:{}", self.table);
+        // Serialize concurrent migrations (CREATE TABLE IF NOT EXISTS races on PostgreSQL).
+        match self.dialect {
+            Dialect::Postgres => {
+                sqlx::query("SELECT pg_advisory_lock($1)")
+                    .bind(advisory_key("dlock-migrate", &self.table))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+            Dialect::MySql => {
+                sqlx::query("SELECT CAST(COALESCE(GET_LOCK(?, 10), 0) AS SIGNED)")
+                    .bind(&lock_name)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+        }
+        let result = async {
+            for stmt in migration(self.dialect, &self.table, collation) {
+                sqlx::query(&stmt).execute(&mut *conn).await?;
+            }
+            let insert = match self.dialect {
+                Dialect::Postgres => format!(
+                    "INSERT INTO {}_meta (meta_key, meta_value) VALUES ('schema_version', $1)
+                     ON CONFLICT (meta_key) DO NOTHING",
+                    self.table
+                ),
+                Dialect::MySql => format!(
+                    "INSERT INTO {}_meta (meta_key, meta_value) VALUES ('schema_version', ?)
+                     ON DUPLICATE KEY UPDATE meta_value = meta_value",
+                    self.table
+                ),
+            };
+            sqlx::query(&insert)
+                .bind(SCHEMA_VERSION)
+                .execute(&mut *conn)
+                .await?;
+            let v: i64 = sqlx::query(&format!(
+                "SELECT meta_value FROM {}_meta WHERE meta_key = 'schema_version'",
+                self.table
+            ))
+            .fetch_one(&mut *conn)
+            .await?
+            .try_get(0)?;
+            Ok::<i64, sqlx::Error>(v)
+        }
+        .await;
+        let unlock = match self.dialect {
+            Dialect::Postgres => {
+                sqlx::query("SELECT pg_advisory_unlock($1)")
+                    .bind(advisory_key("dlock-migrate", &self.table))
+                    .execute(&mut *conn)
+                    .await
+            }
+            Dialect::MySql => {
+                sqlx::query("SELECT CAST(COALESCE(RELEASE_LOCK(?), 0) AS SIGNED)")
+                    .bind(&lock_name)
+                    .execute(&mut *conn)
+                    .await
+            }
+        };
+        let v = result.map_err(|e| self.err(e))?;
+        unlock.map_err(|e| self.err(e))?;
+        if v != SCHEMA_VERSION {
+            return Err(Error::Unavailable(format!(
+                "{}: table {} has dlock schema version {v}; this dlock understands version \
+                 {SCHEMA_VERSION} (upgrade dlock or use another table)",
+                self.shown, self.table
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends the wake-up of `name` to this process's waiters and (PostgreSQL) to every listener.
+    async fn wake(&self, name: &str) {
+        self.signals.wake(name);
+        if let Some(sql) = &self.notify {
+            let r = sqlx::query(sql)
+                .bind(self.table.as_str())
+                .bind(name)
+                .execute(&self.pool)
+                .await;
+            if let Err(e) = r {
+                // Waiters elsewhere still notice through their lease bound and safety net.
+                tracing::debug!(error = %e, "NOTIFY failed");
+            }
+        }
+    }
+
+    async fn db_now(&self, conn: &mut AnyConnection) -> std::result::Result<i64, sqlx::Error> {
+        sqlx::query(&self.st.now).fetch_one(conn).await?.try_get(0)
+    }
+
+    async fn load_state(
+        &self,
+        conn: &mut AnyConnection,
+        name: &str,
+        now: i64,
+    ) -> Result<NameState> {
+        let holds = sqlx::query(&self.st.load_holds)
+            .bind(name)
+            .bind(now)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let queue = sqlx::query(&self.st.load_queue)
+            .bind(name)
+            .bind(now)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let g = |e: sqlx::Error| self.err(e);
+        Ok(NameState {
+            holds: holds
+                .iter()
+                .map(|r| {
+                    Ok(HoldRow {
+                        owner: r.try_get(0).map_err(g)?,
+                        kind: parse_kind(
+                            &r.try_get::<String, _>(1).map_err(g)?,
+                            r.try_get(2).map_err(g)?,
+                        )?,
+                        mode: parse_mode(&r.try_get::<String, _>(3).map_err(g)?)?,
+                        token: parse_token(r.try_get(4).map_err(g)?)?,
+                        expires_at_ms: r.try_get(5).map_err(g)?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            queue: queue
+                .iter()
+                .map(|r| {
+                    Ok(WaiterRow {
+                        owner: r.try_get(0).map_err(g)?,
+                        mode: parse_mode(&r.try_get::<String, _>(1).map_err(g)?)?,
+                        expires_at_ms: r.try_get(2).map_err(g)?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    /// `true` if `req` would still be refused now (read-only; for `wait`).
+    async fn still_busy(&self, req: &Request<'_>) -> Result<bool> {
+        if self.mode == HoldMode::Session {
+            return self.session_still_busy(req.name.as_str()).await;
+        }
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let now = self.db_now(&mut conn).await.map_err(|e| self.err(e))?;
+        let state = self.load_state(&mut conn, req.name.as_str(), now).await?;
+        Ok(matches!(
+            state.decide(req, 0, now),
+            Ok(Decision::Busy { .. })
+        ))
+    }
+
+    async fn acquire_tx(&self, req: &Request<'_>) -> Result<Attempt> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.acquire_once(req).await {
+                Err(TxError::Sql(e)) if is_retryable(&e) && tries < TX_TRIES => {
+                    let pause = rand::thread_rng().gen_range(1..=10 * u64::from(tries));
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                Err(TxError::Sql(e)) => return Err(self.err(e)),
+                Err(TxError::Dlock(e)) => return Err(e),
+                Ok(a) => return Ok(a),
+            }
+        }
+    }
+
+    async fn acquire_once(&self, req: &Request<'_>) -> std::result::Result<Attempt, TxError> {
+        let name = req.name.as_str();
+        let st = &self.st;
+        let mut tx = self.pool.begin().await?;
+        // Lock the name: every grant of it passes through this row lock.
+        sqlx::query(&st.ensure_fence)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        let stored: i64 = sqlx::query(&st.lock_fence)
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get(0)?;
+        let stored = parse_token(stored)?;
+        // Read the clock only once the lock is ours.
+        let now = self.db_now(&mut tx).await?;
+        for stmt in [&st.del_expired_holds, &st.del_expired_queue] {
+            sqlx::query(stmt)
+                .bind(name)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let state = self.load_state(&mut tx, name, now).await?;
+        // Defensive: never hand out a token at or below one a live hold already carries.
+        let fence = state
+            .holds
+            .iter()
+            .map(|h| h.token)
+            .chain([stored])
+            .max()
+            .unwrap_or(0);
+        let attempt = match state.decide(req, fence, now)? {
+            Decision::Regrant { token } => {
+                sqlx::query(&st.regrant)
+                    .bind(expiry(now, req.lease))
+                    .bind(req.owner)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+                Attempt::Granted(Grant {
+                    token,
+                    valid_for: req.lease,
+                })
+            }
+            Decision::Grant { token } => {
+                let token_i64 = i64::try_from(token).map_err(|_| {
+                    Error::InvalidConfig(format!("fencing counter of {name:?} is exhausted"))
+                })?;
+                sqlx::query(&st.set_fence)
+                    .bind(token_i64)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(&st.del_queue_owner)
+                    .bind(name)
+                    .bind(req.owner)
+                    .execute(&mut *tx)
+                    .await?;
+                let (kind, permits) = kind_columns(req.kind);
+                sqlx::query(&st.insert_hold)
+                    .bind(name)
+                    .bind(req.owner)
+                    .bind(kind)
+                    .bind(permits)
+                    .bind(req.mode.as_str())
+                    .bind(token_i64)
+                    .bind(expiry(now, req.lease))
+                    .bind(now)
+                    .bind(req.meta.client_id.as_str())
+                    .bind(req.meta.host.as_str())
+                    .bind(i64::from(req.meta.pid))
+                    .execute(&mut *tx)
+                    .await?;
+                Attempt::Granted(Grant {
+                    token: Some(token),
+                    valid_for: req.lease,
+                })
+            }
+            Decision::Busy { retry_in, enqueue } => {
+                if enqueue {
+                    let expires = expiry(now, QUEUE_PLACE_TTL);
+                    match state.queue.iter().find(|w| w.owner == req.owner) {
+                        Some(w) => {
+                            if w.expires_at_ms < expires - ms(QUEUE_REFRESH_AFTER) {
+                                sqlx::query(&st.refresh_queue)
+                                    .bind(expires)
+                                    .bind(name)
+                                    .bind(req.owner)
+                                    .execute(&mut *tx)
+                                    .await?;
+                            }
+                        }
+                        None => {
+                            sqlx::query(&st.insert_queue)
+                                .bind(name)
+                                .bind(req.owner)
+                                .bind(req.mode.as_str())
+                                .bind(expires)
+                                .bind(req.meta.client_id.as_str())
+                                .bind(req.meta.host.as_str())
+                                .bind(i64::from(req.meta.pid))
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                    }
+                }
+                Attempt::Busy(Busy { retry_in })
+            }
+        };
+        tx.commit().await?;
+        Ok(attempt)
+    }
+
+    async fn describe_rows(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let now = self.db_now(&mut conn).await.map_err(|e| self.err(e))?;
+        let holds = sqlx::query(&self.st.describe_holds)
+            .bind(now)
+            .bind(prefix)
+            .bind(prefix)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let queue = sqlx::query(&self.st.describe_queue)
+            .bind(now)
+            .bind(prefix)
+            .bind(prefix)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let g = |e: sqlx::Error| self.err(e);
+        let mut locks: std::collections::BTreeMap<String, LockInfo> = Default::default();
+        for r in &holds {
+            let name: String = r.try_get(0).map_err(g)?;
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            let kind = parse_kind(
+                &r.try_get::<String, _>(2).map_err(g)?,
+                r.try_get(3).map_err(g)?,
+            )?;
+            let expires: i64 = r.try_get(6).map_err(g)?;
+            let acquired: i64 = r.try_get(7).map_err(g)?;
+            let holder = HolderInfo {
+                owner: r.try_get(1).map_err(g)?,
+                meta: HolderMeta {
+                    client_id: r.try_get(8).map_err(g)?,
+                    host: r.try_get(9).map_err(g)?,
+                    pid: parse_pid(r.try_get(10).map_err(g)?)?,
+                },
+                mode: parse_mode(&r.try_get::<String, _>(4).map_err(g)?)?,
+                token: Some(parse_token(r.try_get(5).map_err(g)?)?),
+                acquired_at_ms: u64::try_from(acquired).unwrap_or(0),
+                lease_left_ms: Some(u64::try_from(expires.saturating_sub(now)).unwrap_or(0)),
+            };
+            locks
+                .entry(name.clone())
+                .or_insert_with(|| LockInfo {
+                    name,
+                    kind,
+                    holders: Vec::new(),
+                    waiters: Vec::new(),
+                })
+                .holders
+                .push(holder);
+        }
+        for r in &queue {
+            let name: String = r.try_get(0).map_err(g)?;
+            let Some(info) = locks.get_mut(&name) else {
+                continue;
+            };
+            let position = u32::try_from(info.waiters.len()).unwrap_or(u32::MAX);
+            info.waiters.push(WaiterInfo {
+                owner: r.try_get(1).map_err(g)?,
+                meta: HolderMeta {
+                    client_id: r.try_get(3).map_err(g)?,
+                    host: r.try_get(4).map_err(g)?,
+                    pid: parse_pid(r.try_get(5).map_err(g)?)?,
+                },
+                mode: parse_mode(&r.try_get::<String, _>(2).map_err(g)?)?,
+                position,
+            });
+        }
+        Ok(locks.into_values().collect())
+    }
+
+    // ----- session mode -----
+
+    async fn session_acquire(&self, req: &Request<'_>) -> Result<Attempt> {
+        if req.kind != LockKind::Mutex {
+            return Err(Error::Unsupported(format!(
+                "{} session mode supports only mutexes, not {}",
+                self.dialect.name(),
+                req.kind
+            )));
+        }
+        if req.fair {
+            return Err(Error::Unsupported(format!(
+                "{} session mode cannot queue fairly (use lease mode)",
+                self.dialect.name()
+            )));
+        }
+        let name = req.name.as_str();
+        let existing = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(req.owner)
+            .cloned();
+        if let Some(h) = existing {
+            h.set_deadline(Instant::now() + req.lease);
+            return Ok(Attempt::Granted(Grant {
+                token: Some(h.token),
+                valid_for: req.lease,
+            }));
+        }
+        let mut conn = AnyConnection::connect_with(&self.connect)
+            .await
+            .map_err(|e| self.err(e))?;
+        if let Err(e) = setup(self.dialect, &mut conn).await {
+            return Err(self.err(e));
+        }
+        let got = self.session_try_lock(&mut conn, name).await;
+        let got = match got {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = conn.close().await;
+                return Err(self.err(e));
+            }
+        };
+        if !got {
+            let _ = conn.close().await;
+            return Ok(Attempt::Busy(Busy { retry_in: None }));
+        }
+        // Ours: any hold row of the name is a dead holder's leftover.
+        let granted = async {
+            let pid: i64 = sqlx::query(match self.dialect {
+                Dialect::Postgres => "SELECT pg_backend_pid()::bigint",
+                Dialect::MySql => "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+            })
+            .fetch_one(&mut conn)
+            .await?
+            .try_get(0)?;
+            sqlx::query(&self.st.bump_fence)
+                .bind(name)
+                .execute(&mut conn)
+                .await?;
+            let token: i64 = sqlx::query(&self.st.read_fence)
+                .bind(name)
+                .fetch_one(&mut conn)
+                .await?
+                .try_get(0)?;
+            let now = self.db_now(&mut conn).await?;
+            sqlx::query(&self.st.del_name_holds)
+                .bind(name)
+                .execute(&mut conn)
+                .await?;
+            let (kind, permits) = kind_columns(req.kind);
+            sqlx::query(&self.st.insert_hold)
+                .bind(name)
+                .bind(req.owner)
+                .bind(kind)
+                .bind(permits)
+                .bind(req.mode.as_str())
+                .bind(token)
+                .bind(expiry(now, req.lease))
+                .bind(now)
+                .bind(req.meta.client_id.as_str())
+                .bind(req.meta.host.as_str())
+                .bind(i64::from(req.meta.pid))
+                .execute(&mut conn)
+                .await?;
+            Ok::<_, sqlx::Error>((pid, token))
+        }
+        .await;
+        let (pid, token) = match granted {
+            Ok(x) => x,
+            Err(e) => {
+                // Closing the connection frees the server lock.
+                let _ = conn.close().await;
+                return Err(self.err(e));
+            }
+        };
+        let token = parse_token(token)?;
+        let (deadline, deadline_rx) = tokio::sync::watch::channel(Instant::now() + req.lease);
+        let hold = Arc::new(SessionHold {
+            name: name.to_string(),
+            token,
+            server_pid: pid,
+            conn: tokio::sync::Mutex::new(Some(conn)),
+            deadline,
+        });
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(req.owner.to_string(), hold.clone());
+        tokio::spawn(session_reaper(
+            Arc::downgrade(&self.sessions),
+            req.owner.to_string(),
+            Arc::downgrade(&hold),
+            deadline_rx,
+        ));
+        Ok(Attempt::Granted(Grant {
+            token: Some(token),
+            valid_for: req.lease,
+        }))
+    }
+
+    async fn session_try_lock(
+        &self,
+        conn: &mut AnyConnection,
+        name: &str,
+    ) -> std::result::Result<bool, sqlx::Error> {
+        match self.dialect {
+            Dialect::Postgres => sqlx::query("SELECT pg_try_advisory_lock($1)")
+                .bind(advisory_key(&self.table, name))
+                .fetch_one(conn)
+                .await?
+                .try_get::<bool, _>(0),
+            Dialect::MySql => Ok(
+                sqlx::query("SELECT CAST(COALESCE(GET_LOCK(?, 0), 0) AS SIGNED)")
+                    .bind(mysql_lock_name(&self.table, name))
+                    .fetch_one(conn)
+                    .await?
+                    .try_get::<i64, _>(0)?
+                    == 1,
+            ),
+        }
+    }
+
+    async fn session_still_busy(&self, name: &str) -> Result<bool> {
+        let q = match self.dialect {
+            Dialect::Postgres => sqlx::query(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+                   AND objsubid = 1 AND database = (SELECT oid FROM pg_database
+                                                      WHERE datname = current_database())
+                   AND ((classid::bigint << 32) | objid::bigint) = $1)",
+            )
+            .bind(advisory_key(&self.table, name)),
+            Dialect::MySql => {
+                sqlx::query("SELECT CAST(COALESCE(IS_FREE_LOCK(?), 1) = 0 AS SIGNED) = 1")
+                    .bind(mysql_lock_name(&self.table, name))
+            }
+        };
+        let row = q.fetch_one(&self.pool).await.map_err(|e| self.err(e))?;
+        match self.dialect {
+            Dialect::Postgres => row.try_get::<bool, _>(0).map_err(|e| self.err(e)),
+            Dialect::MySql => row
+                .try_get::<i64, _>(0)
+                .map(|v| v == 1)
+                .map_err(|e| self.err(e)),
+        }
+    }
+
+    /// Confirms one session hold on its own connection.
+    async fn session_check(&self, h: &SessionHold, lease: Duration, owner: &str) -> Extended {
+        let mut guard = h.conn.lock().await;
+        let Some(conn) = guard.as_mut() else {
+            return Extended::Gone;
+        };
+        let check = async {
+            let row = match self.dialect {
+                Dialect::Postgres => {
+                    sqlx::query(
+                        "SELECT pg_backend_pid()::bigint, EXISTS (SELECT 1 FROM pg_locks
+                       WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+                         AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1)",
+                    )
+                    .bind(advisory_key(&self.table, &h.name))
+                    .fetch_one(&mut *conn)
+                    .await?
+                }
+                Dialect::MySql => {
+                    sqlx::query(
+                        "SELECT CAST(CONNECTION_ID() AS SIGNED),
+                            COALESCE(IS_USED_LOCK(?) = CONNECTION_ID(), 0) = 1",
+                    )
+                    .bind(mysql_lock_name(&self.table, &h.name))
+                    .fetch_one(&mut *conn)
+                    .await?
+                }
+            };
+            let pid: i64 = row.try_get(0)?;
+            let held = match self.dialect {
+                Dialect::Postgres => row.try_get::<bool, _>(1)?,
+                Dialect::MySql => row.try_get::<i64, _>(1)? == 1,
+            };
+            if held && pid == h.server_pid {
+                let now = self.db_now(conn).await?;
+                sqlx::query(&self.st.regrant)
+                    .bind(expiry(now, lease))
+                    .bind(owner)
+                    .bind(h.name.as_str())
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok::<_, sqlx::Error>((pid, held))
+        };
+        match tokio::time::timeout(OP_TIMEOUT, check).await {
+            Ok(Ok((pid, true))) if pid == h.server_pid => {
+                h.set_deadline(Instant::now() + lease);
+                Extended::Held { valid_for: lease }
+            }
+            Ok(Ok((pid, _))) => {
+                if pid != h.server_pid {
+                    tracing::error!(
+                        name = %h.name, granted_on = h.server_pid, now_on = pid,
+                        "the dedicated connection of a session lock now talks to another server \
+                         session: a transaction-pooling proxy (pgbouncer in transaction mode?) \
+                         breaks session locks; the hold is treated as lost"
+                    );
+                }
+                *guard = None;
+                Extended::Gone
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(name = %h.name, error = %e, "session lock connection failed; hold lost");
+                *guard = None;
+                Extended::Gone
+            }
+            Err(_) => {
+                *guard = None;
+                Extended::Gone
+            }
+        }
+    }
+
+    async fn session_release(&self, hold: &HoldRef<'_>) -> Result<Released> {
+        let h = {
+            let mut m = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            match m.get(hold.owner) {
+                Some(h) if h.name == hold.name.as_str() => m.remove(hold.owner),
+                _ => None,
+            }
+        };
+        let Some(h) = h else {
+            return Ok(Released::NotHeld);
+        };
+        let Some(mut conn) = h.conn.lock().await.take() else {
+            return Ok(Released::NotHeld);
+        };
+        let name = hold.name.as_str();
+        let unlocked = async {
+            let ok = match self.dialect {
+                Dialect::Postgres => sqlx::query("SELECT pg_advisory_unlock($1)")
+                    .bind(advisory_key(&self.table, name))
+                    .fetch_one(&mut conn)
+                    .await?
+                    .try_get::<bool, _>(0)?,
+                Dialect::MySql => {
+                    sqlx::query("SELECT CAST(COALESCE(RELEASE_LOCK(?), 0) AS SIGNED)")
+                        .bind(mysql_lock_name(&self.table, name))
+                        .fetch_one(&mut conn)
+                        .await?
+                        .try_get::<i64, _>(0)?
+                        == 1
+                }
+            };
+            sqlx::query(&self.st.del_hold_owner)
+                .bind(name)
+                .bind(hold.owner)
+                .execute(&mut conn)
+                .await?;
+            Ok::<_, sqlx::Error>(ok)
+        }
+        .await;
+        let _ = conn.close().await;
+        match unlocked {
+            Ok(true) => {
+                self.wake(name).await;
+                Ok(Released::Released)
+            }
+            // A dead connection: the server already freed the lock.
+            Ok(false) | Err(_) => Ok(Released::NotHeld),
+        }
+    }
+
+    async fn session_force_release(&self, name: &str) -> Result<u64> {
+        let killed = match self.dialect {
+            Dialect::Postgres => {
+                let rows = sqlx::query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks
+                     WHERE locktype = 'advisory' AND granted AND objsubid = 1
+                       AND ((classid::bigint << 32) | objid::bigint) = $1",
+                )
+                .bind(advisory_key(&self.table, name))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+                rows.len() as u64
+            }
+            Dialect::MySql => {
+                let id: Option<i64> = sqlx::query("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
+                    .bind(mysql_lock_name(&self.table, name))
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .try_get(0)
+                    .map_err(|e| self.err(e))?;
+                match id {
+                    Some(id) => {
+                        let kill = format!("KILL CONNECTION {id}");
+                        (&self.pool)
+                            .execute(kill.as_str())
+                            .await
+                            .map_err(|e| self.err(e))?;
+                        1
+                    }
+                    None => 0,
+                }
+            }
+        };
+        sqlx::query(&self.st.del_name_holds)
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        self.wake(name).await;
+        Ok(killed)
+    }
+}
+
+/// Releases a session hold once its deadline passes without an extension (the lease the core
+/// believes in), by closing its connection.
+async fn session_reaper(
+    sessions: Weak<SessionHolds>,
+    owner: String,
+    hold: Weak<SessionHold>,
+    mut deadline: tokio::sync::watch::Receiver<Instant>,
+) {
+    loop {
+        let until = *deadline.borrow_and_update();
+        tokio::select! {
+            changed = deadline.changed() => {
+                if changed.is_err() {
+                    return; // the hold is gone
+                }
+                continue;
+            }
+            _ = tokio::time::sleep_until(until.into()) => {}
+        }
+        if *deadline.borrow() > Instant::now() {
+            continue;
+        }
+        let Some(h) = hold.upgrade() else { return };
+        if let Some(s) = sessions.upgrade() {
+            let mut m = s.lock().unwrap_or_else(|p| p.into_inner());
+            if m.get(&owner).is_some_and(|x| Arc::ptr_eq(x, &h)) {
+                m.remove(&owner);
+            }
+        }
+        if let Some(conn) = h.conn.lock().await.take() {
+            let _ = tokio::time::timeout(OP_TIMEOUT, conn.close()).await;
+        }
+        return;
+    }
+}
+
+/// Session settings of every connection: server-side timeouts, and READ COMMITTED on MySQL.
+async fn setup(d: Dialect, conn: &mut AnyConnection) -> std::result::Result<(), sqlx::Error> {
+    let secs = STATEMENT_TIMEOUT.as_secs();
+    match d {
+        Dialect::Postgres => {
+            let set = format!(
+                "SET statement_timeout = '{secs}s'; SET lock_timeout = '{secs}s'; \
+                 SET idle_in_transaction_session_timeout = '{}s'",
+                secs * 6
+            );
+            conn.execute(set.as_str()).await?;
+        }
+        Dialect::MySql => {
+            sqlx::query(&format!("SET SESSION innodb_lock_wait_timeout = {secs}"))
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                .execute(&mut *conn)
+                .await?;
+            // MariaDB's statement timeout (MySQL has no equivalent for writes; the client-side
+            // operation timeout covers it).
+            let _ = sqlx::query(&format!("SET SESSION max_statement_time = {secs}"))
+                .execute(&mut *conn)
+                .await;
+        }
+    }
+    Ok(())
+}
+
+/// The binary no-pad collation of this MySQL/MariaDB server.
+async fn mysql_collation(pool: &AnyPool, shown: &str) -> Result<String> {
+    let rows = sqlx::query(
+        "SELECT CAST(COLLATION_NAME AS CHAR(64)) FROM information_schema.COLLATIONS
+         WHERE COLLATION_NAME IN ('utf8mb4_0900_bin', 'utf8mb4_nopad_bin')",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(|e| map_err(shown, e))?;
+    let names: Vec<String> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
+    for c in ["utf8mb4_0900_bin", "utf8mb4_nopad_bin"] {
+        if names.iter().any(|n| n == c) {
+            return Ok(c.to_string());
+        }
+    }
+    Err(Error::Unavailable(format!(
+        "{shown}: the server has no binary no-pad utf8mb4 collation (needs MySQL 8 or \
+         MariaDB 10.2 or newer)"
+    )))
+}
+
+fn d_sql(d: Dialect, s: &str) -> String {
+    d.sql(s)
+}
+
+/// Bounds `fut` by [`OP_TIMEOUT`].
+async fn timed<T>(shown: &str, fut: impl Future<Output = Result<T>>) -> Result<T> {
+    match tokio::time::timeout(OP_TIMEOUT, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Unavailable(format!(
+            "{shown} did not answer within {OP_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// An error inside a transaction: retryable SQL errors are told apart from dlock's own.
+enum TxError {
+    Sql(sqlx::Error),
+    Dlock(Error),
+}
+
+impl From<sqlx::Error> for TxError {
+    fn from(e: sqlx::Error) -> Self {
+        TxError::Sql(e)
+    }
+}
+
+impl From<Error> for TxError {
+    fn from(e: Error) -> Self {
+        TxError::Dlock(e)
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for SqlBackend {
+    fn name(&self) -> &'static str {
+        self.dialect.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: true,
+            wakeups: match self.dialect {
+                Dialect::Postgres => Wakeups::Native,
+                Dialect::MySql => Wakeups::Polling {
+                    min: POLL_MIN,
+                    max: POLL_MAX,
+                },
+            },
+            validity: Validity::Lease,
+        }
+    }
+
+    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
+        match self.mode {
+            HoldMode::Lease => timed(&self.shown, self.acquire_tx(req)).await,
+            HoldMode::Session => timed(&self.shown, self.session_acquire(req)).await,
+        }
+    }
+
+    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
+        let started = Instant::now();
+        let lease_end = busy.retry_in.and_then(|r| started.checked_add(r));
+        let notify = self.signals.subscribe(req.name.as_str());
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let mut listener = self.listener.as_ref().map(|(s, _)| s.up.subscribe());
+        let mut step = 0u32;
+        loop {
+            if Instant::now() >= until || !timed(&self.shown, self.still_busy(req)).await? {
+                return Ok(());
+            }
+            // A session lock freed by a dying connection sends no NOTIFY: session mode polls.
+            let listening = self.mode == HoldMode::Lease
+                && listener.as_mut().is_some_and(|l| *l.borrow_and_update());
+            let now = Instant::now();
+            let mut wake_at = if listening {
+                until
+            } else {
+                now + poll_interval(step)
+            };
+            step = step.saturating_add(1);
+            if let Some(t) = lease_end.filter(|t| *t > now) {
+                wake_at = wake_at.min(t);
+            }
+            wake_at = wake_at.min(until);
+            let listener_changed = async {
+                match listener.as_mut() {
+                    Some(l) => {
+                        let _ = l.changed().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = &mut notified => return Ok(()),
+                _ = listener_changed => {}
+                _ = tokio::time::sleep_until(wake_at.into()) => {}
+            }
+        }
+    }
+
+    async fn cancel(&self, req: &Request<'_>) -> Result<()> {
+        if self.mode == HoldMode::Session {
+            return Ok(());
+        }
+        let name = req.name.as_str();
+        let removed = timed(&self.shown, async {
+            Ok(sqlx::query(&self.st.del_queue_owner)
+                .bind(name)
+                .bind(req.owner)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected())
+        })
+        .await?;
+        if removed > 0 {
+            self.wake(name).await;
+        }
+        Ok(())
+    }
+
+    async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
+        if self.mode == HoldMode::Session {
+            return timed(&self.shown, self.session_release(hold)).await;
+        }
+        let name = hold.name.as_str();
+        let removed = timed(&self.shown, async {
+            Ok(sqlx::query(&self.st.release)
+                .bind(name)
+                .bind(hold.owner)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected())
+        })
+        .await?;
+        if removed > 0 {
+            self.wake(name).await;
+            Ok(Released::Released)
+        } else {
+            Ok(Released::NotHeld)
+        }
+    }
+
+    async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.mode == HoldMode::Session {
+            let mut out = Vec::with_capacity(holds.len());
+            for h in holds {
+                let s = self
+                    .sessions
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(h.owner)
+                    .filter(|s| s.name == h.name.as_str())
+                    .cloned();
+                out.push(match s {
+                    Some(s) => {
+                        let r = self.session_check(&s, h.lease, h.owner).await;
+                        if r == Extended::Gone {
+                            let mut m = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+                            if m.get(h.owner).is_some_and(|x| Arc::ptr_eq(x, &s)) {
+                                m.remove(h.owner);
+                            }
+                        }
+                        r
+                    }
+                    None => Extended::Gone,
+                });
+            }
+            return Ok(out);
+        }
+        timed(&self.shown, async {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let r = async {
+                    let mut tx = self.pool.begin().await?;
+                    let now = self.db_now(&mut tx).await?;
+                    let mut out = Vec::with_capacity(holds.len());
+                    for h in holds {
+                        let n = sqlx::query(&self.st.extend)
+                            .bind(expiry(now, h.lease))
+                            .bind(h.owner)
+                            .bind(h.name.as_str())
+                            .bind(now)
+                            .execute(&mut *tx)
+                            .await?
+                            .rows_affected();
+                        out.push(if n > 0 {
+                            Extended::Held { valid_for: h.lease }
+                        } else {
+                            Extended::Gone
+                        });
+                    }
+                    tx.commit().await?;
+                    Ok::<_, sqlx::Error>(out)
+                }
+                .await;
+                match r {
+                    Err(e) if is_retryable(&e) && tries < TX_TRIES => continue,
+                    Err(e) => return Err(self.err(e)),
+                    Ok(out) => return Ok(out),
+                }
+            }
+        })
+        .await
+    }
+
+    async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        timed(&self.shown, self.describe_rows(prefix)).await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<u64> {
+        let name = name.as_str();
+        if self.mode == HoldMode::Session {
+            return timed(&self.shown, self.session_force_release(name)).await;
+        }
+        let live = timed(&self.shown, async {
+            let r = async {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query(&self.st.ensure_fence)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(&self.st.lock_fence)
+                    .bind(name)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let now = self.db_now(&mut tx).await?;
+                let live = sqlx::query(&self.st.force_live)
+                    .bind(name)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                for stmt in [&self.st.del_name_holds, &self.st.del_name_queue] {
+                    sqlx::query(stmt).bind(name).execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(live)
+            }
+            .await;
+            r.map_err(|e| self.err(e))
+        })
+        .await?;
+        self.wake(name).await;
+        Ok(live)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,775 @@
+//! Tests against the servers of this machine (they fail, never skip, when a server is missing):
+//! PostgreSQL at `postgres://postgres@127.0.0.1:5432/test` and MariaDB/MySQL at
+//! `mysql://root@127.0.0.1:3306/test`, overridable with `DLOCK_TEST_POSTGRES_URL` /
+//! `DLOCK_TEST_MYSQL_URL`. Every test uses its own table and lock names with a random suffix.
+
+use super::*;
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn base(d: Dialect) -> String {
+    match d {
+        Dialect::Postgres => std::env::var("DLOCK_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+        Dialect::MySql => std::env::var("DLOCK_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
+    }
+}
+
+fn url(d: Dialect, table: &str, extra: &str) -> String {
+    let b = base(d);
+    let sep = if b.contains('?') { '&' } else { '?' };
+    format!("{b}{sep}table={table}{extra}")
+}
+
+fn uniq(prefix: &str) -> String {
+    format!("{prefix}/{}", uuid::Uuid::new_v4().simple())
+}
+
+fn meta(id: &str) -> HolderMeta {
+    HolderMeta {
+        client_id: id.into(),
+        host: "testhost".into(),
+        pid: 42,
+    }
+}
+
+fn name(n: &str) -> LockName {
+    LockName::new(n).unwrap()
+}
+
+fn rq<'a>(name: &'a LockName, owner: &'a str, meta: &'a HolderMeta) -> Request<'a> {
+    Request {
+        name,
+        kind: LockKind::Mutex,
+        mode: Mode::Exclusive,
+        owner,
+        lease: LONG,
+        fair: false,
+        waiting: false,
+        meta,
+    }
+}
+
+fn hr<'a>(r: &Request<'a>) -> HoldRef<'a> {
+    HoldRef {
+        name: r.name,
+        kind: r.kind,
+        mode: r.mode,
+        owner: r.owner,
+        lease: r.lease,
+    }
+}
+
+fn token(a: Attempt) -> u64 {
+    match a {
+        Attempt::Granted(g) => g.token.unwrap(),
+        Attempt::Busy(b) => panic!("expected a grant, got {b:?}"),
+    }
+}
+
+fn busy(a: Attempt) -> Busy {
+    match a {
+        Attempt::Busy(b) => b,
+        Attempt::Granted(g) => panic!("expected busy, got {g:?}"),
+    }
+}
+
+async fn open(d: Dialect, table: &str) -> SqlBackend {
+    SqlBackend::open(&url(d, table, "")).await.unwrap()
+}
+
+async fn open_session(d: Dialect, table: &str) -> SqlBackend {
+    SqlBackend::open(&url(d, table, "&mode=session"))
+        .await
+        .unwrap()
+}
+
+/// A backend with its own in-process wake-ups, as if in another process.
+async fn open_isolated(d: Dialect, table: &str) -> SqlBackend {
+    let cfg = SqlConfig::parse(&url(d, table, "")).unwrap();
+    SqlBackend::open_with_signals(cfg, Arc::new(NameSignals::default()))
+        .await
+        .unwrap()
+}
+
+async fn stored_fence(b: &SqlBackend, n: &str) -> i64 {
+    sqlx::query(&b.st.read_fence)
+        .bind(n)
+        .fetch_one(&b.pool)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap()
+}
+
+async fn exclusion_across_two_clients(d: Dialect) {
+    let a = open(d, "dlt_exclusion").await;
+    let b = open(d, "dlt_exclusion").await;
+    assert_eq!(a.name(), d.name());
+    let base = uniq("jobs");
+    let n = name(&base);
+    let (ma, mb) = (meta("A"), meta("B"));
+    let ra = rq(&n, "owner-a", &ma);
+    let rb = rq(&n, "owner-b", &mb);
+    let t1 = token(a.acquire(&ra).await.unwrap());
+    assert_eq!(t1, 1);
+    let bz = busy(b.acquire(&rb).await.unwrap());
+    let retry = bz.retry_in.unwrap();
+    assert!(
+        retry <= LONG && retry > LONG - Duration::from_secs(5),
+        "{retry:?}"
+    );
+    // idempotent re-grant
+    assert_eq!(token(a.acquire(&ra).await.unwrap()), t1);
+    assert_eq!(token(b.acquire(&ra).await.unwrap()), t1);
+    // b cannot release a's hold
+    assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::NotHeld);
+    let info = b.describe(&base).await.unwrap();
+    assert_eq!(info.len(), 1);
+    assert_eq!(info[0].holders.len(), 1);
+    assert_eq!(info[0].holders[0].owner, "owner-a");
+    assert_eq!(info[0].holders[0].meta, ma);
+    assert_eq!(info[0].holders[0].token, Some(1));
+    // names that differ by case or trailing space are other locks
+    for other in [base.to_uppercase(), format!("{base} "), format!("{base}  ")] {
+        let on = name(&other);
+        let r = rq(&on, "owner-b", &mb);
+        assert_eq!(token(b.acquire(&r).await.unwrap()), 1, "{other:?}");
+        assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
+    }
+    // a name with SQL in it is just a name
+    let evil = name(&format!("{base}'; DROP TABLE dlt_exclusion; --"));
+    let r = rq(&evil, "owner-b", &mb);
+    token(b.acquire(&r).await.unwrap());
+    assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
+    assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::Released);
+    assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::NotHeld);
+    assert_eq!(token(b.acquire(&rb).await.unwrap()), 2);
+    // extend many in one call
+    let n2 = name(&format!("{base}/2"));
+    let r2 = rq(&n2, "owner-b2", &mb);
+    token(b.acquire(&r2).await.unwrap());
+    let gone = rq(&n2, "nobody", &mb);
+    assert_eq!(
+        b.extend(&[hr(&rb), hr(&gone), hr(&r2)]).await.unwrap(),
+        vec![
+            Extended::Held { valid_for: LONG },
+            Extended::Gone,
+            Extended::Held { valid_for: LONG }
+        ]
+    );
+    assert_eq!(b.force_release(&n).await.unwrap(), 1);
+    assert!(b.describe(&format!("{base}/")).await.unwrap().len() == 1);
+    b.release(&hr(&r2)).await.unwrap();
+    assert!(b.describe(&base).await.unwrap().is_empty());
+    assert_eq!(stored_fence(&b, &base).await, 2);
+}
+
+async fn fence_increases_across_expiry_and_reconnect(d: Dialect) {
+    let n = name(&uniq("fence"));
+    let m = meta("x");
+    let mut last = 0;
+    for round in 0..3 {
+        let a = open(d, "dlt_fence").await;
+        let short = Request {
+            lease: Duration::from_millis(200),
+            ..rq(&n, "short", &m)
+        };
+        let owner = format!("short-{round}");
+        let short = Request {
+            owner: &owner,
+            ..short
+        };
+        let t = token(a.acquire(&short).await.unwrap());
+        assert!(t > last, "{t} after {last}");
+        last = t;
+        // the lease runs out; another owner gets a higher token
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let other = format!("other-{round}");
+        let r = rq(&n, &other, &m);
+        let t = token(a.acquire(&r).await.unwrap());
+        assert!(t > last, "{t} after {last}");
+        last = t;
+        assert_eq!(a.release(&hr(&r)).await.unwrap(), Released::Released);
+        a.pool.close().await;
+    }
+    assert_eq!(last, 6);
+}
+
+async fn owner_only_release_after_expiry(d: Dialect) {
+    let a = open(d, "dlt_owner").await;
+    let b = open(d, "dlt_owner").await;
+    let n = name(&uniq("owner"));
+    let (ma, mb) = (meta("A"), meta("B"));
+    let ra = Request {
+        lease: Duration::from_millis(150),
+        ..rq(&n, "a", &ma)
+    };
+    let rb = rq(&n, "b", &mb);
+    token(a.acquire(&ra).await.unwrap());
+    busy(b.acquire(&rb).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(token(b.acquire(&rb).await.unwrap()), 2);
+    assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::NotHeld);
+    assert_eq!(a.extend(&[hr(&ra)]).await.unwrap(), vec![Extended::Gone]);
+    let info = a.describe(n.as_str()).await.unwrap();
+    assert_eq!(info[0].holders.len(), 1);
+    assert_eq!(info[0].holders[0].owner, "b");
+    assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::Released);
+}
+
+async fn fair_order(d: Dialect) {
+    let a = open(d, "dlt_fair").await;
+    let b = open(d, "dlt_fair").await;
+    let n = name(&uniq("fair"));
+    let m = meta("m");
+    let holder = rq(&n, "holder", &m);
+    token(a.acquire(&holder).await.unwrap());
+    let owners = ["w0", "w1", "w2"];
+    let reqs: Vec<Request<'_>> = owners
+        .iter()
+        .map(|o| Request {
+            fair: true,
+            waiting: true,
+            ..rq(&n, o, &m)
+        })
+        .collect();
+    for r in &reqs {
+        busy(b.acquire(r).await.unwrap());
+    }
+    // a plain request does not barge past the queue, even once the lock is free
+    let plain = rq(&n, "plain", &m);
+    a.release(&hr(&holder)).await.unwrap();
+    busy(a.acquire(&plain).await.unwrap());
+    let info_waiters = {
+        // the queue is listed only with holders; take w0 first
+        busy(b.acquire(&reqs[2]).await.unwrap());
+        busy(b.acquire(&reqs[1]).await.unwrap());
+        let t0 = token(b.acquire(&reqs[0]).await.unwrap());
+        let info = a.describe(n.as_str()).await.unwrap();
+        assert_eq!(info[0].holders[0].owner, "w0");
+        assert_eq!(t0, 2);
+        info[0]
+            .waiters
+            .iter()
+            .map(|w| w.owner.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(info_waiters, ["w1", "w2"]);
+    b.release(&hr(&reqs[0])).await.unwrap();
+    busy(b.acquire(&reqs[2]).await.unwrap());
+    assert_eq!(token(b.acquire(&reqs[1]).await.unwrap()), 3);
+    b.release(&hr(&reqs[1])).await.unwrap();
+    assert_eq!(token(b.acquire(&reqs[2]).await.unwrap()), 4);
+    // a cancelled waiter leaves the queue
+    let late = Request {
+        fair: true,
+        waiting: true,
+        ..rq(&n, "late", &m)
+    };
+    busy(a.acquire(&late).await.unwrap());
+    a.cancel(&late).await.unwrap();
+    b.release(&hr(&reqs[2])).await.unwrap();
+    assert_eq!(token(a.acquire(&plain).await.unwrap()), 5);
+    a.release(&hr(&plain)).await.unwrap();
+}
+
+async fn rwlock_and_semaphore(d: Dialect) {
+    let a = open(d, "dlt_rw").await;
+    let n = name(&uniq("rw"));
+    let m = meta("m");
+    let read = |o: &'static str| Request {
+        kind: LockKind::RwLock,
+        mode: Mode::Shared,
+        ..rq(&n, o, &m)
+    };
+    let (r1, r2, r3) = (read("r1"), read("r2"), read("r3"));
+    token(a.acquire(&r1).await.unwrap());
+    token(a.acquire(&r2).await.unwrap());
+    let w = Request {
+        kind: LockKind::RwLock,
+        waiting: true,
+        ..rq(&n, "w", &m)
+    };
+    busy(a.acquire(&w).await.unwrap());
+    // the waiting writer blocks new readers
+    busy(a.acquire(&r3).await.unwrap());
+    a.release(&hr(&r1)).await.unwrap();
+    a.release(&hr(&r2)).await.unwrap();
+    token(a.acquire(&w).await.unwrap());
+    busy(a.acquire(&r3).await.unwrap());
+    // a mutex request on an rwlock name is a configuration error
+    let wrong = rq(&n, "wrong", &m);
+    assert!(matches!(
+        a.acquire(&wrong).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    a.release(&hr(&w)).await.unwrap();
+    token(a.acquire(&r3).await.unwrap());
+    a.release(&hr(&r3)).await.unwrap();
+
+    let s = name(&uniq("sem"));
+    let k = LockKind::Semaphore { permits: 2 };
+    let permit = |o: &'static str| Request {
+        kind: k,
+        mode: Mode::Shared,
+        ..rq(&s, o, &m)
+    };
+    let (p1, p2, p3) = (permit("p1"), permit("p2"), permit("p3"));
+    token(a.acquire(&p1).await.unwrap());
+    token(a.acquire(&p2).await.unwrap());
+    busy(a.acquire(&p3).await.unwrap());
+    a.release(&hr(&p1)).await.unwrap();
+    token(a.acquire(&p3).await.unwrap());
+    let info = a.describe(s.as_str()).await.unwrap();
+    assert_eq!(info[0].kind, k);
+    assert_eq!(info[0].holders.len(), 2);
+}
+
+async fn concurrent_tasks_never_share_the_mutex(d: Dialect) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(Arc::new(open_isolated(d, "dlt_contended").await));
+    }
+    let base = uniq("contended");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..6usize {
+        let b = backends[t % 3].clone();
+        let inside = inside.clone();
+        let base = base.clone();
+        tasks.push(tokio::spawn(async move {
+            let n = name(&base);
+            let m = meta(&format!("task{t}"));
+            let mut last = 0;
+            for i in 0..8 {
+                let owner = format!("t{t}-{i}");
+                let r = Request {
+                    fair: t % 2 == 1,
+                    waiting: true,
+                    ..rq(&n, &owner, &m)
+                };
+                let tok = loop {
+                    match b.acquire(&r).await.unwrap() {
+                        Attempt::Granted(g) => break g.token.unwrap(),
+                        Attempt::Busy(bz) => b
+                            .wait(&r, &bz, Instant::now() + Duration::from_secs(1))
+                            .await
+                            .unwrap(),
+                    }
+                };
+                assert!(tok > last);
+                last = tok;
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(stored_fence(&backends[0], &base).await, 48);
+}
+
+async fn client_end_to_end(d: Dialect) {
+    let u = url(d, "dlt_client", "");
+    let c1 = crate::connect(&u).await.unwrap();
+    let c2 = crate::connect(&u).await.unwrap();
+    assert_eq!(c1.backend_name(), d.name());
+    let n = uniq("e2e");
+    let g = c1.mutex(n.as_str()).unwrap().acquire().await.unwrap();
+    assert_eq!(g.token(), Some(1));
+    let e = c2
+        .mutex(n.as_str())
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert!(e.is_not_granted(), "{e}");
+    let info = c2.describe(&n).await.unwrap().unwrap();
+    assert_eq!(info.holders[0].meta.client_id, c1.id());
+    let waiter = {
+        let c2 = c2.clone();
+        let n = n.clone();
+        tokio::spawn(async move {
+            let g = c2
+                .mutex(n.as_str())
+                .unwrap()
+                .acquire_timeout(Duration::from_secs(10))
+                .await
+                .unwrap();
+            let t = g.token();
+            g.release().await.unwrap();
+            (t, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let (t, got) = waiter.await.unwrap();
+    assert_eq!(t, Some(2));
+    assert!(got.duration_since(released) < Duration::from_millis(300));
+    assert!(c1.list(&n).await.unwrap().is_empty());
+}
+
+async fn table_name_is_validated(d: Dialect) {
+    for bad in [
+        "x;%20DROP%20TABLE%20y",
+        "x%3B%20DROP%20TABLE%20y",
+        "1x",
+        "a%22b",
+    ] {
+        let u = url(d, bad, "");
+        let e = SqlBackend::open(&u).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{bad}: {e}");
+        let e = crate::connect(&u).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{bad}: {e}");
+    }
+    let e = crate::connect(&url(d, "ok", "&nope=1")).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+}
+
+async fn dead_database_is_unavailable_quickly(d: Dialect) {
+    let u = match d {
+        Dialect::Postgres => "postgres://postgres@127.0.0.1:1/test",
+        Dialect::MySql => "mysql://root@127.0.0.1:1/test",
+    };
+    let start = Instant::now();
+    let e = SqlBackend::open(u).await.unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// The holder's server session id in session mode.
+async fn holder_pid(b: &SqlBackend, owner: &str) -> i64 {
+    b.sessions.lock().unwrap().get(owner).unwrap().server_pid
+}
+
+async fn kill(b: &SqlBackend, pid: i64) {
+    let sql = match b.dialect {
+        Dialect::Postgres => format!("SELECT pg_terminate_backend({pid})"),
+        Dialect::MySql => format!("KILL CONNECTION {pid}"),
+    };
+    (&b.pool).execute(sql.as_str()).await.unwrap();
+}
+
+async fn session_mode_exclusion_and_kill(d: Dialect) {
+    let a = open_session(d, "dlt_session").await;
+    let b = open_session(d, "dlt_session").await;
+    let base = uniq("sess");
+    let n = name(&base);
+    let (ma, mb) = (meta("A"), meta("B"));
+    let ra = rq(&n, "a", &ma);
+    let rb = rq(&n, "b", &mb);
+    let t1 = token(a.acquire(&ra).await.unwrap());
+    busy(b.acquire(&rb).await.unwrap());
+    assert_eq!(token(a.acquire(&ra).await.unwrap()), t1);
+    assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::NotHeld);
+    assert_eq!(
+        a.extend(&[hr(&ra)]).await.unwrap(),
+        vec![Extended::Held { valid_for: LONG }]
+    );
+    let info = b.describe(&base).await.unwrap();
+    assert_eq!(info[0].holders[0].owner, "a");
+    // other kinds and fair queues are refused
+    let rw = Request {
+        kind: LockKind::RwLock,
+        ..rq(&n, "c", &mb)
+    };
+    assert!(matches!(b.acquire(&rw).await, Err(Error::Unsupported(_))));
+    let fair = Request {
+        fair: true,
+        ..rq(&n, "c", &mb)
+    };
+    assert!(matches!(b.acquire(&fair).await, Err(Error::Unsupported(_))));
+    // long names work (hashed on MySQL)
+    let long = name(&format!("{base}/{}", "x".repeat(200)));
+    let rl = rq(&long, "l", &mb);
+    let tl = token(b.acquire(&rl).await.unwrap());
+    busy(a.acquire(&rq(&long, "l2", &ma)).await.unwrap());
+    assert_eq!(b.release(&hr(&rl)).await.unwrap(), Released::Released);
+    assert!(token(a.acquire(&rq(&long, "l2", &ma)).await.unwrap()) > tl);
+
+    // release, then b gets it with a higher token
+    assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::Released);
+    let t2 = token(b.acquire(&rb).await.unwrap());
+    assert!(t2 > t1);
+    // the server kills b's connection: extend reports Gone, a waiter gets in
+    let bz = busy(a.acquire(&ra).await.unwrap());
+    let pid = holder_pid(&b, "b").await;
+    kill(&a, pid).await;
+    let start = Instant::now();
+    a.wait(&ra, &bz, start + Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    let t3 = token(a.acquire(&ra).await.unwrap());
+    assert!(t3 > t2);
+    assert_eq!(b.extend(&[hr(&rb)]).await.unwrap(), vec![Extended::Gone]);
+    assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::NotHeld);
+    let info = b.describe(&base).await.unwrap();
+    assert_eq!(info[0].holders[0].owner, "a");
+    assert_eq!(info[0].holders[0].token, Some(t3));
+    // an administrator's unlock ends the holder's session
+    assert_eq!(b.force_release(&n).await.unwrap(), 1);
+    assert_eq!(a.extend(&[hr(&ra)]).await.unwrap(), vec![Extended::Gone]);
+    let t4 = token(b.acquire(&rb).await.unwrap());
+    assert!(t4 > t3);
+    b.release(&hr(&rb)).await.unwrap();
+}
+
+async fn session_mode_lost_fires_on_kill(d: Dialect) {
+    let u = url(d, "dlt_session_client", "&mode=session");
+    let opts = crate::ClientOptions::default().lease(Duration::from_secs(3));
+    let c1 = crate::connect_with(&u, opts.clone()).await.unwrap();
+    let c2 = crate::connect_with(&u, opts).await.unwrap();
+    let n = uniq("lost");
+    let g = c1.mutex(n.as_str()).unwrap().acquire().await.unwrap();
+    let t1 = g.token().unwrap();
+    let lost = g.lost();
+    let waiter = {
+        let c2 = c2.clone();
+        let n = n.clone();
+        tokio::spawn(async move {
+            c2.mutex(n.as_str())
+                .unwrap()
+                .acquire_timeout(Duration::from_secs(10))
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let admin = open(d, "dlt_session_client").await;
+    let pid: i64 = match d {
+        Dialect::Postgres => sqlx::query(
+            "SELECT pid::bigint FROM pg_locks WHERE locktype = 'advisory' AND granted
+               AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1",
+        )
+        .bind(advisory_key("dlt_session_client", &n)),
+        Dialect::MySql => sqlx::query("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
+            .bind(mysql_lock_name("dlt_session_client", &n)),
+    }
+    .fetch_one(&admin.pool)
+    .await
+    .unwrap()
+    .try_get(0)
+    .unwrap();
+    let killed = Instant::now();
+    kill(&admin, pid).await;
+    let why = tokio::time::timeout(Duration::from_secs(3), lost)
+        .await
+        .expect("lost() did not fire after the holder's connection was killed");
+    assert!(matches!(why, Error::Lost { .. }), "{why:?}");
+    let g2 = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    // well before the core's 5 s safety net: the waiter polls the server lock
+    assert!(
+        killed.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert!(g2.token().unwrap() > t1);
+    g2.release().await.unwrap();
+    let _ = g.release().await;
+}
+
+async fn dropped_holder_frees_session_lock(d: Dialect) {
+    let n = name(&uniq("drop"));
+    let m = meta("m");
+    let t1 = {
+        let a = open_session(d, "dlt_session").await;
+        let t = token(a.acquire(&rq(&n, "a", &m)).await.unwrap());
+        // the hold is not extended within its lease: the backend lets it go
+        let short = Request {
+            lease: Duration::from_millis(200),
+            ..rq(&n, "a", &m)
+        };
+        token(a.acquire(&short).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let b = open_session(d, "dlt_session").await;
+        let t2 = token(b.acquire(&rq(&n, "b", &m)).await.unwrap());
+        assert!(t2 > t);
+        t2
+    };
+    // b was dropped with its hold: its connection closes, the lock is free again
+    let c = open_session(d, "dlt_session").await;
+    let rc = rq(&n, "c", &m);
+    let mut got = None;
+    for _ in 0..50 {
+        if let Attempt::Granted(g) = c.acquire(&rc).await.unwrap() {
+            got = g.token;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(got.unwrap() > t1);
+    c.release(&hr(&rc)).await.unwrap();
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres_notify_wakes_well_before_polling() {
+    let d = Dialect::Postgres;
+    let a = open_isolated(d, "dlt_notify").await;
+    let b = open_isolated(d, "dlt_notify").await;
+    assert_eq!(b.capabilities().wakeups, Wakeups::Native);
+    let n = name(&uniq("notify"));
+    let (ma, mb) = (meta("A"), meta("B"));
+    for round in 0..3 {
+        let ho = format!("h{round}");
+        let wo = format!("w{round}");
+        let h = rq(&n, &ho, &ma);
+        let w = Request {
+            waiting: true,
+            ..rq(&n, &wo, &mb)
+        };
+        token(a.acquire(&h).await.unwrap());
+        let bz = busy(b.acquire(&w).await.unwrap());
+        assert!(bz.retry_in.unwrap() > Duration::from_secs(20));
+        let (released_tx, released_rx) = tokio::sync::oneshot::channel();
+        let releaser = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let at = Instant::now();
+            assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::Released);
+            let _ = released_tx.send(at);
+        };
+        let start = Instant::now();
+        let (r, ()) = tokio::join!(b.wait(&w, &bz, start + Duration::from_secs(20)), releaser);
+        r.unwrap();
+        let woke = Instant::now();
+        let released = released_rx.await.unwrap();
+        let after = woke.saturating_duration_since(released);
+        assert!(
+            after < Duration::from_millis(100),
+            "round {round}: woke {after:?} after the release"
+        );
+        token(b.acquire(&w).await.unwrap());
+        b.release(&hr(&w)).await.unwrap();
+    }
+}
+
+#[cfg(feature = "mysql")]
+async fn mysql_polls_and_respects_until() {
+    let d = Dialect::MySql;
+    let a = open_isolated(d, "dlt_poll").await;
+    let b = open_isolated(d, "dlt_poll").await;
+    assert!(matches!(b.capabilities().wakeups, Wakeups::Polling { .. }));
+    let n = name(&uniq("poll"));
+    let (ma, mb) = (meta("a"), meta("b"));
+    let h = rq(&n, "h", &ma);
+    let w = rq(&n, "w", &mb);
+    token(a.acquire(&h).await.unwrap());
+    let bz = busy(b.acquire(&w).await.unwrap());
+    let start = Instant::now();
+    b.wait(&w, &bz, start + Duration::from_millis(150))
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(150) && took < Duration::from_millis(600),
+        "{took:?}"
+    );
+    a.release(&hr(&h)).await.unwrap();
+    let start = Instant::now();
+    b.wait(&w, &bz, start + Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(start.elapsed() < Duration::from_millis(300));
+    token(b.acquire(&w).await.unwrap());
+}
+
+#[test]
+fn hashes_are_stable() {
+    // FNV-1a 64 of "" is the offset basis; of "a" a published value.
+    assert_eq!(fnv1a64("", "").wrapping_sub(0), {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        h ^= 0;
+        h.wrapping_mul(0x0100_0000_01b3)
+    });
+    assert_ne!(advisory_key("t", "a"), advisory_key("t", "A"));
+    assert_ne!(advisory_key("t", "a"), advisory_key("u", "a"));
+    assert_eq!(
+        mysql_lock_name("dlock_locks", "jobs/1"),
+        "dlock_locks:jobs/1"
+    );
+    let long = mysql_lock_name("dlock_locks", &"x".repeat(100));
+    assert!(
+        long.starts_with("dlock_locks#") && long.len() == 12 + 16,
+        "{long}"
+    );
+    assert_eq!(
+        Dialect::Postgres.sql("a = ? AND b = ?"),
+        "a = $1 AND b = $2"
+    );
+    assert_eq!(Dialect::MySql.sql("a = ?"), "a = ?");
+}
+
+macro_rules! tests {
+    ($d:expr; $($t:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $t() {
+                super::$t($d).await
+            }
+        )*
+    };
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    tests!(super::Dialect::Postgres;
+        exclusion_across_two_clients,
+        fence_increases_across_expiry_and_reconnect,
+        owner_only_release_after_expiry,
+        fair_order,
+        rwlock_and_semaphore,
+        concurrent_tasks_never_share_the_mutex,
+        client_end_to_end,
+        table_name_is_validated,
+        dead_database_is_unavailable_quickly,
+        session_mode_exclusion_and_kill,
+        session_mode_lost_fires_on_kill,
+        dropped_holder_frees_session_lock,
+    );
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn notify_wakes_well_before_polling() {
+        super::postgres_notify_wakes_well_before_polling().await
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    tests!(super::Dialect::MySql;
+        exclusion_across_two_clients,
+        fence_increases_across_expiry_and_reconnect,
+        owner_only_release_after_expiry,
+        fair_order,
+        rwlock_and_semaphore,
+        concurrent_tasks_never_share_the_mutex,
+        client_end_to_end,
+        table_name_is_validated,
+        dead_database_is_unavailable_quickly,
+        session_mode_exclusion_and_kill,
+        session_mode_lost_fires_on_kill,
+        dropped_holder_frees_session_lock,
+    );
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn polls_and_respects_until() {
+        super::mysql_polls_and_respects_until().await
+    }
+}
