@@ -53,6 +53,7 @@ SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/dlock-test.XXXXXX")
 # Redis: our own server on a free loopback port, no persistence (the fault tests start their own,
 # with and without persistence). redis-py is the other ecosystem's client of the interop test.
 need_pkg redis-server redis-server
+need_pkg openssl openssl
 if [ -z "${DLOCK_TEST_REDIS_URL:-}" ]; then
   REDIS_PORT=$(free_port)
   mkdir -p "$SCRATCH/redis"

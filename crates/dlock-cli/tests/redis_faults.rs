@@ -25,9 +25,16 @@ fn free_port() -> u16 {
 
 impl Server {
     fn start(args: &[&str]) -> Server {
+        // A server listening only on its TLS port is waited for on that port.
+        let port = args
+            .iter()
+            .position(|a| *a == "--tls-port")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(free_port);
         let mut s = Server {
             child: None,
-            port: free_port(),
+            port,
             dir: tempfile::tempdir().unwrap(),
             args: args.iter().map(|a| a.to_string()).collect(),
         };
@@ -36,8 +43,12 @@ impl Server {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--bind", "127.0.0.1"]);
+        if !self.args.iter().any(|a| a == "--tls-port") {
+            cmd.args(["--port", &self.port.to_string()]);
+        }
+        let child = cmd
             .args(["--dir", self.dir.path().to_str().unwrap()])
             .args(&self.args)
             .stdout(Stdio::null())
@@ -349,4 +360,70 @@ async fn dlock_run_and_list_work_on_redis() {
     assert!(holder["token"].as_u64().is_some_and(|t| t >= 1), "{holder}");
     let left = holder["lease_left_ms"].as_u64().unwrap();
     assert!(left > 0 && left <= 5000, "{holder}");
+}
+
+/// `rediss://` speaks TLS and verifies the server against the system's roots: a server whose
+/// (self-signed) certificate the roots do not hold is refused with a certificate error (exit 69),
+/// and the same server is accepted once its certificate is a trusted root (`SSL_CERT_FILE`, which
+/// the system OpenSSL reads for its default roots).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_verifies_the_server_against_the_system_roots() {
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .args(["-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl must be installed (scripts/test.sh installs it)");
+    assert!(made.success());
+    let tls_port = free_port();
+    let server = Server::start(&[
+        "--save",
+        "",
+        "--port",
+        "0",
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        cert.to_str().unwrap(),
+        "--tls-key-file",
+        key.to_str().unwrap(),
+        "--tls-ca-cert-file",
+        cert.to_str().unwrap(),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let url = format!("rediss://localhost:{tls_port}/");
+    let name = unique("tls");
+    let dlock_run = |trust: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
+        c.args(["run", "--url", &url, "--no-wait", &name, "--"])
+            .args(["sh", "-c", "echo token=$DLOCK_TOKEN"]);
+        if trust {
+            c.env("SSL_CERT_FILE", &cert);
+        } else {
+            c.env_remove("SSL_CERT_FILE");
+        }
+        c.output().unwrap()
+    };
+    let refused = dlock_run(false);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(69), "{err}");
+    assert!(err.contains("certificate"), "{err}");
+    let ok = dlock_run(true);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "token=1");
+    drop(server);
 }
