@@ -69,6 +69,28 @@ if [ -z "${DLOCK_TEST_REDIS_URL:-}" ]; then
 fi
 log "redis for tests: $DLOCK_TEST_REDIS_URL"
 
+# Redlock: five more independent redis-servers on free loopback ports, no persistence.
+if [ -z "${DLOCK_TEST_REDLOCK_URL:-}" ]; then
+  REDLOCK_HOSTS=()
+  for i in 1 2 3 4 5; do
+    port=$(free_port)
+    mkdir -p "$SCRATCH/redlock$i"
+    redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+      --dir "$SCRATCH/redlock$i" --logfile "$SCRATCH/redlock$i/redis.log" &
+    STARTED_PIDS+=("$!")
+    REDLOCK_HOSTS+=("127.0.0.1:$port")
+  done
+  for h in "${REDLOCK_HOSTS[@]}"; do
+    for _ in $(seq 1 100); do
+      redis-cli -p "${h##*:}" ping >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+    redis-cli -p "${h##*:}" ping >/dev/null || { log "redis-server $h (redlock) did not start"; exit 1; }
+  done
+  export DLOCK_TEST_REDLOCK_URL="redlock://$(IFS=,; echo "${REDLOCK_HOSTS[*]}")"
+fi
+log "redlock for tests: $DLOCK_TEST_REDLOCK_URL"
+
 # PostgreSQL and MariaDB: the machine's own servers (127.0.0.1:5432 trust, 127.0.0.1:3306 root),
 # started if they are down and installed if missing. Tests use their own table and lock names.
 pg_up() { pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; }
@@ -113,6 +135,7 @@ if ! ls /usr/share/java/curator-recipes*.jar >/dev/null 2>&1; then
 fi
 
 python3 -c 'import redis' 2>/dev/null || { log "installing redis-py (PyPI)"; python3 -m pip install --quiet 'redis>=5,<6'; }
+python3 -c 'import redlock' 2>/dev/null || { log "installing redlock-py (PyPI)"; python3 -m pip install --quiet 'redlock-py==1.0.8'; }
 
 # --- checks --------------------------------------------------------------------------------------
 log "cargo fmt --check"

@@ -58,6 +58,29 @@ use harness::{env_url, Caps};
 /// multi-process scenarios are generated only for stores shared between processes (a scenario that
 /// does not apply is not a test, rather than a test that passes without running).
 macro_rules! conformance {
+    // A mutex-only store without fencing (Redlock): only the scenarios that use nothing but
+    // non-fair mutexes (the fencing assertions accept `token() == None` only because the store
+    // reports `fencing: false`). Skipped, one line each:
+    // - try_and_timeout: its second half uses a fair mutex (Redlock: no fair mode).
+    // - reentrancy_counts: ends with a semaphore (mutex only).
+    // - rwlock_shared_exclusive, semaphore_limit: rwlocks and semaphores (mutex only).
+    // - fair_fifo_order: fair mode.
+    // - bad_input: checks rwlock and semaphore leases and names too.
+    // - describe_shows_holders: describes held rwlocks and semaphores too.
+    // - dropped_guard_releases: drops semaphore and rwlock guards too.
+    ($backend:ident, $url:expr, Caps { cross_process: true, mutex_only: true } $(,)?) => {
+        conformance!(@tests $backend, $url, Caps { cross_process: true };
+            mutual_exclusion_tasks,
+            owner_only_release_after_expiry,
+            holder_killed_taken_over,
+            renewal_keeps_lock,
+            lost_fires_when_store_removes_hold,
+            lost_fires_at_deadline_without_renewal,
+            fencing_tokens_increase,
+            waiter_wakes_by_notification,
+            mutual_exclusion_processes,
+        );
+    };
     ($backend:ident, $url:expr, Caps { cross_process: true } $(,)?) => {
         conformance!(@all $backend, $url, Caps { cross_process: true }; mutual_exclusion_processes,);
     };
@@ -146,5 +169,16 @@ conformance!(
     |_| env_url("DLOCK_TEST_REDIS_URL"),
     Caps {
         cross_process: true
+    }
+);
+
+// Redlock: five private redis-servers `scripts/test.sh` starts (DLOCK_TEST_REDLOCK_URL); mutex
+// only and no fencing token, so only the scenarios listed in the mutex-only arm above.
+conformance!(
+    redlock,
+    |_| env_url("DLOCK_TEST_REDLOCK_URL"),
+    Caps {
+        cross_process: true,
+        mutex_only: true
     }
 );

@@ -77,6 +77,7 @@ pub(crate) fn margin(valid_for: Duration) -> Duration {
 /// | `postgres://user@host/db[?table=…&mode=session]` | PostgreSQL (feature `postgres`), see [`crate::backend::sql`] |
 /// | `mysql://user@host/db[?table=…&mode=session]`, `mariadb://…` | MySQL/MariaDB (feature `mysql`), see [`crate::backend::sql`] |
 /// | `zk://host:2181,host2:2181/chroot[?session_timeout=10s]` | a ZooKeeper ensemble (feature `zookeeper`) |
+/// | `redlock://h1:6379,h2:6379,h3:6379[?drift=0.01]` | Redlock over independent Redis servers (feature `redlock`, mutex only, no fencing), see [`crate::backend::redlock`] |
 ///
 /// Must be called inside a tokio runtime (the client runs a renewal task on it).
 ///
@@ -126,6 +127,10 @@ pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client> {
         #[cfg(feature = "redis")]
         crate::config::Target::Redis(target) => {
             Arc::new(crate::backend::redis::RedisBackend::open(target).await?)
+        }
+        #[cfg(feature = "redlock")]
+        crate::config::Target::Redlock(config) => {
+            Arc::new(crate::backend::redlock::RedlockBackend::open(config).await?)
         }
         #[cfg(not(feature = "redis"))]
         crate::config::Target::Redis(_) => {

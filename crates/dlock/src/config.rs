@@ -17,6 +17,9 @@ pub fn enabled_backends() -> Vec<&'static str> {
         v.push("redis");
         v.push("rediss");
     }
+    if cfg!(feature = "redlock") {
+        v.push("redlock");
+    }
     if cfg!(feature = "postgres") {
         v.push("postgres");
         v.push("postgresql");
@@ -34,6 +37,7 @@ const PLANNED: &[&str] = &[
     "redis",
     #[cfg(not(feature = "redis"))]
     "rediss",
+    #[cfg(not(feature = "redlock"))]
     "redlock",
     "postgres",
     "postgresql",
@@ -57,6 +61,9 @@ pub(crate) enum Target {
     /// `redis://[user:pass@]host:port[/db]` or `rediss://...`
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Redis(RedisTarget),
+    /// `redlock://host:port,host:port,host:port[?drift=…]` (several independent Redis servers)
+    #[cfg(feature = "redlock")]
+    Redlock(crate::backend::redlock::RedlockConfig),
     /// `postgres://…`, `postgresql://…`, `mysql://…`, `mariadb://…` (options checked)
     #[cfg(any(feature = "postgres", feature = "mysql"))]
     Sql(crate::backend::sql::SqlConfig),
@@ -218,6 +225,16 @@ fn parse_sql(raw: &str) -> Result<Target> {
 /// assert_eq!(dlock::redact_url("redis://u:secret@h:6379/0"), "redis://u:***@h:6379/0");
 /// ```
 pub fn redact_url(url: &str) -> String {
+    // Redlock URLs list several hosts (not a URL the url crate can read): redact the userinfo.
+    if let Some(rest) = url.strip_prefix("redlock://") {
+        return match rest.rsplit_once('@') {
+            Some((userinfo, hosts)) if userinfo.contains(':') => {
+                let user = userinfo.split(':').next().unwrap_or("");
+                format!("redlock://{user}:***@{hosts}")
+            }
+            _ => url.to_string(),
+        };
+    }
     // ZooKeeper URLs carry no credentials (and are not URLs the url crate can read).
     if url.starts_with("zk://") && !url.contains('@') {
         return url.to_string();
@@ -240,6 +257,17 @@ pub fn redact_url(url: &str) -> String {
 pub(crate) fn parse(raw: &str) -> Result<Target> {
     if let Some(rest) = raw.strip_prefix("zk://") {
         return parse_zk(rest);
+    }
+    if raw.starts_with("redlock://") {
+        #[cfg(feature = "redlock")]
+        return Ok(Target::Redlock(
+            crate::backend::redlock::RedlockConfig::parse(raw)?,
+        ));
+        #[cfg(not(feature = "redlock"))]
+        return Err(Error::InvalidConfig(format!(
+            "this build of dlock has no redlock backend (cargo feature \"redlock\"; enabled: {})",
+            enabled_backends().join(", ")
+        )));
     }
     let u = Url::parse(raw).map_err(|e| {
         Error::InvalidConfig(format!(

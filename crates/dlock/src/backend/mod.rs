@@ -20,6 +20,8 @@ pub(crate) mod logic;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redlock")]
+pub mod redlock;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod sql;
 #[cfg(feature = "sqlite")]

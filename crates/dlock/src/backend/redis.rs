@@ -793,6 +793,50 @@ impl RedisBackend {
             .map(|_| ())
     }
 
+    // ---- hooks for stores built of several Redis servers (Redlock) ----
+
+    /// Whether `name`'s release channel is subscribed on this server's pub/sub connection.
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(crate) fn is_subscribed(&self, name: &str) -> bool {
+        lock(&self.shared.subs).by_name.contains_key(name)
+    }
+
+    /// Makes sure `name`'s release channel is subscribed (the pub/sub machinery of `wait`, without
+    /// waiting). `Ok(true)` if this call subscribed it.
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(crate) async fn subscribe_name(&self, name: &str, until: Instant) -> Result<bool> {
+        self.shared.subscribe(name, until).await
+    }
+
+    /// Forgets what `acquire` remembered for a waiting `owner` (no server traffic): Redlock calls
+    /// it on every server once the owner is granted or gives up.
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(crate) fn forget_waiter(&self, owner: &str) {
+        lock(&self.shared.seen).remove(owner);
+    }
+
+    /// Compare-and-delete of a mutex hold **without** publishing a wake-up: Redlock's clean-up
+    /// of a grant that did not reach a majority (waking waiters for it would make contenders
+    /// take turns in a loop while a real holder keeps the lock).
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(crate) async fn release_quiet(&self, name: &LockName, owner: &str) -> Result<Released> {
+        let sh = &self.shared;
+        let (base, exp, meta) = self.hold_keys(name.as_str(), owner);
+        let v = sh
+            .eval(
+                "release",
+                &sh.scripts.release,
+                &[&base, &exp, &meta],
+                &[owner.to_owned(), String::new()],
+            )
+            .await?;
+        match int(&v) {
+            Some(1) => Ok(Released::Released),
+            Some(0) => Ok(Released::NotHeld),
+            _ => Err(unexpected("release answer", &v)),
+        }
+    }
+
     fn hold_keys(&self, name: &str, owner: &str) -> (String, String, String) {
         let base = self.shared.base(name);
         let exp = format!("{base}:exp");

@@ -1,5 +1,6 @@
 -- release: compare-and-delete on the owner token.
--- KEYS: 1 base, 2 exp, 3 meta; ARGV: 1 owner, 2 channel. Returns 1 released, 0 not held.
+-- KEYS: 1 base, 2 exp, 3 meta; ARGV: 1 owner, 2 channel ('' for a quiet release that wakes
+-- nobody: Redlock's clean-up of a partial grant). Returns 1 released, 0 not held.
 local base, exp, meta, owner = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local now = now_ms()
 local t = redis.call('TYPE', base)['ok']
@@ -26,6 +27,8 @@ elseif t == 'hash' then
 end
 if released == 1 then
   redis.call('DEL', meta)
-  redis.call('PUBLISH', ARGV[2], 'released')
+  if ARGV[2] ~= '' then
+    redis.call('PUBLISH', ARGV[2], 'released')
+  end
 end
 return released

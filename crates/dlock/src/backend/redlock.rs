@@ -1,0 +1,808 @@
+//! Redlock over several independent Redis servers
+//! (`redlock://[user:pass@]host1:port1,host2:port2,host3:port3[/db][?drift=0.01]`), behind the
+//! cargo feature `redlock` (which implies `redis`).
+//!
+//! # The algorithm
+//!
+//! Each server is a full single-server [`RedisBackend`](super::redis::RedisBackend) (its
+//! connection, its Lua scripts, its pub/sub wake-ups), and every server holds a mutex exactly as
+//! the single-server store does: the key `prefix{name}` holds the owner token with a `PX` expiry.
+//! So other Redlock clients on the same servers and key (redsync, node-redlock, rslock,
+//! redlock-py) and dlock exclude each other.
+//!
+//! - **Acquire**: note the start on the monotonic clock, run the grant script (`SET NX PX`
+//!   semantics, the same owner token) on all N servers **concurrently**, each bounded by a short
+//!   per-server timeout (`min(timeout, lease/10)`). The hold is granted only if a majority
+//!   (`N/2 + 1`) granted it **and** the validity `lease − elapsed − drift` is positive, where
+//!   `drift = lease × drift_factor + 2 ms` (factor `0.01` by default, `?drift=`). The grant answers
+//!   `valid_for = validity` (the core then subtracts its own 10 % margin). Otherwise the owner's
+//!   key is deleted on **every** server, including those whose reply was lost, without waking
+//!   anyone, and the attempt is `Busy`: after a split vote or unreachable servers a random
+//!   5–50 ms, else when enough of the blocking keys expire (at most 1 s). A repeat attempt of an
+//!   owner that holds is an idempotent re-grant on each server.
+//! - **Renewal**: the compare-and-pexpire script on all N servers in parallel, all holds of a
+//!   client in one pipeline per server. A hold confirmed by fewer than a majority, or whose
+//!   validity (`lease − elapsed − drift`) is gone, is answered `Gone` (its `lost()` fires) and
+//!   its remaining keys are deleted in the background.
+//! - **Release**: compare-and-delete on every server it can reach; `Released` if a majority had
+//!   the hold.
+//! - **Waiting**: the release channel of the name is subscribed on **every** server (one pub/sub
+//!   connection per server per client); any message is a reason to try again, with the holder's
+//!   remaining lease and jittered polling as the fallback.
+//! - `describe` / `dlock list`: the holders seen on a majority of the servers that answered
+//!   (best effort: a hold being granted or released right then may be missing), without tokens.
+//!
+//! Only **mutexes** (with reentrancy through the core) are offered: an rwlock or semaphore over
+//! independent servers would need a quorum rule for every holder set and queue, and a fair queue
+//! a single order of arrival; both answer [`Error::Unsupported`] at acquire.
+//!
+//! # No fencing token
+//!
+//! A majority of independent counters cannot give a strictly increasing token (two grants can see
+//! disjoint-enough majorities whose counters disagree), so dlock does not fake one:
+//! `capabilities().fencing` is false, [`crate::Guard::token`] is `None` and `dlock run` starts the
+//! command without `DLOCK_TOKEN`. Martin Kleppmann argued ("How to do distributed locking", 2016)
+//! that Redlock's timing assumptions (bounded pauses, network delays and clock drift) make it
+//! unsafe for correctness without fencing; antirez answered ("Is Redlock safe?") that the
+//! assumptions are reasonable and that a lock used for efficiency needs no more. If you need
+//! fencing, use Redis with AOF and `appendfsync always` (`redis://`), PostgreSQL, SQLite or
+//! ZooKeeper.
+//!
+//! # URL options
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `drift` | `0.01` | clock drift factor (`0.01` or `1%`, at most `0.5`); 2 ms are added |
+//! | `prefix`, `hashtag` | `dlock:`, `true` | as for `redis://`, applied on every server |
+//! | `timeout` | `250ms` | one command on one server; an acquire or renewal also stops waiting for a server after a tenth of the lease |
+//! | `connect_timeout` | `3s` | connecting to one server |
+//!
+//! At least 3 servers, each `host:port` once (port 6379 if not given); an odd number is
+//! recommended (an even N tolerates no more failures than N − 1). The user and password, and the
+//! database path (`/db`), apply to every server. A majority must be reachable at connect; the
+//! others are reconnected in the background (at most once a second).
+//!
+//! # What breaks it
+//!
+//! - A server restarted without persistence forgets its keys, and can then give the same lock to
+//!   a second client; with N = 5, two such restarts inside one lease are enough. Run the servers
+//!   with AOF (`appendfsync always`) or delay their restart by a lease (antirez's advice).
+//! - A holder paused (GC, swap, SIGSTOP) past its validity keeps working after `lost()` should
+//!   have stopped it: without fencing nothing stops it at the resource.
+//! - Clocks of the servers running faster than the drift factor shortens leases.
+
+use super::redis::RedisBackend;
+use super::*;
+use crate::config::RedisTarget;
+use crate::error::Error;
+use futures_util::future::{join_all, select_all};
+use rand::Rng;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+
+/// The default clock drift factor: 1 % of the lease (plus 2 ms).
+pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// Added to the drift of every lease (Redis expires keys with a millisecond of slack).
+const DRIFT_FIXED: Duration = Duration::from_millis(2);
+/// The default command timeout on one server (`timeout`).
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+/// The shortest per-server wait of an acquire or renewal.
+const MIN_OP_TIMEOUT: Duration = Duration::from_millis(10);
+/// How often a server that is not connected is tried again.
+const RECONNECT_EVERY: Duration = Duration::from_secs(1);
+/// The longest `retry_in` of a refused attempt (waiters are woken by releases anyway).
+const MAX_RETRY: Duration = Duration::from_secs(1);
+
+/// A parsed `redlock://` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RedlockConfig {
+    /// One Redis target per server, in URL order.
+    pub(crate) servers: Vec<RedisTarget>,
+    /// The clock drift factor in parts per million.
+    pub(crate) drift_ppm: u32,
+    /// The URL with the password redacted.
+    pub(crate) shown: String,
+}
+
+fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `0.01` or `1%` → parts per million, at most half.
+fn parse_drift(v: &str) -> Option<u32> {
+    let f = match v.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().ok()? / 100.0,
+        None => v.trim().parse::<f64>().ok()?,
+    };
+    if !f.is_finite() || !(0.0..=0.5).contains(&f) {
+        return None;
+    }
+    Some((f * 1_000_000.0).round() as u32)
+}
+
+/// `host:port`, `[v6]:port` or `host` (port 6379).
+fn split_host_port(h: &str) -> Option<(String, u16)> {
+    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
+        let (v6, after) = rest.split_once(']')?;
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':')?),
+        };
+        (format!("[{v6}]"), port)
+    } else {
+        match h.rsplit_once(':') {
+            Some((host, port)) => (host.to_owned(), Some(port)),
+            None => (h.to_owned(), None),
+        }
+    };
+    let bad_char = |c: char| c.is_whitespace() || "/?#@[]".contains(c);
+    if host.is_empty() || (!host.starts_with('[') && host.contains(bad_char)) {
+        return None;
+    }
+    let port = match port {
+        None => 6379,
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0)?,
+    };
+    Some((host, port))
+}
+
+impl RedlockConfig {
+    /// Parses `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db][?options]`.
+    pub(crate) fn parse(raw: &str) -> Result<RedlockConfig> {
+        let shown = crate::config::redact_url(raw);
+        let bad = |why: String| Error::InvalidConfig(format!("redlock URL {shown}: {why}"));
+        let rest = raw
+            .strip_prefix("redlock://")
+            .ok_or_else(|| bad("must start with redlock://".into()))?;
+        if rest.contains('#') {
+            return Err(bad("has a fragment; dlock does not use it".into()));
+        }
+        let (main, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (auth, hosts_db) = match main.rsplit_once('@') {
+            Some((a, h)) => (Some(a), h),
+            None => (None, main),
+        };
+        let (hosts, db) = hosts_db.split_once('/').unwrap_or((hosts_db, ""));
+        if !db.is_empty() && db.parse::<u32>().is_err() {
+            return Err(bad(format!(
+                "the path must be a database number, got {db:?}"
+            )));
+        }
+        let mut seen = HashSet::new();
+        let mut addrs = Vec::new();
+        for h in hosts.split(',') {
+            let (host, port) = split_host_port(h).ok_or_else(|| {
+                bad(format!(
+                    "bad server {h:?} (expected host:port with a port from 1 to 65535)"
+                ))
+            })?;
+            if !seen.insert((host.to_ascii_lowercase(), port)) {
+                return Err(bad(format!(
+                    "server {host}:{port} is listed twice; every server must be independent"
+                )));
+            }
+            addrs.push((host, port));
+        }
+        if addrs.len() < 3 {
+            return Err(bad(format!(
+                "Redlock needs at least 3 independent servers, got {}",
+                addrs.len()
+            )));
+        }
+        let mut drift_ppm = (DEFAULT_DRIFT_FACTOR * 1_000_000.0) as u32;
+        let mut pass = url::form_urlencoded::Serializer::new(String::new());
+        let mut timeout_given = false;
+        for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+            match &*k {
+                "drift" => {
+                    drift_ppm = parse_drift(&v).ok_or_else(|| {
+                        bad(format!(
+                            "option drift={v:?}: expected a factor from 0 to 0.5 (0.01 or 1%)"
+                        ))
+                    })?;
+                }
+                "prefix" | "hashtag" | "timeout" | "connect_timeout" => {
+                    timeout_given |= k == "timeout";
+                    pass.append_pair(&k, &v);
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown option {other:?} (known: drift, prefix, hashtag, timeout, connect_timeout)"
+                    )))
+                }
+            }
+        }
+        let pass = pass.finish();
+        let mut servers = Vec::new();
+        for (host, port) in addrs {
+            let url = format!(
+                "redis://{}{host}:{port}/{db}{}{pass}",
+                auth.map(|a| format!("{a}@")).unwrap_or_default(),
+                if pass.is_empty() { "" } else { "?" }
+            );
+            match crate::config::parse(&url)? {
+                crate::config::Target::Redis(mut t) => {
+                    if !timeout_given {
+                        t.timeout = DEFAULT_TIMEOUT;
+                    }
+                    servers.push(t);
+                }
+                _ => return Err(bad(format!("server {host}:{port} is not a redis address"))),
+            }
+        }
+        Ok(RedlockConfig {
+            servers,
+            drift_ppm,
+            shown,
+        })
+    }
+}
+
+/// One server: its single-server backend once connected.
+struct Slot {
+    target: RedisTarget,
+    conn: StdMutex<Option<Arc<RedisBackend>>>,
+    next_try: StdMutex<Instant>,
+    connecting: AtomicBool,
+}
+
+impl Slot {
+    /// The connected backend, or `None` (and a background reconnect, at most once a second).
+    fn get(self: &Arc<Self>) -> Option<Arc<RedisBackend>> {
+        if let Some(b) = lock(&self.conn).clone() {
+            return Some(b);
+        }
+        let now = Instant::now();
+        {
+            let mut next = lock(&self.next_try);
+            if now < *next {
+                return None;
+            }
+            *next = now + RECONNECT_EVERY;
+        }
+        if !self.connecting.swap(true, Ordering::SeqCst) {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    let slot = self.clone();
+                    rt.spawn(async move {
+                        match RedisBackend::open(slot.target.clone()).await {
+                            Ok(b) => *lock(&slot.conn) = Some(Arc::new(b)),
+                            Err(e) => tracing::debug!(server = %slot.target.shown, error = %e, "redlock: reconnect failed"),
+                        }
+                        slot.connecting.store(false, Ordering::SeqCst);
+                    });
+                }
+                Err(_) => self.connecting.store(false, Ordering::SeqCst),
+            }
+        }
+        None
+    }
+}
+
+/// The Redlock store. Obtain it with
+/// `dlock::connect("redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003")`, or
+/// [`RedlockBackend::connect`] and [`crate::Client::with_backend`]. See the module docs for the
+/// algorithm, the missing fencing token and what breaks it.
+pub struct RedlockBackend {
+    slots: Vec<Arc<Slot>>,
+    quorum: usize,
+    drift_ppm: u32,
+    timeout: Duration,
+    shown: String,
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field("url", &self.shown)
+            .field("servers", &self.slots.len())
+            .field("quorum", &self.quorum)
+            .finish()
+    }
+}
+
+impl RedlockBackend {
+    /// Connects to the servers of a `redlock://` URL (see the module docs).
+    ///
+    /// Errors: [`Error::InvalidConfig`] for a malformed URL (fewer than 3 servers, a server
+    /// listed twice, a bad port, an unknown option) or a wrong password;
+    /// [`Error::Unavailable`] if fewer than a majority of the servers can be reached.
+    pub async fn connect(url: &str) -> Result<RedlockBackend> {
+        Self::open(RedlockConfig::parse(url)?).await
+    }
+
+    pub(crate) async fn open(config: RedlockConfig) -> Result<RedlockBackend> {
+        let n = config.servers.len();
+        let quorum = n / 2 + 1;
+        if n % 2 == 0 {
+            tracing::warn!(
+                servers = n,
+                "redlock with an even number of servers tolerates no more failures than one server fewer"
+            );
+        }
+        let opened = join_all(config.servers.iter().cloned().map(RedisBackend::open)).await;
+        let mut slots = Vec::with_capacity(n);
+        let mut up = 0;
+        let mut first_err = None;
+        for (target, r) in config.servers.into_iter().zip(opened) {
+            let conn = match r {
+                Ok(b) => {
+                    up += 1;
+                    Some(Arc::new(b))
+                }
+                Err(e @ Error::InvalidConfig(_)) => return Err(e),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    None
+                }
+            };
+            slots.push(Arc::new(Slot {
+                target,
+                conn: StdMutex::new(conn),
+                next_try: StdMutex::new(Instant::now() + RECONNECT_EVERY),
+                connecting: AtomicBool::new(false),
+            }));
+        }
+        if up < quorum {
+            return Err(Error::Unavailable(format!(
+                "redlock {}: only {up} of {n} redis servers reachable, a majority ({quorum}) is needed{}",
+                config.shown,
+                first_err.map(|e| format!(" ({e})")).unwrap_or_default()
+            )));
+        }
+        let timeout = slots
+            .iter()
+            .map(|s| s.target.timeout)
+            .max()
+            .unwrap_or(DEFAULT_TIMEOUT);
+        Ok(RedlockBackend {
+            slots,
+            quorum,
+            drift_ppm: config.drift_ppm,
+            timeout,
+            shown: config.shown,
+        })
+    }
+
+    /// The number of servers that must agree: `N/2 + 1`.
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    /// The clock drift allowed for a lease: `lease × drift factor + 2 ms`.
+    pub fn drift(&self, lease: Duration) -> Duration {
+        lease.mul_f64(f64::from(self.drift_ppm) / 1_000_000.0) + DRIFT_FIXED
+    }
+
+    /// How long an acquire or renewal waits for one server.
+    fn op_timeout(&self, lease: Duration) -> Duration {
+        self.timeout.min((lease / 10).max(MIN_OP_TIMEOUT))
+    }
+
+    /// Runs `f` on every server concurrently, each bounded by `timeout`; one answer per server,
+    /// in URL order (a server not connected answers `Unavailable`).
+    async fn on_all<T, F, Fut>(&self, timeout: Duration, f: F) -> Vec<Result<T>>
+    where
+        F: Fn(Arc<RedisBackend>) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let futs = self.slots.iter().map(|s| {
+            let fut = s.get().map(&f);
+            let shown = s.target.shown.clone();
+            async move {
+                match fut {
+                    None => Err(Error::Unavailable(format!(
+                        "redis at {shown} is not connected"
+                    ))),
+                    Some(fut) => match tokio::time::timeout(timeout, fut).await {
+                        Ok(r) => r,
+                        Err(_) => Err(Error::Unavailable(format!(
+                            "redis at {shown} did not answer within {timeout:?}"
+                        ))),
+                    },
+                }
+            }
+        });
+        join_all(futs).await
+    }
+
+    /// Deletes `owner`'s key on every server without waking waiters; returns how many had it.
+    async fn release_quietly(&self, name: &LockName, owner: &str) -> usize {
+        self.on_all(self.timeout, |b| async move {
+            b.release_quiet(name, owner).await
+        })
+        .await
+        .iter()
+        .filter(|r| matches!(r, Ok(Released::Released)))
+        .count()
+    }
+
+    fn forget_waiter(&self, owner: &str) {
+        for s in &self.slots {
+            if let Some(b) = lock(&s.conn).as_ref() {
+                b.forget_waiter(owner);
+            }
+        }
+    }
+}
+
+fn jitter(lo_ms: u64, hi_ms: u64) -> Duration {
+    Duration::from_millis(rand::thread_rng().gen_range(lo_ms..=hi_ms))
+}
+
+#[async_trait::async_trait]
+impl Backend for RedlockBackend {
+    fn name(&self) -> &'static str {
+        "redlock"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: false,
+            wakeups: Wakeups::Native,
+            validity: Validity::Lease,
+        }
+    }
+
+    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
+        if req.kind != LockKind::Mutex {
+            return Err(Error::Unsupported(format!(
+                "redlock offers only mutexes, not a {}: a quorum of independent servers cannot \
+                 agree on a set of shared holders; use redis:// for rwlocks and semaphores",
+                req.kind
+            )));
+        }
+        if req.fair {
+            return Err(Error::Unsupported(
+                "redlock has no fair (FIFO) mode: independent servers see waiters in different \
+                 orders; use redis://, zk:// or a SQL store for fair locks"
+                    .into(),
+            ));
+        }
+        let start = Instant::now();
+        let answers = self
+            .on_all(self.op_timeout(req.lease), |b| async move {
+                b.acquire(req).await
+            })
+            .await;
+        let elapsed = start.elapsed();
+        let n = self.slots.len();
+        let (mut granted, mut errors) = (0, 0);
+        let mut left = Vec::new();
+        let mut config_err = None;
+        for a in answers {
+            match a {
+                Ok(Attempt::Granted(_)) => granted += 1,
+                Ok(Attempt::Busy(b)) => left.push(b.retry_in.unwrap_or(MAX_RETRY)),
+                Err(Error::InvalidConfig(m)) => config_err = Some(m),
+                Err(e) => {
+                    tracing::debug!(error = %e, "redlock: a server did not answer an acquire");
+                    errors += 1;
+                }
+            }
+        }
+        let validity = req
+            .lease
+            .checked_sub(elapsed + self.drift(req.lease))
+            .filter(|v| !v.is_zero());
+        if granted >= self.quorum {
+            if let Some(valid_for) = validity {
+                self.forget_waiter(req.owner);
+                return Ok(Attempt::Granted(Grant {
+                    token: None,
+                    valid_for,
+                }));
+            }
+        }
+        // Not granted: remove the owner's key everywhere, also where the reply was lost.
+        if granted > 0 || errors > 0 || validity.is_none() {
+            self.release_quietly(req.name, req.owner).await;
+        }
+        if let Some(m) = config_err {
+            self.forget_waiter(req.owner);
+            return Err(Error::InvalidConfig(m));
+        }
+        if errors == n {
+            self.forget_waiter(req.owner);
+            return Err(Error::Unavailable(format!(
+                "redlock {}: no redis server answered",
+                self.shown
+            )));
+        }
+        let retry_in = if granted > 0 || errors > 0 || granted >= self.quorum {
+            // A split vote, servers away, or too slow: try again after a random short delay.
+            jitter(5, 50)
+        } else {
+            // Everything busy: a majority is free once the quorum-th soonest key expires.
+            left.sort();
+            left.get(self.quorum - 1)
+                .copied()
+                .unwrap_or(MAX_RETRY)
+                .min(MAX_RETRY)
+        };
+        Ok(Attempt::Busy(Busy {
+            retry_in: Some(retry_in),
+        }))
+    }
+
+    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
+        let name = req.name.as_str();
+        let live: Vec<Arc<RedisBackend>> = self.slots.iter().filter_map(|s| s.get()).collect();
+        // Subscribe the name's channel on every server first, so a release anywhere wakes us.
+        let missing: Vec<&Arc<RedisBackend>> =
+            live.iter().filter(|b| !b.is_subscribed(name)).collect();
+        if !missing.is_empty() {
+            let subscribed = join_all(missing.iter().map(|b| b.subscribe_name(name, until))).await;
+            if subscribed.iter().any(|r| matches!(r, Ok(true))) {
+                // Subscribed after the attempt: try again; every release from now on wakes us.
+                return Ok(());
+            }
+        }
+        if live.is_empty() {
+            let r = busy.retry_in.unwrap_or(MAX_RETRY).min(MAX_RETRY);
+            tokio::time::sleep_until(until.min(Instant::now() + r).into()).await;
+            return Ok(());
+        }
+        let waits = live.iter().map(|b| Box::pin(b.wait(req, busy, until)));
+        let (r, _, _) = select_all(waits).await;
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "redlock: a server's wait failed");
+        }
+        Ok(())
+    }
+
+    async fn cancel(&self, req: &Request<'_>) -> Result<()> {
+        // Mutexes without fair mode never take queue places: only local state to forget.
+        self.forget_waiter(req.owner);
+        Ok(())
+    }
+
+    async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
+        let answers = self
+            .on_all(self.timeout, |b| async move { b.release(hold).await })
+            .await;
+        let released = answers
+            .iter()
+            .filter(|r| matches!(r, Ok(Released::Released)))
+            .count();
+        let errors = answers.iter().filter(|r| r.is_err()).count();
+        if released >= self.quorum {
+            Ok(Released::Released)
+        } else if released + errors >= self.quorum {
+            Err(Error::Unavailable(format!(
+                "redlock {}: released on {released} servers, {errors} did not answer; \
+                 the hold ends with its lease",
+                self.shown
+            )))
+        } else {
+            Ok(Released::NotHeld)
+        }
+    }
+
+    async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let shortest = holds.iter().map(|h| h.lease).min().unwrap_or(self.timeout);
+        let start = Instant::now();
+        let answers = self
+            .on_all(self.op_timeout(shortest), |b| async move {
+                b.extend(holds).await
+            })
+            .await;
+        let elapsed = start.elapsed();
+        let mut out = Vec::with_capacity(holds.len());
+        let mut gone = Vec::new();
+        for (i, h) in holds.iter().enumerate() {
+            let held = answers
+                .iter()
+                .filter(|a| matches!(a, Ok(v) if matches!(v.get(i), Some(Extended::Held { .. }))))
+                .count();
+            let validity = h
+                .lease
+                .checked_sub(elapsed + self.drift(h.lease))
+                .filter(|v| !v.is_zero());
+            match validity {
+                Some(valid_for) if held >= self.quorum => out.push(Extended::Held { valid_for }),
+                _ => {
+                    tracing::debug!(name = %h.name, held, quorum = self.quorum, "redlock: renewal did not reach a majority; the hold is lost");
+                    gone.push((h.name.clone(), h.owner.to_owned()));
+                    out.push(Extended::Gone);
+                }
+            }
+        }
+        if !gone.is_empty() {
+            // Best effort: remove what is left of lost holds so they do not block others.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let slots = self.slots.clone();
+                let timeout = self.timeout;
+                rt.spawn(async move {
+                    for (name, owner) in &gone {
+                        for s in &slots {
+                            if let Some(b) = s.get() {
+                                let _ = tokio::time::timeout(timeout, b.release_quiet(name, owner))
+                                    .await;
+                            }
+                        }
+                    }
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let answers = self
+            .on_all(
+                self.timeout * 20,
+                |b| async move { b.describe(prefix).await },
+            )
+            .await;
+        let ok = answers.iter().filter(|a| a.is_ok()).count();
+        if ok < self.quorum {
+            let why = answers
+                .into_iter()
+                .find_map(|a| a.err())
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            return Err(Error::Unavailable(format!(
+                "redlock {}: only {ok} servers answered a listing, a majority ({}) is needed: {why}",
+                self.shown, self.quorum
+            )));
+        }
+        // name → (kind, owner → (servers listing it, its entry))
+        let mut seen: BTreeMap<String, (LockKind, HashMap<String, (usize, HolderInfo)>)> =
+            BTreeMap::new();
+        for infos in answers.into_iter().flatten() {
+            for info in infos {
+                let e = seen
+                    .entry(info.name.clone())
+                    .or_insert_with(|| (info.kind, HashMap::new()));
+                for h in info.holders {
+                    let slot = e.1.entry(h.owner.clone()).or_insert((0, h.clone()));
+                    slot.0 += 1;
+                    slot.1.lease_left_ms = match (slot.1.lease_left_ms, h.lease_left_ms) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (name, (kind, holders)) in seen {
+            let mut holders: Vec<HolderInfo> = holders
+                .into_values()
+                .filter(|(count, _)| *count >= self.quorum)
+                .map(|(_, mut h)| {
+                    h.token = None;
+                    h
+                })
+                .collect();
+            if holders.is_empty() {
+                continue;
+            }
+            holders.sort_by_key(|h| h.acquired_at_ms);
+            out.push(LockInfo {
+                name,
+                kind,
+                holders,
+                waiters: Vec::new(),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<u64> {
+        let answers = self
+            .on_all(self.timeout, |b| async move { b.force_release(name).await })
+            .await;
+        let ok = answers.iter().filter(|a| a.is_ok()).count();
+        if let Some(Err(e @ Error::InvalidConfig(_))) = answers.iter().find(|a| a.is_err()) {
+            return Err(Error::InvalidConfig(e.to_string()));
+        }
+        if ok < self.quorum {
+            return Err(Error::Unavailable(format!(
+                "redlock {}: only {ok} servers answered the unlock, a majority ({}) is needed; \
+                 the lock may still be held",
+                self.shown, self.quorum
+            )));
+        }
+        Ok(answers.into_iter().flatten().max().unwrap_or(0).min(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_redlock_urls() {
+        let c = RedlockConfig::parse(
+            "redlock://u:p%40ss@h1:7001,h2:7002,[::1]:7003/2?drift=2%25&prefix=app%3A&timeout=1s",
+        )
+        .unwrap();
+        assert_eq!(c.servers.len(), 3);
+        assert_eq!(c.drift_ppm, 20_000);
+        assert_eq!(c.servers[0].url, "redis://u:p%40ss@h1:7001/2");
+        assert_eq!(c.servers[2].url, "redis://u:p%40ss@[::1]:7003/2");
+        assert_eq!(c.servers[1].prefix, "app:");
+        assert_eq!(c.servers[1].timeout, Duration::from_secs(1));
+        assert_eq!(c.servers[0].password.as_deref(), Some("p@ss"));
+        assert!(!c.shown.contains("p%40ss"), "{}", c.shown);
+        let d = RedlockConfig::parse("redlock://a:1,b:2,c").unwrap();
+        assert_eq!(d.servers[2].url, "redis://c:6379/");
+        assert_eq!(d.servers[0].timeout, DEFAULT_TIMEOUT);
+        assert_eq!(d.drift_ppm, 10_000);
+        assert_eq!(
+            RedlockConfig::parse("redlock://a:1,b:2,c:3,d:4?drift=0.05")
+                .unwrap()
+                .drift_ppm,
+            50_000
+        );
+        for bad in [
+            "redlock://a:1,b:2",
+            "redlock://a:1",
+            "redlock://a:1,a:1,b:2",
+            "redlock://a:1,A:1,b:2",
+            "redlock://a:1,b:2,c:0",
+            "redlock://a:1,b:2,c:99999",
+            "redlock://a:1,b:2,c:x",
+            "redlock://a:1,,c:3",
+            "redlock://a:1,b:2,c:3?drift=0.9",
+            "redlock://a:1,b:2,c:3?drift=much",
+            "redlock://a:1,b:2,c:3?bogus=1",
+            "redlock://a:1,b:2,c:3/x",
+            "redlock://a:1,b:2,c:3#f",
+            "redlock://:pw@a:1,b:2",
+        ] {
+            match crate::config::parse(bad) {
+                Err(Error::InvalidConfig(m)) => assert!(!m.contains("pw"), "{m}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            crate::config::redact_url("redlock://u:secret@a:1,b:2,c:3?drift=0.01"),
+            "redlock://u:***@a:1,b:2,c:3?drift=0.01"
+        );
+        assert!(crate::config::enabled_backends().contains(&"redlock"));
+    }
+
+    #[test]
+    fn drift_is_one_percent_plus_two_ms() {
+        let b = RedlockBackend {
+            slots: Vec::new(),
+            quorum: 3,
+            drift_ppm: 10_000,
+            timeout: DEFAULT_TIMEOUT,
+            shown: String::new(),
+        };
+        assert_eq!(b.drift(Duration::from_secs(10)), Duration::from_millis(102));
+        assert_eq!(b.op_timeout(Duration::from_secs(30)), DEFAULT_TIMEOUT);
+        assert_eq!(
+            b.op_timeout(Duration::from_millis(500)),
+            Duration::from_millis(50)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_majority_must_be_reachable_at_connect() {
+        let port = |_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let ports: Vec<u16> = (0..3).map(port).collect();
+        let url = format!(
+            "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}?connect_timeout=1s",
+            ports[0], ports[1], ports[2]
+        );
+        let t = Instant::now();
+        let e = RedlockBackend::connect(&url).await.unwrap_err();
+        assert!(matches!(e, Error::Unavailable(_)), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(3));
+    }
+}
