@@ -4,7 +4,7 @@
 //!
 //! # The algorithm
 //!
-//! Each server is a full single-server [`RedisBackend`](super::redis::RedisBackend) (its
+//! Each server is a full single-server [`RedisBackend`] (its
 //! connection, its Lua scripts, its pub/sub wake-ups), and every server holds a mutex exactly as
 //! the single-server store does: the key `prefix{name}` holds the owner token with a `PX` expiry.
 //! So other Redlock clients on the same servers and key (redsync, node-redlock, rslock,
