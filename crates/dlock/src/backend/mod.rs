@@ -24,6 +24,8 @@ pub mod redis;
 pub mod redlock;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub mod sql;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) mod sql_common;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(feature = "zookeeper")]

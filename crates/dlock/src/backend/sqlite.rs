@@ -68,7 +68,12 @@
 //!   lost and fencing tokens restart.
 //! - Stepping the wall clock (see *Clock*).
 
-use super::logic::{decide, Decision, LiveHold, LiveWaiter};
+use super::logic::Decision;
+use super::sql_common::{
+    bind_hold, bind_waiter, expiry, fence_column, listing, wait_for_change, HoldColumns,
+    HoldListing, NameState, QueuePlace, Rows, SignalRegistry, WaitSources, WaiterColumns,
+    WaiterListing,
+};
 use super::*;
 use crate::error::Error;
 use crate::signal::NameSignals;
@@ -77,9 +82,8 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::ConnectOptions;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 
 /// The shortest interval between two polls of a waiter (see the module docs).
 pub const POLL_MIN: Duration = Duration::from_millis(5);
@@ -98,10 +102,8 @@ const RELEASE_TRIES: u32 = 3;
 const MAX_CONNECTIONS: u32 = 4;
 /// How long an operation waits for a free pooled connection.
 const POOL_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A queue place is rewritten by a repeated `acquire` only once it is at least this old, so a
-/// polling fair waiter does not cost a synced write on every attempt. Waiters repeat `acquire` at
-/// least every `QUEUE_PLACE_TTL / 4`, so a place is refreshed long before it expires.
-const QUEUE_REFRESH_AFTER: Duration = Duration::from_secs(1);
+/// Where the rows live, for messages about corrupt rows.
+const ROWS: Rows = Rows("the dlock sqlite database");
 
 /// The schema, version 1. Plain statements so the SQL stores can reuse them.
 const MIGRATION_V1: &[&str] = &[
@@ -139,23 +141,10 @@ const MIGRATION_V1: &[&str] = &[
 /// Per-name notifications shared by every backend of this process on one file.
 type FileWakeups = NameSignals;
 
-type Registry = StdMutex<HashMap<PathBuf, Weak<FileWakeups>>>;
-
-fn registry() -> &'static Registry {
-    static R: OnceLock<Registry> = OnceLock::new();
-    R.get_or_init(Default::default)
-}
-
 /// The wake-ups of the file at canonical path `key` (created on first use).
 fn wakeups_for(key: PathBuf) -> Arc<FileWakeups> {
-    let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(w) = reg.get(&key).and_then(Weak::upgrade) {
-        return w;
-    }
-    reg.retain(|_, w| w.strong_count() > 0);
-    let w = Arc::new(FileWakeups::default());
-    reg.insert(key, Arc::downgrade(&w));
-    w
+    static R: OnceLock<SignalRegistry<PathBuf>> = OnceLock::new();
+    R.get_or_init(SignalRegistry::new).get(key)
 }
 
 /// Wall-clock milliseconds since the Unix epoch (0 before it).
@@ -166,117 +155,13 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// A duration in whole milliseconds, rounded up.
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
-}
-
-/// The expiry of a lease of `d` starting at `now`.
-fn expiry(now: i64, d: Duration) -> i64 {
-    now.saturating_add(ms(d))
-}
-
-fn kind_columns(kind: LockKind) -> (&'static str, i64) {
-    match kind {
-        LockKind::Mutex => ("mutex", 0),
-        LockKind::RwLock => ("rwlock", 0),
-        LockKind::Semaphore { permits } => ("semaphore", i64::from(permits)),
-    }
-}
-
-fn corrupt(what: &str, value: &dyn std::fmt::Debug) -> Error {
-    Error::backend(format!(
-        "unexpected {what} {value:?} in the dlock sqlite database"
-    ))
-}
-
-fn parse_kind(kind: &str, permits: i64) -> Result<LockKind> {
-    match kind {
-        "mutex" => Ok(LockKind::Mutex),
-        "rwlock" => Ok(LockKind::RwLock),
-        "semaphore" => u32::try_from(permits)
-            .ok()
-            .filter(|p| *p > 0)
-            .map(|permits| LockKind::Semaphore { permits })
-            .ok_or_else(|| corrupt("permits", &permits)),
-        other => Err(corrupt("lock kind", &other)),
-    }
-}
-
-fn parse_mode(mode: &str) -> Result<Mode> {
-    match mode {
-        "exclusive" => Ok(Mode::Exclusive),
-        "shared" => Ok(Mode::Shared),
-        other => Err(corrupt("mode", &other)),
-    }
-}
-
-fn parse_token(fence: i64) -> Result<u64> {
-    u64::try_from(fence).map_err(|_| corrupt("fencing token", &fence))
-}
-
-fn parse_pid(pid: i64) -> Result<u32> {
-    u32::try_from(pid).map_err(|_| corrupt("pid", &pid))
-}
-
-fn left(expires_at_ms: i64, now: i64) -> Duration {
-    Duration::from_millis(u64::try_from(expires_at_ms.saturating_sub(now)).unwrap_or(0))
-}
-
-/// A live hold of one name as loaded inside a transaction.
-struct HoldRow {
-    owner: String,
-    kind: LockKind,
-    mode: Mode,
-    token: u64,
-    expires_at_ms: i64,
-}
-
-/// A live queue place of one name, in queue order.
-struct WaiterRow {
-    owner: String,
-    mode: Mode,
-    expires_at_ms: i64,
-}
-
-/// The live state of one name.
-struct NameState {
-    holds: Vec<HoldRow>,
-    queue: Vec<WaiterRow>,
-}
-
-impl NameState {
-    fn decide(&self, req: &Request<'_>, fence: u64, now: i64) -> Result<Decision> {
-        let holds: Vec<LiveHold<'_>> = self
-            .holds
-            .iter()
-            .map(|h| LiveHold {
-                owner: &h.owner,
-                kind: h.kind,
-                mode: h.mode,
-                token: Some(h.token),
-                expires_in: left(h.expires_at_ms, now),
-            })
-            .collect();
-        let queue: Vec<LiveWaiter<'_>> = self
-            .queue
-            .iter()
-            .map(|w| LiveWaiter {
-                owner: &w.owner,
-                mode: w.mode,
-            })
-            .collect();
-        decide(req, &holds, &queue, fence)
-    }
-}
-
 /// Loads the live holds and queue places of `name` at `now` on `conn`.
 async fn load_state(
     conn: &mut sqlx::SqliteConnection,
     name: &str,
     now: i64,
 ) -> std::result::Result<Result<NameState>, sqlx::Error> {
-    let holds: Vec<(String, String, i64, String, i64, i64)> = sqlx::query_as(
+    let holds: Vec<HoldColumns> = sqlx::query_as(
         "SELECT owner, kind, permits, mode, fence, expires_at_ms FROM dlock_holds
          WHERE name = ? AND expires_at_ms > ? ORDER BY fence",
     )
@@ -284,7 +169,7 @@ async fn load_state(
     .bind(now)
     .fetch_all(&mut *conn)
     .await?;
-    let queue: Vec<(String, String, i64)> = sqlx::query_as(
+    let queue: Vec<WaiterColumns> = sqlx::query_as(
         "SELECT owner, mode, expires_at_ms FROM dlock_queue
          WHERE name = ? AND expires_at_ms > ? ORDER BY seq",
     )
@@ -292,33 +177,7 @@ async fn load_state(
     .bind(now)
     .fetch_all(&mut *conn)
     .await?;
-    let parse = || -> Result<NameState> {
-        Ok(NameState {
-            holds: holds
-                .into_iter()
-                .map(|(owner, kind, permits, mode, fence, expires_at_ms)| {
-                    Ok(HoldRow {
-                        owner,
-                        kind: parse_kind(&kind, permits)?,
-                        mode: parse_mode(&mode)?,
-                        token: parse_token(fence)?,
-                        expires_at_ms,
-                    })
-                })
-                .collect::<Result<_>>()?,
-            queue: queue
-                .into_iter()
-                .map(|(owner, mode, expires_at_ms)| {
-                    Ok(WaiterRow {
-                        owner,
-                        mode: parse_mode(&mode)?,
-                        expires_at_ms,
-                    })
-                })
-                .collect::<Result<_>>()?,
-        })
-    };
-    Ok(parse())
+    Ok(NameState::from_rows(ROWS, holds, queue))
 }
 
 /// The embedded SQLite store. Obtain it with `dlock::connect("sqlite:///path/to/locks.db")`, or
@@ -481,11 +340,7 @@ impl SqliteBackend {
             .await
             .map_err(|e| self.err(e))??;
         tx.commit().await.map_err(|e| self.err(e))?;
-        // The fence only matters for the token of a grant, not for whether it would be granted.
-        Ok(matches!(
-            state.decide(req, 0, now),
-            Ok(Decision::Busy { .. })
-        ))
+        Ok(state.still_busy(req, now))
     }
 
     async fn acquire_tx(&self, req: &Request<'_>) -> Result<Attempt> {
@@ -518,17 +373,10 @@ impl SqliteBackend {
                 .await
                 .map_err(|e| self.err(e))?;
         let stored = match stored {
-            Some((f,)) => Some(parse_token(f)?),
+            Some((f,)) => Some(ROWS.token(f)?),
             None => None,
         };
-        // Defensive: never hand out a token at or below one a live hold already carries.
-        let fence = state
-            .holds
-            .iter()
-            .map(|h| h.token)
-            .chain(stored)
-            .max()
-            .unwrap_or(0);
+        let fence = state.fence(stored);
         let attempt = match state.decide(req, fence, now)? {
             Decision::Regrant { token } => {
                 sqlx::query(
@@ -546,9 +394,7 @@ impl SqliteBackend {
                 })
             }
             Decision::Grant { token } => {
-                let token_i64 = i64::try_from(token).map_err(|_| {
-                    Error::InvalidConfig(format!("fencing counter of {name:?} is exhausted"))
-                })?;
+                let token_i64 = fence_column(name, token)?;
                 let updated = if stored.is_some() {
                     sqlx::query("UPDATE dlock_fences SET fence = ? WHERE name = ?")
                         .bind(token_i64)
@@ -574,67 +420,45 @@ impl SqliteBackend {
                     .execute(&mut *tx)
                     .await
                     .map_err(|e| self.err(e))?;
-                let (kind, permits) = kind_columns(req.kind);
-                sqlx::query(
+                let insert = sqlx::query(
                     "INSERT INTO dlock_holds (name, owner, kind, permits, mode, fence,
                          expires_at_ms, acquired_at_ms, client_id, host, pid)
                      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                )
-                .bind(name)
-                .bind(req.owner)
-                .bind(kind)
-                .bind(permits)
-                .bind(req.mode.as_str())
-                .bind(token_i64)
-                .bind(expiry(now, req.lease))
-                .bind(now)
-                .bind(req.meta.client_id.as_str())
-                .bind(req.meta.host.as_str())
-                .bind(i64::from(req.meta.pid))
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
+                );
+                bind_hold(insert, req, token_i64, now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
                 Attempt::Granted(Grant {
                     token: Some(token),
                     valid_for: req.lease,
                 })
             }
             Decision::Busy { retry_in, enqueue } => {
-                if enqueue {
-                    let expires = expiry(now, QUEUE_PLACE_TTL);
-                    match state.queue.iter().find(|w| w.owner == req.owner) {
-                        Some(w) => {
-                            // Keep the place (and its sequence); extend it when it is not fresh.
-                            if w.expires_at_ms < expires - ms(QUEUE_REFRESH_AFTER) {
-                                sqlx::query(
-                                    "UPDATE dlock_queue SET expires_at_ms = ?
-                                     WHERE name = ? AND owner = ?",
-                                )
-                                .bind(expires)
-                                .bind(name)
-                                .bind(req.owner)
-                                .execute(&mut *tx)
-                                .await
-                                .map_err(|e| self.err(e))?;
-                            }
-                        }
-                        None => {
-                            sqlx::query(
-                                "INSERT INTO dlock_queue (name, owner, mode, expires_at_ms,
-                                     client_id, host, pid)
-                                 VALUES (?, ?, ?, ?, ?, ?, ?)",
-                            )
-                            .bind(name)
-                            .bind(req.owner)
-                            .bind(req.mode.as_str())
-                            .bind(expires)
-                            .bind(req.meta.client_id.as_str())
-                            .bind(req.meta.host.as_str())
-                            .bind(i64::from(req.meta.pid))
+                match state.queue_place(req.owner, enqueue, now) {
+                    QueuePlace::Keep => {}
+                    QueuePlace::Refresh { expires_at_ms } => {
+                        sqlx::query(
+                            "UPDATE dlock_queue SET expires_at_ms = ?
+                             WHERE name = ? AND owner = ?",
+                        )
+                        .bind(expires_at_ms)
+                        .bind(name)
+                        .bind(req.owner)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                    }
+                    QueuePlace::Insert { expires_at_ms } => {
+                        let insert = sqlx::query(
+                            "INSERT INTO dlock_queue (name, owner, mode, expires_at_ms,
+                                 client_id, host, pid)
+                             VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        );
+                        bind_waiter(insert, req, expires_at_ms)
                             .execute(&mut *tx)
                             .await
                             .map_err(|e| self.err(e))?;
-                        }
                     }
                 }
                 Attempt::Busy(Busy { retry_in })
@@ -710,22 +534,6 @@ fn map_err(path: &Path, e: sqlx::Error) -> Error {
     }
 }
 
-/// The jittered poll interval of the `step`-th poll of one wait: uniform in `[b/2, b]` where `b`
-/// doubles from `2 * POLL_MIN` and is capped at `POLL_MAX`.
-fn poll_interval(step: u32) -> Duration {
-    let base = POLL_MIN
-        .saturating_mul(2u32.saturating_pow(step.saturating_add(1)))
-        .min(POLL_MAX);
-    let hi = u64::try_from(base.as_micros()).unwrap_or(u64::MAX);
-    let lo = (hi / 2).max(u64::try_from(POLL_MIN.as_micros()).unwrap_or(0));
-    let us = if lo < hi {
-        rand::thread_rng().gen_range(lo..=hi)
-    } else {
-        hi
-    };
-    Duration::from_micros(us)
-}
-
 #[async_trait::async_trait]
 impl Backend for SqliteBackend {
     fn name(&self) -> &'static str {
@@ -760,32 +568,13 @@ impl Backend for SqliteBackend {
     }
 
     async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
-        let started = Instant::now();
-        let lease_end = busy.retry_in.and_then(|r| started.checked_add(r));
-        let notify = self.wakeups.subscribe(req.name.as_str());
-        let notified = notify.notified();
-        tokio::pin!(notified);
-        // Registered before the first look, so a release in this process between the caller's
-        // attempt and here is seen either by that look or by the notification.
-        notified.as_mut().enable();
-        let mut step = 0u32;
-        loop {
-            let now = Instant::now();
-            if now >= until || !self.still_busy(req).await? {
-                return Ok(());
-            }
-            let now = Instant::now();
-            let mut wake_at = now + poll_interval(step);
-            step = step.saturating_add(1);
-            if let Some(t) = lease_end.filter(|t| *t > now) {
-                wake_at = wake_at.min(t);
-            }
-            wake_at = wake_at.min(until);
-            tokio::select! {
-                _ = &mut notified => return Ok(()),
-                _ = tokio::time::sleep_until(wake_at.into()) => {}
-            }
-        }
+        let src = WaitSources {
+            signals: &self.wakeups,
+            poll: (POLL_MIN, POLL_MAX),
+            listener: None,
+            listening: false,
+        };
+        wait_for_change(src, req.name.as_str(), busy, until, || self.still_busy(req)).await
     }
 
     async fn cancel(&self, req: &Request<'_>) -> Result<()> {
@@ -872,20 +661,7 @@ impl Backend for SqliteBackend {
         let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         let now = now_ms();
         // `substr`/`length` rather than LIKE: the prefix may contain `%` and `_`.
-        #[allow(clippy::type_complexity)]
-        let holds: Vec<(
-            String,
-            String,
-            String,
-            i64,
-            String,
-            i64,
-            i64,
-            i64,
-            String,
-            String,
-            i64,
-        )> = sqlx::query_as(
+        let holds: Vec<HoldListing> = sqlx::query_as(
             "SELECT name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
                         client_id, host, pid
                  FROM dlock_holds
@@ -898,7 +674,7 @@ impl Backend for SqliteBackend {
         .fetch_all(&mut *tx)
         .await
         .map_err(|e| self.err(e))?;
-        let queue: Vec<(String, String, String, String, String, i64)> = sqlx::query_as(
+        let queue: Vec<WaiterListing> = sqlx::query_as(
             "SELECT name, owner, mode, client_id, host, pid
              FROM dlock_queue
              WHERE expires_at_ms > ? AND substr(name, 1, length(?)) = ?
@@ -911,52 +687,7 @@ impl Backend for SqliteBackend {
         .await
         .map_err(|e| self.err(e))?;
         tx.commit().await.map_err(|e| self.err(e))?;
-
-        let mut locks: std::collections::BTreeMap<String, LockInfo> = Default::default();
-        for (name, owner, kind, permits, mode, fence, expires, acquired, client_id, host, pid) in
-            holds
-        {
-            if !name.starts_with(prefix) {
-                continue;
-            }
-            let kind = parse_kind(&kind, permits)?;
-            let info = locks.entry(name.clone()).or_insert_with(|| LockInfo {
-                name,
-                kind,
-                holders: Vec::new(),
-                waiters: Vec::new(),
-            });
-            info.holders.push(HolderInfo {
-                owner,
-                meta: HolderMeta {
-                    client_id,
-                    host,
-                    pid: parse_pid(pid)?,
-                },
-                mode: parse_mode(&mode)?,
-                token: Some(parse_token(fence)?),
-                acquired_at_ms: u64::try_from(acquired).unwrap_or(0),
-                lease_left_ms: Some(u64::try_from(expires.saturating_sub(now)).unwrap_or(0)),
-            });
-        }
-        for (name, owner, mode, client_id, host, pid) in queue {
-            // Only names with live holds are listed, as in the other stores.
-            let Some(info) = locks.get_mut(&name) else {
-                continue;
-            };
-            let position = u32::try_from(info.waiters.len()).unwrap_or(u32::MAX);
-            info.waiters.push(WaiterInfo {
-                owner,
-                meta: HolderMeta {
-                    client_id,
-                    host,
-                    pid: parse_pid(pid)?,
-                },
-                mode: parse_mode(&mode)?,
-                position,
-            });
-        }
-        Ok(locks.into_values().collect())
+        listing(ROWS, prefix, now, holds, queue)
     }
 
     async fn force_release(&self, name: &LockName) -> Result<u64> {
@@ -1059,6 +790,11 @@ mod tests {
             .await
             .unwrap();
         f
+    }
+
+    /// The store's poll interval (the shared one with this store's bounds).
+    fn poll_interval(step: u32) -> Duration {
+        crate::backend::sql_common::poll_interval(step, POLL_MIN, POLL_MAX)
     }
 
     #[test]

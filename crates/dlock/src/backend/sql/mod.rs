@@ -88,7 +88,12 @@
 
 pub mod config;
 
-use super::logic::{decide, Decision, LiveHold, LiveWaiter};
+use super::logic::Decision;
+use super::sql_common::{
+    bind_hold, bind_waiter, expiry, fence_column, listing, wait_for_change, HoldColumns,
+    HoldListing, NameState, QueuePlace, Rows, SignalRegistry, WaitSources, WaiterColumns,
+    WaiterListing,
+};
 use super::*;
 use crate::error::Error;
 use crate::signal::NameSignals;
@@ -115,8 +120,8 @@ pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The schema version this build writes and understands.
 const SCHEMA_VERSION: i64 = 1;
-/// See the SQLite store: a fair waiter's place is rewritten only once it is this old.
-const QUEUE_REFRESH_AFTER: Duration = Duration::from_secs(1);
+/// Where the rows live, for messages about corrupt rows.
+const ROWS: Rows = Rows("the dlock tables");
 /// How often a deadlocked or serialization-failed transaction is tried.
 const TX_TRIES: u32 = 4;
 
@@ -193,122 +198,6 @@ pub fn mysql_lock_name(table: &str, name: &str) -> String {
         direct
     } else {
         format!("{table}#{:016x}", fnv1a64(table, name))
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Shared row helpers (the same columns as the SQLite store).
-
-fn kind_columns(kind: LockKind) -> (&'static str, i64) {
-    match kind {
-        LockKind::Mutex => ("mutex", 0),
-        LockKind::RwLock => ("rwlock", 0),
-        LockKind::Semaphore { permits } => ("semaphore", i64::from(permits)),
-    }
-}
-
-fn corrupt(what: &str, value: &dyn std::fmt::Debug) -> Error {
-    Error::backend(format!("unexpected {what} {value:?} in the dlock tables"))
-}
-
-fn parse_kind(kind: &str, permits: i64) -> Result<LockKind> {
-    match kind {
-        "mutex" => Ok(LockKind::Mutex),
-        "rwlock" => Ok(LockKind::RwLock),
-        "semaphore" => u32::try_from(permits)
-            .ok()
-            .filter(|p| *p > 0)
-            .map(|permits| LockKind::Semaphore { permits })
-            .ok_or_else(|| corrupt("permits", &permits)),
-        other => Err(corrupt("lock kind", &other)),
-    }
-}
-
-fn parse_mode(mode: &str) -> Result<Mode> {
-    match mode {
-        "exclusive" => Ok(Mode::Exclusive),
-        "shared" => Ok(Mode::Shared),
-        other => Err(corrupt("mode", &other)),
-    }
-}
-
-fn parse_token(fence: i64) -> Result<u64> {
-    u64::try_from(fence).map_err(|_| corrupt("fencing token", &fence))
-}
-
-fn parse_pid(pid: i64) -> Result<u32> {
-    u32::try_from(pid).map_err(|_| corrupt("pid", &pid))
-}
-
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
-}
-
-fn expiry(now: i64, d: Duration) -> i64 {
-    now.saturating_add(ms(d))
-}
-
-fn left(expires_at_ms: i64, now: i64) -> Duration {
-    Duration::from_millis(u64::try_from(expires_at_ms.saturating_sub(now)).unwrap_or(0))
-}
-
-/// The jittered poll interval of the `step`-th poll of one wait: uniform in `[b/2, b]`, `b`
-/// doubling from `2 * POLL_MIN` up to `POLL_MAX`.
-fn poll_interval(step: u32) -> Duration {
-    let base = POLL_MIN
-        .saturating_mul(2u32.saturating_pow(step.saturating_add(1)))
-        .min(POLL_MAX);
-    let hi = u64::try_from(base.as_micros()).unwrap_or(u64::MAX);
-    let lo = (hi / 2).max(u64::try_from(POLL_MIN.as_micros()).unwrap_or(0));
-    let us = if lo < hi {
-        rand::thread_rng().gen_range(lo..=hi)
-    } else {
-        hi
-    };
-    Duration::from_micros(us)
-}
-
-struct HoldRow {
-    owner: String,
-    kind: LockKind,
-    mode: Mode,
-    token: u64,
-    expires_at_ms: i64,
-}
-
-struct WaiterRow {
-    owner: String,
-    mode: Mode,
-    expires_at_ms: i64,
-}
-
-struct NameState {
-    holds: Vec<HoldRow>,
-    queue: Vec<WaiterRow>,
-}
-
-impl NameState {
-    fn decide(&self, req: &Request<'_>, fence: u64, now: i64) -> Result<Decision> {
-        let holds: Vec<LiveHold<'_>> = self
-            .holds
-            .iter()
-            .map(|h| LiveHold {
-                owner: &h.owner,
-                kind: h.kind,
-                mode: h.mode,
-                token: Some(h.token),
-                expires_in: left(h.expires_at_ms, now),
-            })
-            .collect();
-        let queue: Vec<LiveWaiter<'_>> = self
-            .queue
-            .iter()
-            .map(|w| LiveWaiter {
-                owner: &w.owner,
-                mode: w.mode,
-            })
-            .collect();
-        decide(req, &holds, &queue, fence)
     }
 }
 
@@ -584,23 +473,10 @@ fn map_err(shown: &str, e: sqlx::Error) -> Error {
 // ---------------------------------------------------------------------------------------------
 // Wake-ups
 
-type Registry = StdMutex<HashMap<String, Weak<NameSignals>>>;
-
-fn registry() -> &'static Registry {
-    static R: OnceLock<Registry> = OnceLock::new();
-    R.get_or_init(Default::default)
-}
-
 /// The in-process wake-ups of every backend of this process on `key` (URL + table).
 fn signals_for(key: String) -> Arc<NameSignals> {
-    let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(w) = reg.get(&key).and_then(Weak::upgrade) {
-        return w;
-    }
-    reg.retain(|_, w| w.strong_count() > 0);
-    let w = Arc::new(NameSignals::default());
-    reg.insert(key, Arc::downgrade(&w));
-    w
+    static R: OnceLock<SignalRegistry<String>> = OnceLock::new();
+    R.get_or_init(SignalRegistry::new).get(key)
 }
 
 /// The state of the PostgreSQL listener, shared with its task.
@@ -920,46 +796,19 @@ impl SqlBackend {
         name: &str,
         now: i64,
     ) -> Result<NameState> {
-        let holds = sqlx::query(&self.st.load_holds)
+        let holds: Vec<HoldColumns> = sqlx::query_as(&self.st.load_holds)
             .bind(name)
             .bind(now)
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
-        let queue = sqlx::query(&self.st.load_queue)
+        let queue: Vec<WaiterColumns> = sqlx::query_as(&self.st.load_queue)
             .bind(name)
             .bind(now)
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
-        let g = |e: sqlx::Error| self.err(e);
-        Ok(NameState {
-            holds: holds
-                .iter()
-                .map(|r| {
-                    Ok(HoldRow {
-                        owner: r.try_get(0).map_err(g)?,
-                        kind: parse_kind(
-                            &r.try_get::<String, _>(1).map_err(g)?,
-                            r.try_get(2).map_err(g)?,
-                        )?,
-                        mode: parse_mode(&r.try_get::<String, _>(3).map_err(g)?)?,
-                        token: parse_token(r.try_get(4).map_err(g)?)?,
-                        expires_at_ms: r.try_get(5).map_err(g)?,
-                    })
-                })
-                .collect::<Result<_>>()?,
-            queue: queue
-                .iter()
-                .map(|r| {
-                    Ok(WaiterRow {
-                        owner: r.try_get(0).map_err(g)?,
-                        mode: parse_mode(&r.try_get::<String, _>(1).map_err(g)?)?,
-                        expires_at_ms: r.try_get(2).map_err(g)?,
-                    })
-                })
-                .collect::<Result<_>>()?,
-        })
+        NameState::from_rows(ROWS, holds, queue)
     }
 
     /// `true` if `req` would still be refused now (read-only; for `wait`).
@@ -970,10 +819,7 @@ impl SqlBackend {
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         let now = self.db_now(&mut conn).await.map_err(|e| self.err(e))?;
         let state = self.load_state(&mut conn, req.name.as_str(), now).await?;
-        Ok(matches!(
-            state.decide(req, 0, now),
-            Ok(Decision::Busy { .. })
-        ))
+        Ok(state.still_busy(req, now))
     }
 
     async fn acquire_tx(&self, req: &Request<'_>) -> Result<Attempt> {
@@ -1006,7 +852,7 @@ impl SqlBackend {
             .fetch_one(&mut *tx)
             .await?
             .try_get(0)?;
-        let stored = parse_token(stored)?;
+        let stored = ROWS.token(stored)?;
         // Read the clock only once the lock is ours.
         let now = self.db_now(&mut tx).await?;
         for stmt in [&st.del_expired_holds, &st.del_expired_queue] {
@@ -1017,14 +863,7 @@ impl SqlBackend {
                 .await?;
         }
         let state = self.load_state(&mut tx, name, now).await?;
-        // Defensive: never hand out a token at or below one a live hold already carries.
-        let fence = state
-            .holds
-            .iter()
-            .map(|h| h.token)
-            .chain([stored])
-            .max()
-            .unwrap_or(0);
+        let fence = state.fence(Some(stored));
         let attempt = match state.decide(req, fence, now)? {
             Decision::Regrant { token } => {
                 sqlx::query(&st.regrant)
@@ -1039,9 +878,7 @@ impl SqlBackend {
                 })
             }
             Decision::Grant { token } => {
-                let token_i64 = i64::try_from(token).map_err(|_| {
-                    Error::InvalidConfig(format!("fencing counter of {name:?} is exhausted"))
-                })?;
+                let token_i64 = fence_column(name, token)?;
                 sqlx::query(&st.set_fence)
                     .bind(token_i64)
                     .bind(name)
@@ -1052,19 +889,7 @@ impl SqlBackend {
                     .bind(req.owner)
                     .execute(&mut *tx)
                     .await?;
-                let (kind, permits) = kind_columns(req.kind);
-                sqlx::query(&st.insert_hold)
-                    .bind(name)
-                    .bind(req.owner)
-                    .bind(kind)
-                    .bind(permits)
-                    .bind(req.mode.as_str())
-                    .bind(token_i64)
-                    .bind(expiry(now, req.lease))
-                    .bind(now)
-                    .bind(req.meta.client_id.as_str())
-                    .bind(req.meta.host.as_str())
-                    .bind(i64::from(req.meta.pid))
+                bind_hold(sqlx::query(&st.insert_hold), req, token_i64, now)
                     .execute(&mut *tx)
                     .await?;
                 Attempt::Granted(Grant {
@@ -1073,31 +898,20 @@ impl SqlBackend {
                 })
             }
             Decision::Busy { retry_in, enqueue } => {
-                if enqueue {
-                    let expires = expiry(now, QUEUE_PLACE_TTL);
-                    match state.queue.iter().find(|w| w.owner == req.owner) {
-                        Some(w) => {
-                            if w.expires_at_ms < expires - ms(QUEUE_REFRESH_AFTER) {
-                                sqlx::query(&st.refresh_queue)
-                                    .bind(expires)
-                                    .bind(name)
-                                    .bind(req.owner)
-                                    .execute(&mut *tx)
-                                    .await?;
-                            }
-                        }
-                        None => {
-                            sqlx::query(&st.insert_queue)
-                                .bind(name)
-                                .bind(req.owner)
-                                .bind(req.mode.as_str())
-                                .bind(expires)
-                                .bind(req.meta.client_id.as_str())
-                                .bind(req.meta.host.as_str())
-                                .bind(i64::from(req.meta.pid))
-                                .execute(&mut *tx)
-                                .await?;
-                        }
+                match state.queue_place(req.owner, enqueue, now) {
+                    QueuePlace::Keep => {}
+                    QueuePlace::Refresh { expires_at_ms } => {
+                        sqlx::query(&st.refresh_queue)
+                            .bind(expires_at_ms)
+                            .bind(name)
+                            .bind(req.owner)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    QueuePlace::Insert { expires_at_ms } => {
+                        bind_waiter(sqlx::query(&st.insert_queue), req, expires_at_ms)
+                            .execute(&mut *tx)
+                            .await?;
                     }
                 }
                 Attempt::Busy(Busy { retry_in })
@@ -1110,74 +924,21 @@ impl SqlBackend {
     async fn describe_rows(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         let now = self.db_now(&mut conn).await.map_err(|e| self.err(e))?;
-        let holds = sqlx::query(&self.st.describe_holds)
+        let holds: Vec<HoldListing> = sqlx::query_as(&self.st.describe_holds)
             .bind(now)
             .bind(prefix)
             .bind(prefix)
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
-        let queue = sqlx::query(&self.st.describe_queue)
+        let queue: Vec<WaiterListing> = sqlx::query_as(&self.st.describe_queue)
             .bind(now)
             .bind(prefix)
             .bind(prefix)
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
-        let g = |e: sqlx::Error| self.err(e);
-        let mut locks: std::collections::BTreeMap<String, LockInfo> = Default::default();
-        for r in &holds {
-            let name: String = r.try_get(0).map_err(g)?;
-            if !name.starts_with(prefix) {
-                continue;
-            }
-            let kind = parse_kind(
-                &r.try_get::<String, _>(2).map_err(g)?,
-                r.try_get(3).map_err(g)?,
-            )?;
-            let expires: i64 = r.try_get(6).map_err(g)?;
-            let acquired: i64 = r.try_get(7).map_err(g)?;
-            let holder = HolderInfo {
-                owner: r.try_get(1).map_err(g)?,
-                meta: HolderMeta {
-                    client_id: r.try_get(8).map_err(g)?,
-                    host: r.try_get(9).map_err(g)?,
-                    pid: parse_pid(r.try_get(10).map_err(g)?)?,
-                },
-                mode: parse_mode(&r.try_get::<String, _>(4).map_err(g)?)?,
-                token: Some(parse_token(r.try_get(5).map_err(g)?)?),
-                acquired_at_ms: u64::try_from(acquired).unwrap_or(0),
-                lease_left_ms: Some(u64::try_from(expires.saturating_sub(now)).unwrap_or(0)),
-            };
-            locks
-                .entry(name.clone())
-                .or_insert_with(|| LockInfo {
-                    name,
-                    kind,
-                    holders: Vec::new(),
-                    waiters: Vec::new(),
-                })
-                .holders
-                .push(holder);
-        }
-        for r in &queue {
-            let name: String = r.try_get(0).map_err(g)?;
-            let Some(info) = locks.get_mut(&name) else {
-                continue;
-            };
-            let position = u32::try_from(info.waiters.len()).unwrap_or(u32::MAX);
-            info.waiters.push(WaiterInfo {
-                owner: r.try_get(1).map_err(g)?,
-                meta: HolderMeta {
-                    client_id: r.try_get(3).map_err(g)?,
-                    host: r.try_get(4).map_err(g)?,
-                    pid: parse_pid(r.try_get(5).map_err(g)?)?,
-                },
-                mode: parse_mode(&r.try_get::<String, _>(2).map_err(g)?)?,
-                position,
-            });
-        }
-        Ok(locks.into_values().collect())
+        listing(ROWS, prefix, now, holds, queue)
     }
 
     // ----- session mode -----
@@ -1251,19 +1012,7 @@ impl SqlBackend {
                 .bind(name)
                 .execute(&mut conn)
                 .await?;
-            let (kind, permits) = kind_columns(req.kind);
-            sqlx::query(&self.st.insert_hold)
-                .bind(name)
-                .bind(req.owner)
-                .bind(kind)
-                .bind(permits)
-                .bind(req.mode.as_str())
-                .bind(token)
-                .bind(expiry(now, req.lease))
-                .bind(now)
-                .bind(req.meta.client_id.as_str())
-                .bind(req.meta.host.as_str())
-                .bind(i64::from(req.meta.pid))
+            bind_hold(sqlx::query(&self.st.insert_hold), req, token, now)
                 .execute(&mut conn)
                 .await?;
             Ok::<_, sqlx::Error>((pid, token))
@@ -1277,7 +1026,7 @@ impl SqlBackend {
                 return Err(self.err(e));
             }
         };
-        let token = parse_token(token)?;
+        let token = ROWS.token(token)?;
         let (deadline, deadline_rx) = tokio::sync::watch::channel(Instant::now() + req.lease);
         let hold = Arc::new(SessionHold {
             name: name.to_string(),
@@ -1662,46 +1411,15 @@ impl Backend for SqlBackend {
     }
 
     async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
-        let started = Instant::now();
-        let lease_end = busy.retry_in.and_then(|r| started.checked_add(r));
-        let notify = self.signals.subscribe(req.name.as_str());
-        let notified = notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let mut listener = self.listener.as_ref().map(|(s, _)| s.up.subscribe());
-        let mut step = 0u32;
-        loop {
-            if Instant::now() >= until || !timed(&self.shown, self.still_busy(req)).await? {
-                return Ok(());
-            }
+        let src = WaitSources {
+            signals: &self.signals,
+            poll: (POLL_MIN, POLL_MAX),
+            listener: self.listener.as_ref().map(|(s, _)| s.up.subscribe()),
             // A session lock freed by a dying connection sends no NOTIFY: session mode polls.
-            let listening = self.mode == HoldMode::Lease
-                && listener.as_mut().is_some_and(|l| *l.borrow_and_update());
-            let now = Instant::now();
-            let mut wake_at = if listening {
-                until
-            } else {
-                now + poll_interval(step)
-            };
-            step = step.saturating_add(1);
-            if let Some(t) = lease_end.filter(|t| *t > now) {
-                wake_at = wake_at.min(t);
-            }
-            wake_at = wake_at.min(until);
-            let listener_changed = async {
-                match listener.as_mut() {
-                    Some(l) => {
-                        let _ = l.changed().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            tokio::select! {
-                _ = &mut notified => return Ok(()),
-                _ = listener_changed => {}
-                _ = tokio::time::sleep_until(wake_at.into()) => {}
-            }
-        }
+            listening: self.mode == HoldMode::Lease,
+        };
+        let still_busy = || timed(&self.shown, self.still_busy(req));
+        wait_for_change(src, req.name.as_str(), busy, until, still_busy).await
     }
 
     async fn cancel(&self, req: &Request<'_>) -> Result<()> {

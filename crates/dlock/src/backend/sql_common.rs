@@ -1,0 +1,456 @@
+//! What the SQL stores share: the SQLite store (`sqlite.rs`) and the PostgreSQL/MySQL store
+//! (`sql/`) keep the same rows (holds, queue places, fences), so they read them, apply the grant
+//! rule, keep fair queue places, list locks and wait for a change in one way. Each store keeps only
+//! its SQL, its transactions and its error mapping.
+
+use super::logic::{decide, Decision, LiveHold, LiveWaiter};
+use super::*;
+use crate::error::Error;
+use crate::signal::NameSignals;
+use rand::Rng;
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+
+/// A queue place is rewritten by a repeated `acquire` only once it is at least this old, so a
+/// polling fair waiter does not cost a (synced) write on every attempt. Waiters repeat `acquire`
+/// at least every `QUEUE_PLACE_TTL / 4`, so a place is refreshed long before it expires.
+pub(crate) const QUEUE_REFRESH_AFTER: Duration = Duration::from_secs(1);
+
+/// A duration in whole milliseconds, rounded up.
+pub(crate) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+/// The expiry of a lease of `d` starting at `now` (milliseconds).
+pub(crate) fn expiry(now: i64, d: Duration) -> i64 {
+    now.saturating_add(ms(d))
+}
+
+/// What is left at `now` of a row expiring at `expires_at_ms` (zero once expired).
+pub(crate) fn left(expires_at_ms: i64, now: i64) -> Duration {
+    Duration::from_millis(u64::try_from(expires_at_ms.saturating_sub(now)).unwrap_or(0))
+}
+
+/// The `kind` and `permits` columns of a lock kind.
+pub(crate) fn kind_columns(kind: LockKind) -> (&'static str, i64) {
+    match kind {
+        LockKind::Mutex => ("mutex", 0),
+        LockKind::RwLock => ("rwlock", 0),
+        LockKind::Semaphore { permits } => ("semaphore", i64::from(permits)),
+    }
+}
+
+/// A granted fencing token as the `fence` column stores it.
+pub(crate) fn fence_column(name: &str, token: u64) -> Result<i64> {
+    i64::try_from(token)
+        .map_err(|_| Error::InvalidConfig(format!("fencing counter of {name:?} is exhausted")))
+}
+
+/// A statement's arguments on `DB`.
+type Query<'q, DB> = sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>;
+
+/// Binds the columns of a new hold of `req` with fencing token `token`, granted at `now`, in the
+/// order `name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms, client_id, host,
+/// pid`.
+pub(crate) fn bind_hold<'q, DB>(
+    q: Query<'q, DB>,
+    req: &'q Request<'q>,
+    token: i64,
+    now: i64,
+) -> Query<'q, DB>
+where
+    DB: sqlx::Database,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let (kind, permits) = kind_columns(req.kind);
+    q.bind(req.name.as_str())
+        .bind(req.owner)
+        .bind(kind)
+        .bind(permits)
+        .bind(req.mode.as_str())
+        .bind(token)
+        .bind(expiry(now, req.lease))
+        .bind(now)
+        .bind(req.meta.client_id.as_str())
+        .bind(req.meta.host.as_str())
+        .bind(i64::from(req.meta.pid))
+}
+
+/// Binds the columns of a new queue place of `req` expiring at `expires_at_ms`, in the order
+/// `name, owner, mode, expires_at_ms, client_id, host, pid`.
+pub(crate) fn bind_waiter<'q, DB>(
+    q: Query<'q, DB>,
+    req: &'q Request<'q>,
+    expires_at_ms: i64,
+) -> Query<'q, DB>
+where
+    DB: sqlx::Database,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    q.bind(req.name.as_str())
+        .bind(req.owner)
+        .bind(req.mode.as_str())
+        .bind(expires_at_ms)
+        .bind(req.meta.client_id.as_str())
+        .bind(req.meta.host.as_str())
+        .bind(i64::from(req.meta.pid))
+}
+
+/// Parses column values; `.0` names where the rows live, for messages about corrupt rows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rows(pub &'static str);
+
+impl Rows {
+    /// The error of a column value no dlock writes.
+    pub(crate) fn corrupt(self, what: &str, value: &dyn std::fmt::Debug) -> Error {
+        Error::backend(format!("unexpected {what} {value:?} in {}", self.0))
+    }
+
+    /// The `kind` and `permits` columns.
+    pub(crate) fn kind(self, kind: &str, permits: i64) -> Result<LockKind> {
+        match kind {
+            "mutex" => Ok(LockKind::Mutex),
+            "rwlock" => Ok(LockKind::RwLock),
+            "semaphore" => u32::try_from(permits)
+                .ok()
+                .filter(|p| *p > 0)
+                .map(|permits| LockKind::Semaphore { permits })
+                .ok_or_else(|| self.corrupt("permits", &permits)),
+            other => Err(self.corrupt("lock kind", &other)),
+        }
+    }
+
+    /// The `mode` column.
+    pub(crate) fn mode(self, mode: &str) -> Result<Mode> {
+        match mode {
+            "exclusive" => Ok(Mode::Exclusive),
+            "shared" => Ok(Mode::Shared),
+            other => Err(self.corrupt("mode", &other)),
+        }
+    }
+
+    /// The `fence` column.
+    pub(crate) fn token(self, fence: i64) -> Result<u64> {
+        u64::try_from(fence).map_err(|_| self.corrupt("fencing token", &fence))
+    }
+
+    /// The `pid` column.
+    fn pid(self, pid: i64) -> Result<u32> {
+        u32::try_from(pid).map_err(|_| self.corrupt("pid", &pid))
+    }
+
+    /// The `client_id`, `host` and `pid` columns.
+    fn meta(self, client_id: String, host: String, pid: i64) -> Result<HolderMeta> {
+        Ok(HolderMeta {
+            client_id,
+            host,
+            pid: self.pid(pid)?,
+        })
+    }
+}
+
+/// A live hold row as loaded for a decision: `owner, kind, permits, mode, fence, expires_at_ms`.
+pub(crate) type HoldColumns = (String, String, i64, String, i64, i64);
+/// A live queue row, in queue order: `owner, mode, expires_at_ms`.
+pub(crate) type WaiterColumns = (String, String, i64);
+/// A hold row as listed: `name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
+/// client_id, host, pid`.
+pub(crate) type HoldListing = (
+    String,
+    String,
+    String,
+    i64,
+    String,
+    i64,
+    i64,
+    i64,
+    String,
+    String,
+    i64,
+);
+/// A queue row as listed: `name, owner, mode, client_id, host, pid`.
+pub(crate) type WaiterListing = (String, String, String, String, String, i64);
+
+/// A live hold of one name as loaded inside a transaction.
+pub(crate) struct HoldRow {
+    pub owner: String,
+    pub kind: LockKind,
+    pub mode: Mode,
+    pub token: u64,
+    pub expires_at_ms: i64,
+}
+
+/// A live queue place of one name, in queue order.
+pub(crate) struct WaiterRow {
+    pub owner: String,
+    pub mode: Mode,
+    pub expires_at_ms: i64,
+}
+
+/// What a refused request that takes a queue place does to its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueuePlace {
+    /// No place yet: insert one expiring at this time.
+    Insert { expires_at_ms: i64 },
+    /// The place is more than [`QUEUE_REFRESH_AFTER`] old: move its expiry to this time (the
+    /// place, and its sequence, stay).
+    Refresh { expires_at_ms: i64 },
+    /// The place is fresh, or the request takes no place: no write.
+    Keep,
+}
+
+/// The live state of one name.
+pub(crate) struct NameState {
+    pub holds: Vec<HoldRow>,
+    pub queue: Vec<WaiterRow>,
+}
+
+impl NameState {
+    /// Parses the live rows of one name (holds ordered by fence, queue by sequence).
+    pub(crate) fn from_rows(
+        rows: Rows,
+        holds: Vec<HoldColumns>,
+        queue: Vec<WaiterColumns>,
+    ) -> Result<NameState> {
+        Ok(NameState {
+            holds: holds
+                .into_iter()
+                .map(|(owner, kind, permits, mode, fence, expires_at_ms)| {
+                    Ok(HoldRow {
+                        owner,
+                        kind: rows.kind(&kind, permits)?,
+                        mode: rows.mode(&mode)?,
+                        token: rows.token(fence)?,
+                        expires_at_ms,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            queue: queue
+                .into_iter()
+                .map(|(owner, mode, expires_at_ms)| {
+                    Ok(WaiterRow {
+                        owner,
+                        mode: rows.mode(&mode)?,
+                        expires_at_ms,
+                    })
+                })
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    /// The grant rule over these rows at `now`, with `fence` the name's fencing counter.
+    pub(crate) fn decide(&self, req: &Request<'_>, fence: u64, now: i64) -> Result<Decision> {
+        let holds: Vec<LiveHold<'_>> = self
+            .holds
+            .iter()
+            .map(|h| LiveHold {
+                owner: &h.owner,
+                kind: h.kind,
+                mode: h.mode,
+                token: Some(h.token),
+                expires_in: left(h.expires_at_ms, now),
+            })
+            .collect();
+        let queue: Vec<LiveWaiter<'_>> = self
+            .queue
+            .iter()
+            .map(|w| LiveWaiter {
+                owner: &w.owner,
+                mode: w.mode,
+            })
+            .collect();
+        decide(req, &holds, &queue, fence)
+    }
+
+    /// `true` if `req` would be refused at `now` (for `wait`; the fence only matters for the token
+    /// of a grant, not for whether it would be granted).
+    pub(crate) fn still_busy(&self, req: &Request<'_>, now: i64) -> bool {
+        matches!(self.decide(req, 0, now), Ok(Decision::Busy { .. }))
+    }
+
+    /// The fencing counter to grant from: the stored fence, or higher if a live hold already
+    /// carries a higher token (defensive: never hand out a token at or below a live one).
+    pub(crate) fn fence(&self, stored: Option<u64>) -> u64 {
+        self.holds
+            .iter()
+            .map(|h| h.token)
+            .chain(stored)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// What a refused `owner` does to its queue row at `now`: nothing unless it `enqueue`s (takes
+    /// a queue place, see `Decision::Busy`).
+    pub(crate) fn queue_place(&self, owner: &str, enqueue: bool, now: i64) -> QueuePlace {
+        let expires_at_ms = expiry(now, QUEUE_PLACE_TTL);
+        match self.queue.iter().find(|w| w.owner == owner) {
+            _ if !enqueue => QueuePlace::Keep,
+            None => QueuePlace::Insert { expires_at_ms },
+            Some(w) if w.expires_at_ms < expires_at_ms - ms(QUEUE_REFRESH_AFTER) => {
+                QueuePlace::Refresh { expires_at_ms }
+            }
+            Some(_) => QueuePlace::Keep,
+        }
+    }
+}
+
+/// Builds `describe`'s answer from the listed rows (holds ordered by name and fence, queue by
+/// name and sequence) at `now`: names starting with `prefix` that have live holds, with their
+/// waiters in queue order.
+pub(crate) fn listing(
+    rows: Rows,
+    prefix: &str,
+    now: i64,
+    holds: Vec<HoldListing>,
+    queue: Vec<WaiterListing>,
+) -> Result<Vec<LockInfo>> {
+    let mut locks: std::collections::BTreeMap<String, LockInfo> = Default::default();
+    for (name, owner, kind, permits, mode, fence, expires, acquired, client_id, host, pid) in holds
+    {
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let kind = rows.kind(&kind, permits)?;
+        let info = locks.entry(name.clone()).or_insert_with(|| LockInfo {
+            name,
+            kind,
+            holders: Vec::new(),
+            waiters: Vec::new(),
+        });
+        info.holders.push(HolderInfo {
+            owner,
+            meta: rows.meta(client_id, host, pid)?,
+            mode: rows.mode(&mode)?,
+            token: Some(rows.token(fence)?),
+            acquired_at_ms: u64::try_from(acquired).unwrap_or(0),
+            lease_left_ms: Some(u64::try_from(expires.saturating_sub(now)).unwrap_or(0)),
+        });
+    }
+    for (name, owner, mode, client_id, host, pid) in queue {
+        // Only names with live holds are listed, as in the other stores.
+        let Some(info) = locks.get_mut(&name) else {
+            continue;
+        };
+        let position = u32::try_from(info.waiters.len()).unwrap_or(u32::MAX);
+        info.waiters.push(WaiterInfo {
+            owner,
+            meta: rows.meta(client_id, host, pid)?,
+            mode: rows.mode(&mode)?,
+            position,
+        });
+    }
+    Ok(locks.into_values().collect())
+}
+
+/// The in-process wake-ups of every backend of this process on one database, by key (a file's
+/// canonical path, a URL and table): backends on the same key wake each other's waiters.
+pub(crate) struct SignalRegistry<K>(StdMutex<HashMap<K, Weak<NameSignals>>>);
+
+impl<K: Hash + Eq> SignalRegistry<K> {
+    /// An empty registry (for a `static`).
+    pub(crate) fn new() -> Self {
+        SignalRegistry(StdMutex::new(HashMap::new()))
+    }
+
+    /// The wake-ups of `key` (created on first use, kept while a backend uses them).
+    pub(crate) fn get(&self, key: K) -> Arc<NameSignals> {
+        let mut reg = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = reg.get(&key).and_then(Weak::upgrade) {
+            return w;
+        }
+        reg.retain(|_, w| w.strong_count() > 0);
+        let w = Arc::new(NameSignals::default());
+        reg.insert(key, Arc::downgrade(&w));
+        w
+    }
+}
+
+/// The jittered poll interval of the `step`-th poll of one wait: uniform in `[b/2, b]` (at least
+/// `min`), where `b` doubles from `2 * min` and is capped at `max`.
+pub(crate) fn poll_interval(step: u32, min: Duration, max: Duration) -> Duration {
+    let base = min
+        .saturating_mul(2u32.saturating_pow(step.saturating_add(1)))
+        .min(max);
+    let hi = u64::try_from(base.as_micros()).unwrap_or(u64::MAX);
+    let lo = (hi / 2).max(u64::try_from(min.as_micros()).unwrap_or(0));
+    let us = if lo < hi {
+        rand::thread_rng().gen_range(lo..=hi)
+    } else {
+        hi
+    };
+    Duration::from_micros(us)
+}
+
+/// How a waiter learns of changes besides polling.
+pub(crate) struct WaitSources<'a> {
+    /// The in-process wake-ups of the store.
+    pub signals: &'a NameSignals,
+    /// The poll interval bounds (see [`poll_interval`]).
+    pub poll: (Duration, Duration),
+    /// A notification connection's state (`true` while up): while it is up and `listening`,
+    /// the waiter does not poll; any change of it wakes the waiter.
+    pub listener: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Whether the listener's notifications cover this wait.
+    pub listening: bool,
+}
+
+/// `Backend::wait` of the SQL stores: returns when `still_busy()` says the request may be granted,
+/// when an in-process wake-up of the name arrives, or at `until`. Between looks it sleeps for a
+/// jittered poll interval (or, while a listener is up, until a wake-up), never past the end of the
+/// blocking lease (`busy.retry_in`) or `until`.
+pub(crate) async fn wait_for_change<F, Fut>(
+    src: WaitSources<'_>,
+    name: &str,
+    busy: &Busy,
+    until: Instant,
+    mut still_busy: F,
+) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let started = Instant::now();
+    let lease_end = busy.retry_in.and_then(|r| started.checked_add(r));
+    let notify = src.signals.subscribe(name);
+    let notified = notify.notified();
+    tokio::pin!(notified);
+    // Registered before the first look, so a release in this process between the caller's
+    // attempt and here is seen either by that look or by the notification.
+    notified.as_mut().enable();
+    let mut listener = src.listener;
+    let mut step = 0u32;
+    loop {
+        if Instant::now() >= until || !still_busy().await? {
+            return Ok(());
+        }
+        let listening = src.listening && listener.as_mut().is_some_and(|l| *l.borrow_and_update());
+        let now = Instant::now();
+        let mut wake_at = if listening {
+            until
+        } else {
+            now + poll_interval(step, src.poll.0, src.poll.1)
+        };
+        step = step.saturating_add(1);
+        if let Some(t) = lease_end.filter(|t| *t > now) {
+            wake_at = wake_at.min(t);
+        }
+        wake_at = wake_at.min(until);
+        let listener_changed = async {
+            match listener.as_mut() {
+                Some(l) => {
+                    let _ = l.changed().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = &mut notified => return Ok(()),
+            _ = listener_changed => {}
+            _ = tokio::time::sleep_until(wake_at.into()) => {}
+        }
+    }
+}
