@@ -58,34 +58,35 @@ use harness::{env_url, Caps};
 /// multi-process scenarios are generated only for stores shared between processes (a scenario that
 /// does not apply is not a test, rather than a test that passes without running).
 macro_rules! conformance {
-    // A mutex-only store without fencing (Redlock): only the scenarios that use nothing but
-    // non-fair mutexes (the fencing assertions accept `token() == None` only because the store
-    // reports `fencing: false`). Skipped, one line each:
-    // - try_and_timeout: its second half uses a fair mutex (Redlock: no fair mode).
-    // - reentrancy_counts: ends with a semaphore (mutex only).
-    // - rwlock_shared_exclusive, semaphore_limit: rwlocks and semaphores (mutex only).
-    // - fair_fifo_order: fair mode.
-    // - bad_input: checks rwlock and semaphore leases and names too.
-    // - describe_shows_holders: describes held rwlocks and semaphores too.
-    // - dropped_guard_releases: drops semaphore and rwlock guards too.
+    // A mutex-only store without fencing (Redlock): the scenarios run their mutex parts and check
+    // that fair mode, rwlocks and semaphores answer `Unsupported` (the fencing assertions accept
+    // `token() == None` only because the store reports `fencing: false`). Not generated, one line
+    // each:
+    // - rwlock_shared_exclusive, semaphore_limit, fair_fifo_order: nothing of them is a mutex.
+    // - describe_shows_holders: its listing assertions are built on held rwlocks and semaphores;
+    //   Redlock's describe is covered by its own tests (holders seen on a majority, no token).
     ($backend:ident, $url:expr, Caps { cross_process: true, mutex_only: true } $(,)?) => {
-        conformance!(@tests $backend, $url, Caps { cross_process: true };
+        conformance!(@tests $backend, $url, Caps { cross_process: true, mutex_only: true };
             mutual_exclusion_tasks,
+            try_and_timeout,
             owner_only_release_after_expiry,
             holder_killed_taken_over,
             renewal_keeps_lock,
             lost_fires_when_store_removes_hold,
             lost_fires_at_deadline_without_renewal,
             fencing_tokens_increase,
+            reentrancy_counts,
             waiter_wakes_by_notification,
+            bad_input,
+            dropped_guard_releases,
             mutual_exclusion_processes,
         );
     };
     ($backend:ident, $url:expr, Caps { cross_process: true } $(,)?) => {
-        conformance!(@all $backend, $url, Caps { cross_process: true }; mutual_exclusion_processes,);
+        conformance!(@all $backend, $url, Caps { cross_process: true, mutex_only: false }; mutual_exclusion_processes,);
     };
     ($backend:ident, $url:expr, Caps { cross_process: false } $(,)?) => {
-        conformance!(@all $backend, $url, Caps { cross_process: false };);
+        conformance!(@all $backend, $url, Caps { cross_process: false, mutex_only: false };);
     };
     (@all $backend:ident, $url:expr, $caps:expr; $($extra:ident,)*) => {
         conformance!(@tests $backend, $url, $caps;
@@ -152,8 +153,6 @@ conformance!(
     }
 );
 
-// Redis: the server `scripts/test.sh` starts (its URL in DLOCK_TEST_REDIS_URL); every scenario
-// uses lock names under `conf/<unique id>/`, so tests share the server without meeting.
 // ZooKeeper: the three-server ensemble `scripts/test.sh` starts (DLOCK_TEST_ZK_URL, with a 2 s
 // session timeout: a dead holder is taken over after the session timeout, not the lease).
 conformance!(
@@ -164,6 +163,8 @@ conformance!(
     }
 );
 
+// Redis: the server `scripts/test.sh` starts (its URL in DLOCK_TEST_REDIS_URL); every scenario
+// uses lock names under `conf/<unique id>/`, so tests share the server without meeting.
 conformance!(
     redis,
     |_| env_url("DLOCK_TEST_REDIS_URL"),
@@ -173,12 +174,30 @@ conformance!(
 );
 
 // Redlock: five private redis-servers `scripts/test.sh` starts (DLOCK_TEST_REDLOCK_URL); mutex
-// only and no fencing token, so only the scenarios listed in the mutex-only arm above.
+// only and no fencing token: see the mutex-only arm above.
 conformance!(
     redlock,
     |_| env_url("DLOCK_TEST_REDLOCK_URL"),
     Caps {
         cross_process: true,
         mutex_only: true
+    }
+);
+
+// PostgreSQL and MariaDB: the machine's servers (`scripts/test.sh` starts them when down); lease
+// tables named `dlock_locks`, lock names unique per test.
+conformance!(
+    postgres,
+    |_| env_url("DLOCK_TEST_POSTGRES_URL"),
+    Caps {
+        cross_process: true
+    }
+);
+
+conformance!(
+    mysql,
+    |_| env_url("DLOCK_TEST_MYSQL_URL"),
+    Caps {
+        cross_process: true
     }
 );

@@ -30,6 +30,20 @@ pub struct Caps {
     /// Separate OS processes that connect to the same URL share its locks (`false` for `mem://`,
     /// whose store lives inside one process). The multi-process scenarios run only when true.
     pub cross_process: bool,
+    /// The store offers only non-fair mutexes (Redlock): scenarios run their mutex parts and check
+    /// that rwlocks, semaphores and fair mode answer `Unsupported` instead of their own parts.
+    pub mutex_only: bool,
+}
+
+/// Asserts that a primitive a mutex-only store does not offer is refused clearly.
+pub async fn assert_unsupported<T: std::fmt::Debug>(
+    what: &str,
+    f: impl std::future::Future<Output = dlock::Result<T>>,
+) {
+    match tokio::time::timeout(std::time::Duration::from_secs(10), f).await {
+        Ok(Err(dlock::Error::Unsupported(_))) => {}
+        other => panic!("{what} on a mutex-only store: expected Unsupported, got {other:?}"),
+    }
 }
 
 /// The per-test context a backend's URL function gets. Its `Display` is an id unique to this test

@@ -162,11 +162,21 @@ pub async fn try_and_timeout(s: Store) {
         "try_acquire on a held lock took {took:?}; it must answer at once"
     );
 
+    // On a mutex-only store (no fair mode) the "fair" steps run as plain ones, and fair mode must
+    // be refused clearly.
+    let fair = !s.caps.mutex_only;
+    if !fair {
+        assert_unsupported(
+            "fair acquire",
+            c2.mutex(&name).unwrap().fair(true).acquire(),
+        )
+        .await;
+    }
     for (label, m) in [
         ("acquire_timeout(300ms)", other.clone()),
         (
             "fair acquire_timeout(300ms)",
-            c2.mutex(&name).unwrap().fair(true),
+            c2.mutex(&name).unwrap().fair(fair),
         ),
     ] {
         let (e, took) = fails(
@@ -191,7 +201,7 @@ pub async fn try_and_timeout(s: Store) {
         within(
             STEP,
             "fair try_acquire",
-            c2.mutex(&name).unwrap().fair(true).try_acquire()
+            c2.mutex(&name).unwrap().fair(fair).try_acquire()
         )
         .await,
         Error::Busy { .. },
@@ -200,7 +210,7 @@ pub async fn try_and_timeout(s: Store) {
 
     // A fair acquisition abandoned by the caller's own timeout (the future is dropped while it
     // waits in the queue) removes its queue place too (in the background, so allow a moment).
-    let dropper = c2.mutex(&name).unwrap().fair(true);
+    let dropper = c2.mutex(&name).unwrap().fair(fair);
     let abandoned = tokio::time::timeout(ms(300), dropper.acquire()).await;
     assert!(
         abandoned.is_err(),
@@ -254,7 +264,7 @@ pub async fn try_and_timeout(s: Store) {
     must("release", g2.release()).await;
     let g3 = must(
         "fair try_acquire of the free lock",
-        c1.mutex(&name).unwrap().fair(true).try_acquire(),
+        c1.mutex(&name).unwrap().fair(fair).try_acquire(),
     )
     .await;
     must("release", g3.release()).await;
@@ -317,6 +327,11 @@ pub async fn dropped_guard_releases(s: Store) {
 
     // Semaphore permits and rwlock guards too.
     let sname = s.name("dropped-sem");
+    if s.caps.mutex_only {
+        assert_unsupported("semaphore", c1.semaphore(&sname, 1).unwrap().acquire()).await;
+        assert_unsupported("rwlock", c1.rwlock(&sname).unwrap().write()).await;
+        return;
+    }
     let p = must("permit", c1.semaphore(&sname, 1).unwrap().acquire()).await;
     let t = Instant::now();
     drop(p);
