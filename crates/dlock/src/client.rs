@@ -74,10 +74,11 @@ pub(crate) fn margin(valid_for: Duration) -> Duration {
 /// |---|---|
 /// | `mem://` or `mem://NAME` | in-process; all clients of one process with the same NAME share it |
 /// | `sqlite:///abs/path.db`, `sqlite:rel/path.db` | embedded SQLite file, shared by every process of the machine |
-/// | `postgres://user@host/db[?table=…&mode=session]` | PostgreSQL (feature `postgres`), see [`crate::backend::sql`] |
-/// | `mysql://user@host/db[?table=…&mode=session]`, `mariadb://…` | MySQL/MariaDB (feature `mysql`), see [`crate::backend::sql`] |
+/// | `postgres://user@host/db[?table=…&mode=session]` | PostgreSQL (feature `postgres`; module `backend::sql`) |
+/// | `mysql://user@host/db[?table=…&mode=session]`, `mariadb://…` | MySQL/MariaDB (feature `mysql`; module `backend::sql`) |
+/// | `redis://[user:pass@]host:6379[/db][?prefix=dlock:]`, `rediss://…` | one Redis server (feature `redis`; module `backend::redis`) |
 /// | `zk://host:2181,host2:2181/chroot[?session_timeout=10s]` | a ZooKeeper ensemble (feature `zookeeper`) |
-/// | `redlock://h1:6379,h2:6379,h3:6379[?drift=0.01]` | Redlock over independent Redis servers (feature `redlock`, mutex only, no fencing), see [`crate::backend::redlock`] |
+/// | `redlock://h1:6379,h2:6379,h3:6379[?drift=0.01]` | Redlock over independent Redis servers (feature `redlock`, mutex only, no fencing; module `backend::redlock`) |
 ///
 /// Must be called inside a tokio runtime (the client runs a renewal task on it).
 ///
