@@ -1150,6 +1150,7 @@ mod tests {
         let path = dir.path().join("x.db");
         let a = Arc::new(open(&path).await);
         let b = Arc::new(open(&path).await);
+        let mut afters = Vec::new();
         for round in 0..5 {
             let holder = format!("h{round}");
             let n = name("wake");
@@ -1181,15 +1182,26 @@ mod tests {
             rx.await.unwrap();
             // long enough for the waiter to reach its longest poll intervals
             tokio::time::sleep(Duration::from_millis(150)).await;
-            let released = Instant::now();
             assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::Released);
+            // Measured from the end of the release (its synced DELETE may take a while on a
+            // loaded machine): a notified waiter is already awake by then or wakes at once; a
+            // polling one would wake up to a poll interval (25–50 ms by now) later.
+            let released = Instant::now();
             let woke = waiter.await.unwrap();
-            let after = woke.saturating_duration_since(released);
-            assert!(
-                after < Duration::from_millis(20),
-                "round {round}: woke {after:?} after the release"
-            );
+            afters.push(woke.saturating_duration_since(released));
         }
+        afters.sort();
+        eprintln!("woke after the release: {afters:?}");
+        assert!(
+            afters[2] < Duration::from_millis(10),
+            "median wake-up {:?} after the release: not a notification ({afters:?})",
+            afters[2]
+        );
+        assert!(
+            afters[4] < POLL_MAX,
+            "a waiter woke {:?} after the release ({afters:?})",
+            afters[4]
+        );
     }
 
     #[tokio::test(flavor = "multi_thread")]
