@@ -3,7 +3,7 @@
 
 use crate::backend::{
     Attempt, Backend, Capabilities, Extended, HoldRef, HolderMeta, LockInfo, LockKind, Mode,
-    Request, Wakeups, QUEUE_PLACE_TTL,
+    Request, Validity, Wakeups, QUEUE_PLACE_TTL,
 };
 use crate::error::{Error, Result};
 use crate::hold::{Hold, HoldState};
@@ -460,8 +460,9 @@ impl Inner {
             if let Wakeups::Native = self.caps.wakeups {
                 slice = slice.min(MAX_NATIVE_SLICE);
             }
-            if req.takes_queue_place() {
-                // Repeating the attempt is what keeps the queue place alive.
+            if req.takes_queue_place() && self.caps.validity == Validity::Lease {
+                // Repeating the attempt is what keeps a lease store's queue place alive. A session
+                // store's places live as long as the session (no refresh needed).
                 slice = slice.min(QUEUE_PLACE_TTL / 4);
             }
             let mut until = now + slice;

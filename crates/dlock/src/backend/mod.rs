@@ -216,7 +216,9 @@ pub enum Wakeups {
 pub enum Validity {
     /// A lease that the client must extend ([`Backend::extend`]).
     Lease,
-    /// A session kept alive by the store client's heartbeats; `extend` only confirms it.
+    /// A session kept alive by the store client's heartbeats; `extend` only confirms it. Queue
+    /// places (waiter nodes) live as long as the session, so the core does not repeat a waiting
+    /// attempt just to keep its place.
     Session,
 }
 
