@@ -28,6 +28,9 @@ pub mod sql;
 pub(crate) mod sql_common;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(test)]
+#[allow(dead_code)] // each store's tests use a different subset
+pub(crate) mod test_support;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 

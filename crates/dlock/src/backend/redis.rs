@@ -1218,10 +1218,9 @@ fn parse_describe(name: &str, v: &Value) -> Result<Option<LockInfo>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::test_support::*;
     use ::redis::AsyncCommands;
     use std::sync::atomic::{AtomicUsize, Ordering};
-
-    const LONG: Duration = Duration::from_secs(30);
 
     fn url() -> String {
         std::env::var("DLOCK_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
@@ -1243,51 +1242,6 @@ mod tests {
 
     fn uniq(tag: &str) -> LockName {
         LockName::new(format!("test/{tag}/{}", uuid::Uuid::new_v4())).unwrap()
-    }
-
-    fn meta(id: &str) -> HolderMeta {
-        HolderMeta {
-            client_id: id.into(),
-            host: "test-host".into(),
-            pid: 42,
-        }
-    }
-
-    fn rq<'a>(name: &'a LockName, owner: &'a str, meta: &'a HolderMeta) -> Request<'a> {
-        Request {
-            name,
-            kind: LockKind::Mutex,
-            mode: Mode::Exclusive,
-            owner,
-            lease: LONG,
-            fair: false,
-            waiting: false,
-            meta,
-        }
-    }
-
-    fn hr<'a>(r: &Request<'a>) -> HoldRef<'a> {
-        HoldRef {
-            name: r.name,
-            kind: r.kind,
-            mode: r.mode,
-            owner: r.owner,
-            lease: r.lease,
-        }
-    }
-
-    fn token(a: Attempt) -> u64 {
-        match a {
-            Attempt::Granted(g) => g.token.expect("a token"),
-            Attempt::Busy(b) => panic!("expected a grant, got busy {b:?}"),
-        }
-    }
-
-    fn busy(a: Attempt) -> Busy {
-        match a {
-            Attempt::Busy(b) => b,
-            Attempt::Granted(g) => panic!("expected busy, got {g:?}"),
-        }
     }
 
     #[test]

@@ -725,59 +725,8 @@ impl Backend for SqliteBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::test_support::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
-
-    const LONG: Duration = Duration::from_secs(30);
-
-    fn meta(id: &str) -> HolderMeta {
-        HolderMeta {
-            client_id: id.into(),
-            host: "testhost".into(),
-            pid: 42,
-        }
-    }
-
-    fn name(n: &str) -> LockName {
-        LockName::new(n).unwrap()
-    }
-
-    /// A plain (unfair, try) mutex request with a long lease.
-    fn rq<'a>(name: &'a LockName, owner: &'a str, meta: &'a HolderMeta) -> Request<'a> {
-        Request {
-            name,
-            kind: LockKind::Mutex,
-            mode: Mode::Exclusive,
-            owner,
-            lease: LONG,
-            fair: false,
-            waiting: false,
-            meta,
-        }
-    }
-
-    fn hr<'a>(r: &Request<'a>) -> HoldRef<'a> {
-        HoldRef {
-            name: r.name,
-            kind: r.kind,
-            mode: r.mode,
-            owner: r.owner,
-            lease: r.lease,
-        }
-    }
-
-    fn token(a: Attempt) -> u64 {
-        match a {
-            Attempt::Granted(g) => g.token.unwrap(),
-            Attempt::Busy(b) => panic!("expected a grant, got {b:?}"),
-        }
-    }
-
-    fn busy(a: Attempt) -> Busy {
-        match a {
-            Attempt::Busy(b) => b,
-            Attempt::Granted(g) => panic!("expected busy, got {g:?}"),
-        }
-    }
 
     async fn open(path: &Path) -> SqliteBackend {
         SqliteBackend::open(path).await.unwrap()

@@ -4,8 +4,7 @@
 //! `DLOCK_TEST_MYSQL_URL`. Every test uses its own table and lock names with a random suffix.
 
 use super::*;
-
-const LONG: Duration = Duration::from_secs(30);
+use crate::backend::test_support::*;
 
 fn base(d: Dialect) -> String {
     match d {
@@ -24,55 +23,6 @@ fn url(d: Dialect, table: &str, extra: &str) -> String {
 
 fn uniq(prefix: &str) -> String {
     format!("{prefix}/{}", uuid::Uuid::new_v4().simple())
-}
-
-fn meta(id: &str) -> HolderMeta {
-    HolderMeta {
-        client_id: id.into(),
-        host: "testhost".into(),
-        pid: 42,
-    }
-}
-
-fn name(n: &str) -> LockName {
-    LockName::new(n).unwrap()
-}
-
-fn rq<'a>(name: &'a LockName, owner: &'a str, meta: &'a HolderMeta) -> Request<'a> {
-    Request {
-        name,
-        kind: LockKind::Mutex,
-        mode: Mode::Exclusive,
-        owner,
-        lease: LONG,
-        fair: false,
-        waiting: false,
-        meta,
-    }
-}
-
-fn hr<'a>(r: &Request<'a>) -> HoldRef<'a> {
-    HoldRef {
-        name: r.name,
-        kind: r.kind,
-        mode: r.mode,
-        owner: r.owner,
-        lease: r.lease,
-    }
-}
-
-fn token(a: Attempt) -> u64 {
-    match a {
-        Attempt::Granted(g) => g.token.unwrap(),
-        Attempt::Busy(b) => panic!("expected a grant, got {b:?}"),
-    }
-}
-
-fn busy(a: Attempt) -> Busy {
-    match a {
-        Attempt::Busy(b) => b,
-        Attempt::Granted(g) => panic!("expected busy, got {g:?}"),
-    }
 }
 
 async fn open(d: Dialect, table: &str) -> SqlBackend {
