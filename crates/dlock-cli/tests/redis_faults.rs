@@ -2,95 +2,12 @@
 //! starts its own `redis-server` on a free loopback port (stopped by pid when the test ends); the
 //! interop test uses the suite's server (`DLOCK_TEST_REDIS_URL`, started by `scripts/test.sh`).
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A private redis-server on a free loopback port.
-struct Server {
-    child: Option<Child>,
-    port: u16,
-    dir: tempfile::TempDir,
-    args: Vec<String>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Server {
-    fn start(args: &[&str]) -> Server {
-        // A server listening only on its TLS port is waited for on that port.
-        let port = args
-            .iter()
-            .position(|a| *a == "--tls-port")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(free_port);
-        let mut s = Server {
-            child: None,
-            port,
-            dir: tempfile::tempdir().unwrap(),
-            args: args.iter().map(|a| a.to_string()).collect(),
-        };
-        s.spawn();
-        s
-    }
-
-    fn spawn(&mut self) {
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--bind", "127.0.0.1"]);
-        if !self.args.iter().any(|a| a == "--tls-port") {
-            cmd.args(["--port", &self.port.to_string()]);
-        }
-        let child = cmd
-            .args(["--dir", self.dir.path().to_str().unwrap()])
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (scripts/test.sh installs it)");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGKILL (a crash: nothing flushed that was not already).
-    fn crash(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn restart(&mut self) {
-        self.crash();
-        self.spawn();
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    #[allow(dead_code)]
-    fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.crash();
-    }
-}
+mod common;
+use common::{free_port, RedisServer as Server};
 
 fn unique(what: &str) -> String {
     format!("faults/{what}/{}", uuid::Uuid::new_v4())

@@ -3,80 +3,16 @@
 //! private servers on free ports (no persistence) and stops them by pid when it ends; keys are
 //! checked directly with `redis-cli`.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A private redis-server on a free loopback port.
-struct Server {
-    child: Option<Child>,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Server {
-    fn start() -> Server {
-        let mut s = Server {
-            child: None,
-            port: free_port(),
-            dir: tempfile::tempdir().unwrap(),
-        };
-        s.spawn();
-        s
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(["--dir", self.dir.path().to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (scripts/test.sh installs it)");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGKILL, by pid.
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// `redis-cli` on this server; its trimmed output.
-    fn cli(&self, args: &[&str]) -> String {
-        let o = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        String::from_utf8_lossy(&o.stdout).trim().to_string()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
+mod common;
+use common::RedisServer as Server;
 
 fn five() -> Vec<Server> {
-    (0..5).map(|_| Server::start()).collect()
+    (0..5)
+        .map(|_| Server::start(&["--save", "", "--appendonly", "no"]))
+        .collect()
 }
 
 fn url(servers: &[Server]) -> String {

@@ -11,7 +11,6 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -26,6 +25,9 @@ enum Db {
 }
 
 /// A private database server on a free loopback port, in its own temp dir.
+mod common;
+use common::free_port;
+
 struct Server {
     db: Db,
     dir: tempfile::TempDir,
@@ -33,14 +35,6 @@ struct Server {
     child: Option<Child>,
     /// `(uid, gid)` to run PostgreSQL as (when the tests run as root).
     run_as: Option<(u32, u32)>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The directory of PostgreSQL's server binaries (the newest installed version).
