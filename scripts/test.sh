@@ -11,8 +11,6 @@ cd "$(dirname "$0")/.."
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/dlock-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
-# Conformance tests of a backend whose URL is not configured fail instead of skipping.
-export DLOCK_TEST_REQUIRE_ALL=1
 mkdir -p "$CARGO_TARGET_DIR"
 
 log() { printf '\n== %s\n' "$*" >&2; }

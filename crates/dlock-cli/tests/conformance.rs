@@ -23,7 +23,7 @@
 //! - `NAME`: the backend's short name (the test module, e.g. `redis`).
 //! - `URL_FN`: `|t| ...` gets the test's [`harness::Ctx`] and returns the store URL as a `String`,
 //!   or an `Option<String>` where `None` means "not configured here": the backend's tests then
-//!   pass with a `SKIPPED` note (or fail if `DLOCK_TEST_REQUIRE_ALL=1`, as CI sets). `t` displays
+//!   fail with a message saying to run them through `scripts/test.sh` (never skip). `t` displays
 //!   as an id unique to the test (`[a-z0-9_-]`; use it for an in-process store name, a database or
 //!   key prefix) and `t.path("file")` is a file in a temporary directory of the test.
 //! - `cross_process`: whether separate OS processes with the same URL share locks. Only when true
