@@ -515,7 +515,7 @@ async fn renew_due(inner: &Arc<Inner>) -> Instant {
         match h.state() {
             HoldState::Held { deadline, renew_at } => {
                 if now >= deadline {
-                    h.mark_lost("the lease ran out before it could be renewed");
+                    h.lease_ran_out("the lease ran out before it could be renewed");
                     inner.forget(&h.owner);
                     continue;
                 }

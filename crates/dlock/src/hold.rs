@@ -1,6 +1,6 @@
 //! One hold in the store, shared by the reentrant guards that use it.
 
-use crate::backend::{HoldRef, LockKind, Mode};
+use crate::backend::{HoldRef, LockKind, Mode, Validity};
 use crate::client::{Inner, Spec};
 use crate::name::LockName;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -137,7 +137,8 @@ impl Hold {
         self.guards.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
-    pub(crate) fn mark_lost(&self, reason: &str) {
+    /// Marks the hold lost; true if it was held until now.
+    pub(crate) fn mark_lost(&self, reason: &str) -> bool {
         let changed = self.state.send_if_modified(|s| match s {
             HoldState::Held { .. } => {
                 *s = HoldState::Lost(reason.to_string());
@@ -150,16 +151,54 @@ impl Hold {
                 .increment(1);
             tracing::warn!(name = %self.name, token = ?self.token, reason, "lock lost");
         }
+        changed
     }
 
     /// Marks the hold lost if its local deadline has passed. Returns the state after.
     pub(crate) fn check_deadline(&self) -> HoldState {
         if let HoldState::Held { deadline, .. } = self.state() {
             if Instant::now() >= deadline {
-                self.mark_lost("the lease deadline was reached on the local clock without a successful renewal");
+                self.lease_ran_out(
+                    "the lease deadline was reached on the local clock without a successful renewal",
+                );
             }
         }
         self.state()
+    }
+
+    /// The hold's lease ran out without renewal: it is lost. A lease store ends it by itself; a
+    /// session store would keep it as long as the session lives, so the hold is released there
+    /// (in the background) — written once here for every session store, instead of a timer per
+    /// hold in the backend.
+    pub(crate) fn lease_ran_out(&self, reason: &str) {
+        if !self.mark_lost(reason)
+            || self.client.backend.capabilities().validity != Validity::Session
+        {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.client.backend.clone();
+        let (name, kind, mode, owner, lease) = (
+            self.name.clone(),
+            self.kind,
+            self.mode,
+            self.owner.clone(),
+            self.lease,
+        );
+        rt.spawn(async move {
+            let hold = HoldRef {
+                name: &name,
+                kind,
+                mode,
+                owner: &owner,
+                lease,
+            };
+            if let Err(e) = backend.release(&hold).await {
+                tracing::debug!(error = %e, "ending a session hold whose lease ran out");
+            }
+        });
     }
 
     pub(crate) fn mark_released(&self) -> HoldState {

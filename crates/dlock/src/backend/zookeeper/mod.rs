@@ -63,10 +63,10 @@
 //! and `Gone` once the session expired or closed, once the hold's node was seen deleted (a
 //! watch on every held node, e.g. `dlock unlock`), or when no guarantee is left.
 //!
-//! A hold is also bounded by its **lease**, enforced by the holding client itself: `extend`
-//! moves the hold's lease end to `now + lease`, and a hold not extended within its lease (a
-//! forgotten guard, `auto_renew(false)`) has its node deleted by its own client, as on a lease
-//! store. `valid_for` is therefore `min(session guarantee, lease)`. A holder *process* that dies
+//! A hold is also bounded by its **lease**: `valid_for` is `min(session guarantee, lease)`, and
+//! when a hold's lease runs out without renewal (a forgotten guard, `auto_renew(false)`) the
+//! core's watchdog marks it lost and releases it here (the core does that for every session
+//! store), so its node is deleted as on a lease store. A holder *process* that dies
 //! is bounded by the session timeout instead (the ensemble deletes its ephemeral nodes when the
 //! session expires), so choose `session_timeout` ≤ the leases you rely on for takeover.
 //!
@@ -219,11 +219,9 @@ struct NodeRec {
     node: String,
     czxid: i64,
     granted: bool,
-    /// Set by the watch on a held node when it is deleted (e.g. `dlock unlock`), by the lease
-    /// timer when it deleted the node, and by `release`.
+    /// Set by the watch on a held node when it is deleted (e.g. `dlock unlock`) and by
+    /// `release` (which the core also calls when a hold's lease ran out without renewal).
     deleted: Arc<AtomicBool>,
-    /// When the hold's lease runs out unless extended (this client then deletes the node).
-    lease_end: Arc<StdMutex<Instant>>,
     /// What to watch while waiting: a child name, or `None` for the children of the lock node.
     watch: Option<String>,
 }
@@ -638,44 +636,6 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// Ends the hold when its lease runs out without an `extend`: this client deletes the node
-    /// itself (a forgotten guard or a hold without renewal ends as on a lease store).
-    fn enforce_lease(&self, rec: &NodeRec) {
-        let (s, deleted, end) = (
-            rec.session.clone(),
-            rec.deleted.clone(),
-            rec.lease_end.clone(),
-        );
-        let path = format!("{}/{}", rec.lock_path, rec.node);
-        let weak = Arc::downgrade(&s);
-        drop(s);
-        tokio::spawn(async move {
-            loop {
-                let at = *end.lock().unwrap_or_else(|p| p.into_inner());
-                if deleted.load(Ordering::Acquire) {
-                    return;
-                }
-                if Instant::now() < at {
-                    tokio::time::sleep_until(at.into()).await;
-                    continue;
-                }
-                let Some(s) = weak.upgrade() else { return };
-                if s.is_dead() || deleted.swap(true, Ordering::AcqRel) {
-                    return;
-                }
-                tracing::debug!(node = %path, "lease ran out without renewal: deleting the node");
-                for _ in 0..ATTEMPTS {
-                    match s.run(s.client.delete(&path, None)).await {
-                        Ok(()) | Err(zk::Error::NoNode) => return,
-                        Err(_) if s.is_dead() => return,
-                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                    }
-                }
-                return;
-            }
-        });
-    }
-
     /// Watches a held node so that `extend` learns of its deletion without a round trip.
     fn watch_held(&self, rec: &NodeRec) {
         let s = rec.session.clone();
@@ -703,10 +663,6 @@ impl ZooKeeperBackend {
             }
         });
     }
-}
-
-fn set_lease_end(rec: &NodeRec, lease: Duration) {
-    *rec.lease_end.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now() + lease;
 }
 
 /// Keeps the session's contact time fresh (a tiny `exists` every sixth of the timeout) and
@@ -774,7 +730,6 @@ impl Backend for ZooKeeperBackend {
                     czxid,
                     granted: false,
                     deleted: Arc::new(AtomicBool::new(false)),
-                    lease_end: Arc::new(StdMutex::new(Instant::now())),
                     watch: None,
                 };
                 self.nodes().insert(req.owner.to_owned(), rec.clone());
@@ -783,13 +738,10 @@ impl Backend for ZooKeeperBackend {
         };
         if rec.granted {
             return Ok(match s.valid_for() {
-                Some(valid_for) => {
-                    set_lease_end(&rec, req.lease);
-                    Attempt::Granted(Grant {
-                        token: Some(rec.czxid as u64),
-                        valid_for: valid_for.min(req.lease),
-                    })
-                }
+                Some(valid_for) => Attempt::Granted(Grant {
+                    token: Some(rec.czxid as u64),
+                    valid_for: valid_for.min(req.lease),
+                }),
                 None => Attempt::Busy(Busy::default()),
             });
         }
@@ -814,10 +766,8 @@ impl Backend for ZooKeeperBackend {
             if let Some(valid_for) = s.valid_for() {
                 rec.granted = true;
                 rec.watch = None;
-                set_lease_end(&rec, req.lease);
                 self.nodes().insert(req.owner.to_owned(), rec.clone());
                 self.watch_held(&rec);
-                self.enforce_lease(&rec);
                 return Ok(Attempt::Granted(Grant {
                     token: Some(rec.czxid as u64),
                     valid_for: valid_for.min(req.lease),
@@ -942,12 +892,9 @@ impl Backend for ZooKeeperBackend {
             .map(|h| match nodes.get(h.owner) {
                 Some(rec) if rec.granted && !rec.deleted.load(Ordering::Acquire) => {
                     match rec.session.valid_for() {
-                        Some(valid_for) => {
-                            set_lease_end(rec, h.lease);
-                            Extended::Held {
-                                valid_for: valid_for.min(h.lease),
-                            }
-                        }
+                        Some(valid_for) => Extended::Held {
+                            valid_for: valid_for.min(h.lease),
+                        },
                         None => Extended::Gone,
                     }
                 }
