@@ -71,23 +71,23 @@ struct RunArgs {
     #[arg(long, value_name = "URL")]
     url: Option<String>,
     /// Lease of the lock, renewed while CMD runs (how long a crashed dlock blocks others)
-    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_ttl)]
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_ttl, allow_hyphen_values = true)]
     ttl: Duration,
     /// Wait at most DUR for the lock, then exit 75 [default: wait forever]
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with = "no_wait")]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with = "no_wait", allow_hyphen_values = true)]
     wait: Option<Duration>,
     /// Do not wait: exit 75 at once if the lock is held
     #[arg(long)]
     no_wait: bool,
     /// Keep the lock until DUR after it was granted, even if CMD ends sooner (dlock exits at once;
     /// the store's lease ends the hold)
-    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, allow_hyphen_values = true)]
     hold_at_least: Option<Duration>,
     /// Grant the lock to waiters in arrival order
     #[arg(long)]
     fair: bool,
     /// After a lost lock, how long CMD has between SIGTERM and SIGKILL
-    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     kill_after: Duration,
     /// The lock name (1 to 255 bytes)
     #[arg(value_name = "NAME")]
@@ -178,12 +178,23 @@ struct BuyerArgs {
 
 /// Parses a humantime duration no longer than the longest lease.
 fn parse_duration(s: &str) -> Result<Duration, String> {
+    // Values may start with `-` (so `--ttl -1s` reaches this message, not clap's "unexpected
+    // argument"): a negative number, or a flag given where the duration should be.
+    if let Some(rest) = s.trim_start().strip_prefix('-') {
+        return Err(
+            if rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+                "a duration cannot be negative (examples: 500ms, 30s, 5m, 1h)".into()
+            } else {
+                format!("expected a duration such as 500ms, 30s, 5m or 1h, not the flag {s}")
+            },
+        );
+    }
     let d = humantime::parse_duration(s.trim())
         .map_err(|e| format!("{e} (examples: 500ms, 30s, 5m, 1h)"))?;
     if d > dlock::MAX_LEASE {
         return Err(format!(
-            "{s} is too long (at most {})",
-            humantime::format_duration(dlock::MAX_LEASE)
+            "{s} is too long (at most {} days)",
+            dlock::MAX_LEASE.as_secs() / 86_400
         ));
     }
     Ok(d)
@@ -328,6 +339,12 @@ mod tests {
         assert!(parse_ttl("1000years").is_err());
         assert!(parse_duration("99999999999999999999s").is_err());
         assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert!(parse_duration("-1s").unwrap_err().contains("negative"));
+        assert!(parse_ttl("1000years").unwrap_err().contains("365 days"));
+        let e = Cli::try_parse_from(["dlock", "run", "--ttl", "-1s", "x", "true"]).unwrap_err();
+        assert!(e.to_string().contains("negative"), "{e}");
+        let e = Cli::try_parse_from(["dlock", "run", "--ttl", "--fair", "x", "true"]).unwrap_err();
+        assert!(e.to_string().contains("not the flag --fair"), "{e}");
     }
 
     #[test]

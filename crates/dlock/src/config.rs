@@ -101,7 +101,8 @@ pub(crate) const REDIS_DEFAULT_TIMEOUT: std::time::Duration = std::time::Duratio
 fn parse_duration_option(key: &str, v: &str) -> Result<std::time::Duration> {
     let bad = || {
         Error::InvalidConfig(format!(
-            "option {key}={v:?}: expected a duration such as 500ms, 2s or 5"
+            "option {key}={v_shown}: expected a duration such as 500ms, 2s or 5",
+            v_shown = clip(v)
         ))
     };
     let d = if let Ok(secs) = v.parse::<f64>() {
@@ -114,7 +115,8 @@ fn parse_duration_option(key: &str, v: &str) -> Result<std::time::Duration> {
     };
     if d.is_zero() {
         return Err(Error::InvalidConfig(format!(
-            "option {key}={v:?}: must be more than zero"
+            "option {key}={v_shown}: must be more than zero",
+            v_shown = clip(v)
         )));
     }
     Ok(d)
@@ -147,7 +149,8 @@ fn parse_redis(raw: &str, u: &Url) -> Result<RedisTarget> {
     let db = u.path().trim_start_matches('/');
     if !db.is_empty() && db.parse::<u32>().is_err() {
         return Err(Error::InvalidConfig(format!(
-            "redis URL {shown}: the path must be a database number, got {db:?}"
+            "redis URL {shown}: the path must be a database number, got {db_shown}",
+            db_shown = clip(db)
         )));
     }
     if u.fragment().is_some() {
@@ -164,7 +167,7 @@ fn parse_redis(raw: &str, u: &Url) -> Result<RedisTarget> {
             "prefix" => {
                 if v.contains('{') || v.contains('}') {
                     return Err(Error::InvalidConfig(format!(
-                        "option prefix={v:?}: must not contain {{ or }} (the lock name is the hash tag)"
+                        "option prefix={v_shown}: must not contain {{ or }} (the lock name is the hash tag)", v_shown = clip(&v)
                     )));
                 }
                 prefix = v.into_owned();
@@ -175,7 +178,7 @@ fn parse_redis(raw: &str, u: &Url) -> Result<RedisTarget> {
                     "false" | "0" | "no" => false,
                     other => {
                         return Err(Error::InvalidConfig(format!(
-                            "option hashtag={other:?}: expected true or false"
+                            "option hashtag={other_shown}: expected true or false", other_shown = clip(other)
                         )))
                     }
                 }
@@ -184,8 +187,9 @@ fn parse_redis(raw: &str, u: &Url) -> Result<RedisTarget> {
             "timeout" => timeout = parse_duration_option(&k, &v)?,
             other => {
                 return Err(Error::InvalidConfig(format!(
-                    "unknown option {other:?} in {} URL (known: prefix, hashtag, connect_timeout, timeout)",
-                    u.scheme()
+                    "unknown option {other_shown} in {} URL (known: prefix, hashtag, connect_timeout, timeout)",
+                    u.scheme(),
+                    other_shown = clip(other)
                 )))
             }
         }
@@ -219,12 +223,23 @@ fn parse_sql(raw: &str) -> Result<Target> {
     )))
 }
 
-/// Returns `url` with any password replaced by `***`, for logs, errors and listings.
+/// Returns `url` with any password replaced by `***`, for logs, errors and listings. A URL
+/// longer than 256 characters is shortened (`…` and its length), so a garbage URL cannot flood a
+/// log line.
 ///
 /// ```
 /// assert_eq!(dlock::redact_url("redis://u:secret@h:6379/0"), "redis://u:***@h:6379/0");
 /// ```
 pub fn redact_url(url: &str) -> String {
+    const SHOWN_MAX: usize = 256;
+    let shown = redact_full(url);
+    match shown.char_indices().nth(SHOWN_MAX) {
+        Some((cut, _)) => format!("{}…({} bytes)", &shown[..cut], url.len()),
+        None => shown,
+    }
+}
+
+fn redact_full(url: &str) -> String {
     // Redlock URLs list several hosts (not a URL the url crate can read): redact the userinfo.
     if let Some(rest) = url.strip_prefix("redlock://") {
         return match rest.rsplit_once('@') {
@@ -240,18 +255,92 @@ pub fn redact_url(url: &str) -> String {
         return url.to_string();
     }
     match Url::parse(url) {
+        // Not a store URL: only its scheme (the url crate reads `http:user:pw@h` and the like in
+        // ways where the secret ends up outside the password).
+        Ok(u) if !KNOWN_SCHEMES.contains(&u.scheme()) => format!("{}:…", u.scheme()),
         Ok(mut u) => {
             if u.password().is_some() {
                 let _ = u.set_password(Some("***"));
             }
-            u.to_string()
+            // Query options that may carry a secret (`?password=`, `?token=`…): values hidden.
+            if u.query_pairs().any(|(k, _)| secret_option(&k)) {
+                let pairs: Vec<(String, String)> = u
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if secret_option(&k) {
+                            "***".to_string()
+                        } else {
+                            v.into_owned()
+                        };
+                        (k.into_owned(), v)
+                    })
+                    .collect();
+                u.query_pairs_mut().clear().extend_pairs(pairs);
+            }
+            let shown = u.to_string();
+            // An `@` the URL parser did not read as the end of a userinfo (no `//host` part, as
+            // in `user:password@host` without a scheme): hide everything before it. (A file
+            // path with an `@` is shown shortened too: better than a password in a log.)
+            if u.host().is_none() {
+                if let (Some((scheme, _)), Some((_, after))) =
+                    (shown.split_once(':'), shown.rsplit_once('@'))
+                {
+                    return format!("{scheme}:***@{after}");
+                }
+            }
+            shown
         }
-        // Not a URL we can read: show only its scheme-ish prefix, never the rest.
+        // Not a URL we can read: show only its scheme, never the rest.
         Err(_) => match url.split_once("://") {
-            Some((scheme, _)) => format!("{scheme}://…"),
-            None => "<unparseable URL>".to_string(),
+            Some((scheme, _)) if is_scheme(scheme) => format!("{scheme}://…"),
+            _ => "<unparseable URL>".to_string(),
         },
     }
+}
+
+/// Every scheme dlock knows, built in or not.
+const KNOWN_SCHEMES: &[&str] = &[
+    "mem",
+    "sqlite",
+    "redis",
+    "rediss",
+    "redlock",
+    "postgres",
+    "postgresql",
+    "mysql",
+    "mariadb",
+    "zk",
+    "etcd",
+];
+
+/// A query option whose value is not shown (passwords, tokens, keys).
+fn secret_option(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["pass", "pwd", "secret", "token", "auth", "key", "cred"]
+        .iter()
+        .any(|s| k.contains(s))
+}
+
+/// `[A-Za-z][A-Za-z0-9+.-]*`, as a URL scheme.
+fn is_scheme(s: &str) -> bool {
+    let mut c = s.chars();
+    c.next().is_some_and(|f| f.is_ascii_alphabetic())
+        && c.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '.' | '-'))
+        && s.len() <= 32
+}
+
+/// Checks a store URL without connecting: the scheme is one this build has, and the URL and its
+/// options are well formed. For start-up checks and configuration validation; a URL that passes
+/// may still fail to connect ([`crate::Error::Unavailable`], a wrong password…).
+///
+/// ```
+/// assert!(dlock::validate_url("sqlite:///var/lib/app/locks.db").is_ok());
+/// assert!(dlock::validate_url("mem://").is_ok());
+/// assert!(matches!(dlock::validate_url("sqlite://"), Err(dlock::Error::InvalidConfig(_))));
+/// assert!(dlock::validate_url("nope://x").is_err());
+/// ```
+pub fn validate_url(url: &str) -> Result<()> {
+    parse(url).map(|_| ())
 }
 
 pub(crate) fn parse(raw: &str) -> Result<Target> {
@@ -301,8 +390,9 @@ pub(crate) fn parse(raw: &str) -> Result<Target> {
     }
     if let Some((k, _)) = u.query_pairs().next() {
         return Err(Error::InvalidConfig(format!(
-            "unknown option {k:?} in {} URL",
-            scheme
+            "unknown option {k_shown} in {} URL",
+            scheme,
+            k_shown = clip(&k)
         )));
     }
     match scheme {
@@ -327,7 +417,7 @@ pub(crate) fn parse(raw: &str) -> Result<Target> {
                     None | Some("") | Some("localhost") => {}
                     Some(h) => {
                         return Err(Error::InvalidConfig(format!(
-                            "sqlite URL has a host ({h:?}); write sqlite:///absolute/path.db or sqlite:relative/path.db"
+                            "sqlite URL has a host ({h_shown}); write sqlite:///absolute/path.db or sqlite:relative/path.db", h_shown = clip(h)
                         )))
                     }
                 }
@@ -349,8 +439,9 @@ pub(crate) fn parse(raw: &str) -> Result<Target> {
             enabled_backends().join(", ")
         ))),
         s => Err(Error::InvalidConfig(format!(
-            "unknown store URL scheme {s:?} (enabled: {})",
-            enabled_backends().join(", ")
+            "unknown store URL scheme {s_shown} (enabled: {})",
+            enabled_backends().join(", "),
+            s_shown = clip(s)
         ))),
     }
 }
@@ -400,7 +491,8 @@ fn parse_zk(rest: &str) -> Result<Target> {
         };
         if !host_ok {
             return Err(bad(format!(
-                "{h:?} is not a host[:port] (example: zk://zk1:2181,zk2:2181,zk3:2181/locks)"
+                "{h_shown} is not a host[:port] (example: zk://zk1:2181,zk2:2181,zk3:2181/locks)",
+                h_shown = clip(h)
             )));
         }
         let port: u16 = match port {
@@ -409,7 +501,7 @@ fn parse_zk(rest: &str) -> Result<Target> {
                 .parse()
                 .ok()
                 .filter(|p| *p > 0)
-                .ok_or_else(|| bad(format!("bad port {p:?}")))?,
+                .ok_or_else(|| bad(format!("bad port {p_shown}", p_shown = clip(p))))?,
         };
         list.push(format!("{host}:{port}"));
     }
@@ -421,14 +513,16 @@ fn parse_zk(rest: &str) -> Result<Target> {
         for part in chroot[1..].split('/') {
             if part.is_empty() || part == "." || part == ".." {
                 return Err(bad(format!(
-                    "the chroot {chroot:?} has an empty, \".\" or \"..\" component"
+                    "the chroot {chroot_shown} has an empty, \".\" or \"..\" component",
+                    chroot_shown = clip(&chroot)
                 )));
             }
             if part.chars().any(|c| {
                 c.is_control() || ('\u{e000}'..='\u{f8ff}').contains(&c) || c >= '\u{fff0}'
             }) {
                 return Err(bad(format!(
-                    "the chroot {chroot:?} has characters ZooKeeper forbids"
+                    "the chroot {chroot_shown} has characters ZooKeeper forbids",
+                    chroot_shown = clip(&chroot)
                 )));
             }
         }
@@ -448,13 +542,13 @@ fn parse_zk(rest: &str) -> Result<Target> {
                     })
                     .ok_or_else(|| {
                         bad(format!(
-                        "session_timeout={v:?}: write a duration between 100ms and 10m, e.g. 10s"
+                        "session_timeout={v_shown}: write a duration between 100ms and 10m, e.g. 10s", v_shown = clip(&v)
                     ))
                     })?
             }
             k => {
                 return Err(Error::InvalidConfig(format!(
-                    "unknown option {k:?} in zk URL"
+                    "unknown option {k_shown} in zk URL", k_shown = clip(k)
                 )))
             }
         }
@@ -523,6 +617,14 @@ mod zk_url_tests {
         assert_eq!(redact_url("zk://h:1,k:2/x"), "zk://h:1,k:2/x");
         assert!(!redact_url("zk://u:pw@h/x").contains("pw"));
         assert!(enabled_backends().contains(&"zk"));
+    }
+}
+
+/// A value from a URL for an error message: quoted, and at most 64 characters of it.
+pub(crate) fn clip(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((cut, _)) => format!("{:?}…({} bytes)", &s[..cut], s.len()),
+        None => format!("{s:?}"),
     }
 }
 
@@ -611,5 +713,38 @@ mod tests {
     fn redacts() {
         assert_eq!(redact_url("redis://:pw@h:1/"), "redis://:***@h:1/");
         assert!(!redact_url("bad://user:pw@[").contains("pw"));
+        // Found by fuzzing / the bad-input test: secrets outside a URL's password field.
+        assert_eq!(redact_url("u:hunter2@nowhere"), "u:…");
+        assert_eq!(redact_url("ws:hunter2@@where"), "ws:…");
+        assert_eq!(redact_url("http://u:hunter2@h/"), "http:…");
+        assert_eq!(redact_url("user:hunter2@host://x"), "user:…");
+        assert_eq!(redact_url("us er:hunter2@h://x"), "<unparseable URL>");
+        assert_eq!(redact_url("redis:u:hunter2@h"), "redis:***@h");
+        assert_eq!(
+            redact_url("postgres://h/db?password=hunter2&table=t"),
+            "postgres://h/db?password=***&table=t"
+        );
+        assert_eq!(
+            redact_url("sqlite:///tmp/a b.db"),
+            "sqlite:///tmp/a%20b.db",
+            "no credentials: shown"
+        );
+        let long = format!("redis://h/?prefix={}", "x".repeat(10_000));
+        let shown = redact_url(&long);
+        assert!(shown.chars().count() < 300, "{shown}");
+        assert!(shown.ends_with("…(10018 bytes)"), "{shown}");
+    }
+
+    #[test]
+    fn error_values_are_clipped() {
+        let e = parse(&format!("redis://h/{}", "9".repeat(10_000))).unwrap_err();
+        assert!(e.to_string().len() < 600, "{e}");
+        let e = parse(&format!("redis://h/?timeout={}", "x".repeat(10_000))).unwrap_err();
+        assert!(e.to_string().len() < 600, "{e}");
+        assert!(validate_url("mem://").is_ok());
+        assert!(matches!(
+            validate_url("nope://"),
+            Err(Error::InvalidConfig(_))
+        ));
     }
 }

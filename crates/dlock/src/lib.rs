@@ -34,6 +34,7 @@ pub mod backend;
 mod client;
 mod config;
 mod error;
+pub mod fencing;
 mod hold;
 mod lock;
 mod name;
@@ -46,7 +47,7 @@ pub use backend::{
 pub use client::{
     connect, connect_with, Client, ClientOptions, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE,
 };
-pub use config::{enabled_backends, redact_url};
+pub use config::{enabled_backends, redact_url, validate_url};
 pub use error::{Error, Result};
 pub use lock::{Guard, Mutex, RwLock, Semaphore};
 pub use name::{LockName, MAX_NAME_LEN};

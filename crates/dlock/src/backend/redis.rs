@@ -301,6 +301,30 @@ fn name_of_key(target: &RedisTarget, key: &str) -> Option<String> {
     LockName::new(name).ok().map(|n| n.as_str().to_owned())
 }
 
+/// With `hashtag=false` the keys of lock `n` are `prefix + n + suffix`, so a name ending with a
+/// suffix would be another lock's key (`a:fence` is the fencing counter of `a`): such names are
+/// refused there rather than corrupting that lock.
+fn check_verbatim_name(target: &RedisTarget, name: &str) -> Result<()> {
+    if target.hashtag {
+        return Ok(());
+    }
+    let meta = name
+        .rsplit_once(":meta:")
+        .is_some_and(|(_, owner)| uuid::Uuid::parse_str(owner).is_ok());
+    match SUFFIXES.iter().find(|s| name.ends_with(*s)) {
+        Some(s) => Err(Error::InvalidName(format!(
+            "with hashtag=false a lock name must not end with {s:?}: its key would be another \
+             lock's (use the default hashtag=true)"
+        ))),
+        None if meta => Err(Error::InvalidName(
+            "with hashtag=false a lock name must not end with \":meta:<uuid>\": its key would be \
+             another lock's (use the default hashtag=true)"
+                .into(),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Escapes Redis glob characters so `s` matches only itself in `SCAN MATCH`.
 fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -862,6 +886,7 @@ impl Backend for RedisBackend {
     async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
         let sh = &self.shared;
         let name = req.name.as_str();
+        check_verbatim_name(&sh.target, name)?;
         if req.waiting {
             // Read before the attempt: `wait` compares it with the count then.
             let state = sh.sub_state(name);
@@ -1119,6 +1144,7 @@ impl Backend for RedisBackend {
 
     async fn force_release(&self, name: &LockName) -> Result<u64> {
         let sh = &self.shared;
+        check_verbatim_name(&sh.target, name.as_str())?;
         let base = sh.base(name.as_str());
         let keys = [
             base.clone(),

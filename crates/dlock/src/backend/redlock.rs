@@ -167,7 +167,8 @@ impl RedlockConfig {
         let (hosts, db) = hosts_db.split_once('/').unwrap_or((hosts_db, ""));
         if !db.is_empty() && db.parse::<u32>().is_err() {
             return Err(bad(format!(
-                "the path must be a database number, got {db:?}"
+                "the path must be a database number, got {}",
+                crate::config::clip(db)
             )));
         }
         let mut seen = HashSet::new();
@@ -175,7 +176,8 @@ impl RedlockConfig {
         for h in hosts.split(',') {
             let (host, port) = split_host_port(h).ok_or_else(|| {
                 bad(format!(
-                    "bad server {h:?} (expected host:port with a port from 1 to 65535)"
+                    "bad server {} (expected host:port with a port from 1 to 65535)",
+                    crate::config::clip(h)
                 ))
             })?;
             if !seen.insert((host.to_ascii_lowercase(), port)) {
@@ -199,7 +201,8 @@ impl RedlockConfig {
                 "drift" => {
                     drift_ppm = parse_drift(&v).ok_or_else(|| {
                         bad(format!(
-                            "option drift={v:?}: expected a factor from 0 to 0.5 (0.01 or 1%)"
+                            "option drift={}: expected a factor from 0 to 0.5 (0.01 or 1%)",
+                            crate::config::clip(&v)
                         ))
                     })?;
                 }
@@ -209,8 +212,9 @@ impl RedlockConfig {
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown option {other:?} (known: drift, prefix, hashtag, timeout, connect_timeout)"
-                    )))
+                    "unknown option {} (known: drift, prefix, hashtag, timeout, connect_timeout)",
+                    crate::config::clip(other)
+                )))
                 }
             }
         }

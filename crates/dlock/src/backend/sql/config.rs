@@ -68,8 +68,9 @@ pub fn validate_table(t: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::InvalidConfig(format!(
-            "table name {t:?} is not an identifier of 1 to {MAX_TABLE_LEN} characters \
-             [A-Za-z_][A-Za-z0-9_]*"
+            "table name {} is not an identifier of 1 to {MAX_TABLE_LEN} characters \
+             [A-Za-z_][A-Za-z0-9_]*",
+            crate::config::clip(t)
         )))
     }
 }
@@ -111,7 +112,8 @@ impl SqlConfig {
         for (k, v) in u.query_pairs() {
             if !seen.insert(k.to_string()) {
                 return Err(Error::InvalidConfig(format!(
-                    "option {k:?} is given twice in {shown}"
+                    "option {} is given twice in {shown}",
+                    crate::config::clip(&k)
                 )));
             }
             match &*k {
@@ -125,7 +127,8 @@ impl SqlConfig {
                         "session" => HoldMode::Session,
                         other => {
                             return Err(Error::InvalidConfig(format!(
-                                "mode must be \"lease\" or \"session\", not {other:?}"
+                                "mode must be \"lease\" or \"session\", not {}",
+                                crate::config::clip(other)
                             )))
                         }
                     }
@@ -133,7 +136,8 @@ impl SqlConfig {
                 k if passthrough.contains(&k) => keep.push((k.to_string(), v.into_owned())),
                 k => {
                     return Err(Error::InvalidConfig(format!(
-                        "unknown option {k:?} in {} URL (known: table, mode, {})",
+                        "unknown option {} in {} URL (known: table, mode, {})",
+                        crate::config::clip(k),
                         dialect.name(),
                         passthrough.join(", ")
                     )))
