@@ -1,13 +1,13 @@
 //! Redis under faults, and next to a client from another ecosystem. Each test that breaks a server
-//! starts its own `redis-server` on a free loopback port (stopped by pid when the test ends); the
-//! interop test uses the suite's server (`DLOCK_TEST_REDIS_URL`, started by `scripts/test.sh`).
+//! starts its own `redis-server` on a free loopback port (`dlock_testkit::RedisServer`, stopped by
+//! pid when the test ends); the interop test uses the suite's server (`DLOCK_TEST_REDIS_URL`,
+//! started by `scripts/test.sh`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{free_port, RedisServer as Server};
+use dlock_testkit::{free_port, RedisServer as Server};
 
 fn unique(what: &str) -> String {
     format!("faults/{what}/{}", uuid::Uuid::new_v4())
@@ -28,7 +28,8 @@ async fn client(url: &str) -> dlock::Client {
 /// greater than the old holder's — the documented limit of a non-persistent Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_without_persistence_fires_lost_and_shows_the_token_going_back() {
-    let mut server = Server::start(&["--save", "", "--appendonly", "no"]);
+    let mut server =
+        Server::start(&["--save", "", "--appendonly", "no"]).expect("a private redis-server");
     let url = server.url();
     let name = unique("nopersist");
     let a = client(&url).await;
@@ -41,7 +42,7 @@ async fn restart_without_persistence_fires_lost_and_shows_the_token_going_back()
     let g = a.mutex(name.as_str()).unwrap().acquire().await.unwrap();
     let held_token = g.token().unwrap();
     assert!(held_token > last);
-    server.restart();
+    server.restart().expect("redis-server restarts");
     let lost = tokio::time::timeout(lease() * 2, g.lost()).await;
     assert!(
         lost.is_ok(),
@@ -76,13 +77,14 @@ async fn restart_with_aof_always_keeps_the_lock_and_the_fence() {
         "yes",
         "--appendfsync",
         "always",
-    ]);
+    ])
+    .expect("a private redis-server");
     let url = server.url();
     let name = unique("aof");
     let a = client(&url).await;
     let g = a.mutex(name.as_str()).unwrap().acquire().await.unwrap();
     let t1 = g.token().unwrap();
-    server.restart();
+    server.restart().expect("redis-server restarts");
     // Longer than the lease: the hold lives only if renewals reach the restarted server.
     tokio::time::sleep(lease() * 2).await;
     assert!(
@@ -99,7 +101,7 @@ async fn restart_with_aof_always_keeps_the_lock_and_the_fence() {
 /// A server that is down at connect time is reported as unavailable, quickly, without a hang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_down_at_start_is_unavailable_quickly() {
-    let port = free_port(); // nothing listens there
+    let port = free_port().expect("a free port"); // nothing listens there
     let started = Instant::now();
     let r = tokio::time::timeout(
         Duration::from_secs(15),
@@ -120,7 +122,8 @@ async fn server_down_at_start_is_unavailable_quickly() {
 /// (`InvalidConfig`: retrying will not help) and from the CLI (exit 64, one line).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_password_is_clear_and_never_printed() {
-    let server = Server::start(&["--save", "", "--requirepass", "right-secret-123"]);
+    let server = Server::start(&["--save", "", "--requirepass", "right-secret-123"])
+        .expect("a private redis-server");
     let bad = format!("redis://:wrong-secret-456@127.0.0.1:{}/", server.port);
     let e = match dlock::connect(&bad).await {
         Ok(c) => c.mutex("x").unwrap().try_acquire().await.err().unwrap(),
@@ -301,7 +304,7 @@ async fn rediss_verifies_the_server_against_the_system_roots() {
         .status()
         .expect("openssl must be installed (scripts/test.sh installs it)");
     assert!(made.success());
-    let tls_port = free_port();
+    let tls_port = free_port().expect("a free port");
     let server = Server::start(&[
         "--save",
         "",
@@ -317,7 +320,8 @@ async fn rediss_verifies_the_server_against_the_system_roots() {
         cert.to_str().unwrap(),
         "--tls-auth-clients",
         "no",
-    ]);
+    ])
+    .expect("a private redis-server with TLS");
     let url = format!("rediss://localhost:{tls_port}/");
     let name = unique("tls");
     let dlock_run = |trust: bool| {

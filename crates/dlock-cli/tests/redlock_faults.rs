@@ -6,12 +6,13 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::RedisServer as Server;
+use dlock_testkit::RedisServer as Server;
 
 fn five() -> Vec<Server> {
     (0..5)
-        .map(|_| Server::start(&["--save", "", "--appendonly", "no"]))
+        .map(|_| {
+            Server::start(&["--save", "", "--appendonly", "no"]).expect("a private redis-server")
+        })
         .collect()
 }
 
@@ -165,7 +166,7 @@ async fn holder_sees_lost_when_the_majority_is_lost_and_is_taken_over() {
     assert!(lost_at < lease, "{lost_at:?}");
     assert!(!g.is_held());
     for srv in &mut s[0..3] {
-        srv.spawn();
+        srv.spawn().expect("redis-server starts again");
     }
     let t = Instant::now();
     let g2 = b
