@@ -13,7 +13,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/dlock-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 mkdir -p "$CARGO_TARGET_DIR"
 
-log() { printf '\n== %s\n' "$*" >&2; }
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 # --- tools ---------------------------------------------------------------------------------------
 if ! cargo nextest --version >/dev/null 2>&1; then
@@ -34,23 +35,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A free loopback TCP port.
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-
-need_pkg() { # need_pkg COMMAND DEBIAN-PACKAGE
-  command -v "$1" >/dev/null 2>&1 && return 0
-  log "installing $2 (Debian package)"
-  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "$2" >/dev/null
-  else sudo apt-get update -qq && sudo apt-get install -y -qq "$2" >/dev/null; fi
-}
-
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/dlock-test.XXXXXX")
 
 # Redis: our own server on a free loopback port, no persistence (the fault tests start their own,
 # with and without persistence). redis-py is the other ecosystem's client of the interop test.
-need_pkg redis-server redis-server
+need_private_servers
 need_pkg openssl openssl
 if [ -z "${DLOCK_TEST_REDIS_URL:-}" ]; then
   REDIS_PORT=$(free_port)
@@ -150,3 +139,11 @@ cargo nextest run --workspace --locked --no-fail-fast "$@"
 
 log "doctests"
 cargo test --workspace --doc --locked
+
+# The bounded fault-injection run (crates/dlock-chaos; the full run is scripts/chaos.sh). It
+# starts its own private servers and exits 1 if a property a store promises did not hold. Left
+# out when nextest arguments select a part of the suite.
+if [ "$#" -eq 0 ]; then
+  log "chaos (bounded: 4 client processes, 1 fault per scenario, every backend)"
+  "$CARGO_TARGET_DIR/debug/dlock-chaos" --quick --json "$SCRATCH/chaos.json"
+fi

@@ -1,0 +1,545 @@
+//! Turns what the client processes reported, what the resource recorded and what the harness did
+//! into the figures of one scenario.
+//!
+//! Definitions (all times are wall-clock microseconds of one machine):
+//! - a **hold** lives from its grant until its release was sent, its process was killed, or the
+//!   run ended;
+//! - a write is **stale** when another hold was granted after the writer's grant and before the
+//!   write reached the resource: the writer no longer held the lock, whatever it believed. This
+//!   needs no token, so it also judges stores without fencing;
+//! - an **overlap** is a pair of writes accepted by the resource, from different holds, whose
+//!   claimed hold intervals (grant → write) intersect;
+//! - a **token regression** is a grant whose token is not greater than every earlier grant's;
+//! - a **foreign release** is a release that answered OK although another hold, granted after the
+//!   releaser's grant, was live at that moment: the release removed someone else's lock;
+//! - a hold is **taken over** when another hold is granted while it is live; `lost()` came first
+//!   when the holder's `lost()` fired before that grant (for a paused process, which cannot run
+//!   `lost()`, when its last known local deadline lay before that grant);
+//! - the **takeover time** after a holder was killed is from the kill to the next grant.
+
+use crate::event::{Event, ReleaseResult, WriteRecord};
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// What the harness did to a client process or the store.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRecord {
+    /// `kill`, `pause`, `restart`, `conn-kill`, `delay`, `black-hole`, `redlock-2-down`, …
+    pub kind: String,
+    /// The client process it targeted (its worker index), if any.
+    pub worker: Option<u32>,
+    /// When it began and (for faults that last) ended.
+    pub at: i64,
+    pub until: Option<i64>,
+    /// What was done, in words.
+    pub detail: String,
+}
+
+/// Everything recorded in one scenario run.
+pub struct RunData {
+    /// Events per worker index.
+    pub events: HashMap<u32, Vec<Event>>,
+    /// Every write the resource received, in arrival order.
+    pub writes: Vec<WriteRecord>,
+    /// The resource's counter at the end.
+    pub final_value: u64,
+    pub faults: Vec<FaultRecord>,
+    /// When the run ended (holds still open end here).
+    pub end: i64,
+}
+
+/// The figures of one scenario.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Figures {
+    /// Grants reported by the clients.
+    pub acquisitions: u64,
+    /// Acquisitions that failed with an error other than not-granted (store down).
+    pub errors: u64,
+    /// Writes that reached the resource.
+    pub writes: u64,
+    /// Writes a careful worker skipped because its hold had been lost.
+    pub skipped_lost: u64,
+    /// Pairs of accepted writes from different holds with intersecting claimed intervals.
+    pub overlaps: u64,
+    /// Stale writes (see the module docs), and how the resource answered them.
+    pub stale_writes: u64,
+    pub stale_rejected: u64,
+    pub stale_accepted: u64,
+    /// Writes of a live, newest hold that the resource refused (after a token regression).
+    pub valid_rejected: u64,
+    /// Accepted writes minus the counter's final value: increments lost to interleaving.
+    pub lost_updates: i64,
+    pub token_regressions: u64,
+    pub foreign_releases: u64,
+    /// Releases answered "not the owner any more" (a late holder; its successor's hold untouched).
+    pub releases_not_owner: u64,
+    /// Holds taken over while live, and how many of them saw `lost()` first.
+    pub taken_over: u64,
+    pub lost_first: u64,
+    /// Takeover times after killed holders, in ms (sorted), and kills never taken over.
+    pub takeover_ms: Vec<f64>,
+    pub takeover_missing: u64,
+    /// Kills that hit a process between two holds (no takeover to time).
+    pub kills_between_holds: u64,
+    /// From a paused holder's SIGSTOP to the next grant, in ms (sorted).
+    pub pause_takeover_ms: Vec<f64>,
+    /// Pauses during which another process was granted the lock.
+    pub taken_over_during_pause: u64,
+}
+
+impl Figures {
+    /// Median of the takeover times after kills.
+    pub fn takeover_p50(&self) -> Option<f64> {
+        percentile(&self.takeover_ms, 0.5)
+    }
+
+    /// Longest takeover time after a kill.
+    pub fn takeover_max(&self) -> Option<f64> {
+        self.takeover_ms.last().copied()
+    }
+
+    /// Share of taken-over holds that saw `lost()` before the next grant, in percent.
+    pub fn lost_first_pct(&self) -> Option<f64> {
+        (self.taken_over > 0).then(|| 100.0 * self.lost_first as f64 / self.taken_over as f64)
+    }
+}
+
+/// The `q` quantile of sorted values (nearest rank).
+pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
+    Some(sorted[i])
+}
+
+#[derive(Debug, Clone)]
+struct Hold {
+    worker: u32,
+    hold: u64,
+    granted: i64,
+    token: Option<u64>,
+    /// (reported at, deadline) in order, the grant's first.
+    deadlines: Vec<(i64, i64)>,
+    lost: Option<i64>,
+    release: Option<(i64, ReleaseResult)>,
+    end: i64,
+}
+
+impl Hold {
+    fn live_at(&self, t: i64) -> bool {
+        self.granted < t && t < self.end
+    }
+
+    /// The last local deadline the holder knew of at `t`.
+    fn deadline_at(&self, t: i64) -> Option<i64> {
+        self.deadlines
+            .iter()
+            .take_while(|(at, _)| *at <= t)
+            .last()
+            .map(|(_, d)| *d)
+    }
+}
+
+fn holds(data: &RunData) -> Vec<Hold> {
+    let kills: HashMap<u32, i64> = data
+        .faults
+        .iter()
+        .filter(|f| f.kind == "kill")
+        .filter_map(|f| Some((f.worker?, f.at)))
+        .collect();
+    let mut out = Vec::new();
+    for (&worker, events) in &data.events {
+        let mut by_hold: HashMap<u64, Hold> = HashMap::new();
+        for ev in events {
+            match ev {
+                Event::Granted {
+                    hold,
+                    at,
+                    token,
+                    deadline,
+                } => {
+                    by_hold.insert(
+                        *hold,
+                        Hold {
+                            worker,
+                            hold: *hold,
+                            granted: *at,
+                            token: *token,
+                            deadlines: vec![(*at, *deadline)],
+                            lost: None,
+                            release: None,
+                            end: data.end,
+                        },
+                    );
+                }
+                Event::Deadline { hold, at, deadline } => {
+                    if let Some(h) = by_hold.get_mut(hold) {
+                        h.deadlines.push((*at, *deadline));
+                    }
+                }
+                Event::Lost { hold, at, .. } => {
+                    if let Some(h) = by_hold.get_mut(hold) {
+                        h.lost.get_or_insert(*at);
+                    }
+                }
+                Event::Released {
+                    hold, at, result, ..
+                } => {
+                    if let Some(h) = by_hold.get_mut(hold) {
+                        h.release = Some((*at, *result));
+                        h.end = *at;
+                    }
+                }
+                _ => {}
+            }
+        }
+        for mut h in by_hold.into_values() {
+            if h.release.is_none() {
+                if let Some(k) = kills.get(&worker) {
+                    h.end = h.end.min(*k);
+                }
+            }
+            out.push(h);
+        }
+    }
+    out.sort_by_key(|h| (h.granted, h.worker, h.hold));
+    out
+}
+
+/// Computes the figures of one run.
+pub fn analyze(data: &RunData) -> Figures {
+    let holds = holds(data);
+    let mut f = Figures {
+        acquisitions: holds.len() as u64,
+        ..Figures::default()
+    };
+    let count =
+        |p: fn(&Event) -> bool| data.events.values().flatten().filter(|e| p(e)).count() as u64;
+    f.errors = count(|e| matches!(e, Event::Error { .. }));
+    f.skipped_lost = count(|e| matches!(e, Event::Skipped { .. }));
+    let grants: Vec<i64> = holds.iter().map(|h| h.granted).collect();
+    let by_key: HashMap<(u32, u64), &Hold> =
+        holds.iter().map(|h| ((h.worker, h.hold), h)).collect();
+    // How many grants lie strictly between two times.
+    let grants_between = |from: i64, to: i64| -> usize {
+        let lo = grants.partition_point(|g| *g <= from);
+        let hi = grants.partition_point(|g| *g < to);
+        hi.saturating_sub(lo)
+    };
+
+    // Writes: stale or not, and what the resource did.
+    f.writes = data.writes.len() as u64;
+    for w in &data.writes {
+        let granted = by_key
+            .get(&(w.worker, w.hold))
+            .map_or(w.claimed_from, |h| h.granted);
+        let stale = grants_between(granted, w.at) > 0;
+        match (stale, w.accepted) {
+            (true, true) => f.stale_accepted += 1,
+            (true, false) => f.stale_rejected += 1,
+            (false, false) => f.valid_rejected += 1,
+            (false, true) => {}
+        }
+        f.stale_writes += stale as u64;
+    }
+    let accepted = data.writes.iter().filter(|w| w.accepted).count() as i64;
+    f.lost_updates = accepted - data.final_value as i64;
+
+    // Overlaps among accepted writes' claimed intervals.
+    let mut iv: Vec<(i64, i64, u32, u64)> = data
+        .writes
+        .iter()
+        .filter(|w| w.accepted)
+        .map(|w| (w.claimed_from, w.at, w.worker, w.hold))
+        .collect();
+    iv.sort();
+    for (i, a) in iv.iter().enumerate() {
+        for b in &iv[i + 1..] {
+            if b.0 >= a.1 {
+                break;
+            }
+            if (a.2, a.3) != (b.2, b.3) {
+                f.overlaps += 1;
+            }
+        }
+    }
+
+    // Token regressions, in grant order.
+    let mut highest: Option<u64> = None;
+    for h in &holds {
+        if let Some(t) = h.token {
+            if highest.is_some_and(|m| t <= m) {
+                f.token_regressions += 1;
+            }
+            highest = Some(highest.map_or(t, |m| m.max(t)));
+        }
+    }
+
+    // Releases.
+    for h in &holds {
+        let Some((at, result)) = h.release else {
+            continue;
+        };
+        match result {
+            ReleaseResult::NotOwner => f.releases_not_owner += 1,
+            ReleaseResult::Ok => {
+                let foreign = holds.iter().any(|o| {
+                    (o.worker, o.hold) != (h.worker, h.hold)
+                        && o.granted > h.granted
+                        && o.live_at(at)
+                });
+                f.foreign_releases += foreign as u64;
+            }
+            _ => {}
+        }
+    }
+
+    // Takeovers of live holds: did the holder see lost() first?
+    let pauses: Vec<&FaultRecord> = data.faults.iter().filter(|x| x.kind == "pause").collect();
+    for h in &holds {
+        let next = holds
+            .iter()
+            .filter(|o| (o.worker, o.hold) != (h.worker, h.hold))
+            .map(|o| o.granted)
+            .filter(|g| h.live_at(*g))
+            .min();
+        let Some(g) = next else {
+            continue;
+        };
+        f.taken_over += 1;
+        let paused = pauses
+            .iter()
+            .any(|p| p.worker == Some(h.worker) && p.at <= g && p.until.map_or(true, |u| g <= u));
+        let first =
+            h.lost.is_some_and(|l| l <= g) || (paused && h.deadline_at(g).is_some_and(|d| d <= g));
+        f.lost_first += first as u64;
+    }
+
+    // Takeover times after kills of a holder and after pauses.
+    for x in &data.faults {
+        let holding = holds
+            .iter()
+            .any(|h| Some(h.worker) == x.worker && h.granted < x.at && x.at <= h.end);
+        if x.kind == "kill" && !holding {
+            f.kills_between_holds += 1;
+            continue;
+        }
+        let next = grants.iter().find(|g| **g > x.at).copied();
+        let ms = next.map(|g| (g - x.at) as f64 / 1000.0);
+        match (x.kind.as_str(), ms) {
+            ("kill", Some(ms)) => f.takeover_ms.push(ms),
+            ("kill", None) => f.takeover_missing += 1,
+            ("pause", Some(ms)) => {
+                f.pause_takeover_ms.push(ms);
+                let during = next.is_some_and(|g| x.until.is_some_and(|u| g < u));
+                f.taken_over_during_pause += during as u64;
+            }
+            _ => {}
+        }
+    }
+    f.takeover_ms.sort_by(f64::total_cmp);
+    f.pause_takeover_ms.sort_by(f64::total_cmp);
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn granted(hold: u64, at: i64, token: u64, deadline: i64) -> Event {
+        Event::Granted {
+            hold,
+            at,
+            token: Some(token),
+            deadline,
+        }
+    }
+
+    fn released(hold: u64, at: i64, result: ReleaseResult) -> Event {
+        Event::Released {
+            hold,
+            at,
+            done: at + 1,
+            result,
+        }
+    }
+
+    fn write(worker: u32, hold: u64, token: u64, from: i64, at: i64, ok: bool) -> WriteRecord {
+        WriteRecord {
+            worker,
+            hold,
+            token: Some(token),
+            claimed_from: from,
+            at,
+            read: 0,
+            value: 1,
+            accepted: ok,
+        }
+    }
+
+    fn data(events: Vec<(u32, Vec<Event>)>, writes: Vec<WriteRecord>, value: u64) -> RunData {
+        RunData {
+            events: events.into_iter().collect(),
+            writes,
+            final_value: value,
+            faults: vec![],
+            end: 1_000_000,
+        }
+    }
+
+    #[test]
+    fn clean_hand_offs_have_no_violations() {
+        let d = data(
+            vec![
+                (
+                    1,
+                    vec![
+                        granted(1, 100, 1, 1100),
+                        released(1, 200, ReleaseResult::Ok),
+                    ],
+                ),
+                (
+                    2,
+                    vec![
+                        granted(1, 210, 2, 1210),
+                        released(1, 300, ReleaseResult::Ok),
+                    ],
+                ),
+            ],
+            vec![
+                write(1, 1, 1, 100, 150, true),
+                write(2, 1, 2, 210, 250, true),
+            ],
+            2,
+        );
+        let f = analyze(&d);
+        assert_eq!(f.acquisitions, 2);
+        assert_eq!(
+            (
+                f.stale_writes,
+                f.overlaps,
+                f.token_regressions,
+                f.foreign_releases,
+                f.taken_over
+            ),
+            (0, 0, 0, 0, 0)
+        );
+        assert_eq!(f.lost_updates, 0);
+    }
+
+    #[test]
+    fn a_paused_holder_is_stale_overlaps_and_is_counted_lost_first_by_its_deadline() {
+        // Worker 1 is granted at 100 (deadline 900), paused 150..2000; worker 2 is granted at
+        // 1000 and writes at 1050; worker 1 writes at 2010 (stale), then its release is refused.
+        let mut d = data(
+            vec![
+                (
+                    1,
+                    vec![
+                        granted(1, 100, 1, 900),
+                        Event::Lost {
+                            hold: 1,
+                            at: 2001,
+                            reason: "x".into(),
+                        },
+                        released(1, 2020, ReleaseResult::NotOwner),
+                    ],
+                ),
+                (
+                    2,
+                    vec![
+                        granted(1, 1000, 2, 1900),
+                        released(1, 1100, ReleaseResult::Ok),
+                    ],
+                ),
+            ],
+            vec![
+                write(2, 1, 2, 1000, 1050, true),
+                write(1, 1, 1, 100, 2010, true),
+            ],
+            1,
+        );
+        d.faults.push(FaultRecord {
+            kind: "pause".into(),
+            worker: Some(1),
+            at: 150,
+            until: Some(2000),
+            detail: String::new(),
+        });
+        let f = analyze(&d);
+        assert_eq!((f.stale_writes, f.stale_accepted, f.overlaps), (1, 1, 1));
+        assert_eq!(f.lost_updates, 1);
+        assert_eq!((f.taken_over, f.lost_first), (1, 1));
+        assert_eq!(f.releases_not_owner, 1);
+        assert_eq!(f.pause_takeover_ms, vec![0.85]);
+        assert_eq!(f.taken_over_during_pause, 1);
+        // Enforcing: the same stale write refused is no overlap.
+        d.writes[1].accepted = false;
+        let f = analyze(&d);
+        assert_eq!((f.stale_rejected, f.stale_accepted, f.overlaps), (1, 0, 0));
+    }
+
+    #[test]
+    fn takeover_without_lost_a_token_regression_and_a_foreign_release_are_caught() {
+        // Worker 1 holds from 100 (deadline 5000) and is never told; worker 2 is granted at 200
+        // with a lower token; worker 1 then releases OK while worker 2 still holds.
+        let d = data(
+            vec![
+                (
+                    1,
+                    vec![
+                        granted(1, 100, 7, 5000),
+                        released(1, 300, ReleaseResult::Ok),
+                    ],
+                ),
+                (
+                    2,
+                    vec![
+                        granted(1, 200, 3, 5000),
+                        released(1, 400, ReleaseResult::Ok),
+                    ],
+                ),
+            ],
+            vec![],
+            0,
+        );
+        let f = analyze(&d);
+        assert_eq!((f.taken_over, f.lost_first), (1, 0));
+        assert_eq!(f.token_regressions, 1);
+        assert_eq!(f.foreign_releases, 1);
+    }
+
+    #[test]
+    fn takeover_time_after_a_kill() {
+        let mut d = data(
+            vec![
+                (1, vec![granted(1, 100, 1, 1100)]),
+                (2, vec![granted(1, 1300, 2, 2300)]),
+            ],
+            vec![],
+            0,
+        );
+        d.faults.push(FaultRecord {
+            kind: "kill".into(),
+            worker: Some(1),
+            at: 200,
+            until: None,
+            detail: String::new(),
+        });
+        let f = analyze(&d);
+        assert_eq!(f.takeover_ms, vec![1.1]);
+        assert_eq!(f.taken_over, 0, "a killed holder ends at the kill");
+        // A kill between two holds has no takeover to time.
+        d.faults[0].at = 2400;
+        d.faults[0].worker = Some(2);
+        d.events
+            .get_mut(&2)
+            .unwrap()
+            .push(released(1, 2350, ReleaseResult::Ok));
+        let f = analyze(&d);
+        assert!(f.takeover_ms.is_empty());
+        assert_eq!(f.kills_between_holds, 1);
+        assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 0.5), Some(2.0));
+    }
+}

@@ -1,0 +1,192 @@
+//! `dlock-chaos`: dlock's fault-injection harness.
+//!
+//! For each backend it starts private servers on loopback ports, runs 4–8 client processes that
+//! loop acquire → read → sleep → write → release on one lock name against a fenced resource, and
+//! breaks things on purpose: SIGKILL or SIGSTOP of the holder, store restarts, killed store
+//! connections, delayed or black-holed client traffic through a TCP proxy, Redlock majorities
+//! stopped. It prints a figures table, writes it as JSON, and exits 1 if a property the backend
+//! promises did not hold. See docs/RELIABILITY.md.
+
+mod analysis;
+mod event;
+mod report;
+mod resource;
+mod run;
+mod stores;
+mod worker;
+
+use clap::{Parser, Subcommand};
+use resource::Mode;
+use run::{Fault, Settings};
+use std::path::PathBuf;
+use std::time::Duration;
+use stores::{Backend, StoreEnv};
+
+/// Break dlock's stores on purpose and count what goes wrong.
+#[derive(Debug, Parser)]
+#[command(name = "dlock-chaos", version)]
+struct Cli {
+    #[command(subcommand)]
+    worker: Option<WorkerCmd>,
+    /// Backends to run (repeat; default: all)
+    #[arg(long = "backend", value_enum)]
+    backends: Vec<Backend>,
+    /// Only these faults (repeat; default: every fault that applies)
+    #[arg(long = "fault", value_enum)]
+    faults: Vec<Fault>,
+    /// The bounded run of CI: 4 clients, 1 fault per scenario
+    #[arg(long)]
+    quick: bool,
+    /// Client processes at a time (4-8)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(4..=8))]
+    workers: Option<u32>,
+    /// Faults injected per scenario (1-50)
+    #[arg(long = "faults-per-scenario", value_parser = clap::value_parser!(u32).range(1..=50))]
+    per_scenario: Option<u32>,
+    /// Write the JSON report here
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Write the Markdown table here (it is printed in any case)
+    #[arg(long, value_name = "PATH")]
+    markdown: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum WorkerCmd {
+    /// One client process (started by the harness itself)
+    #[command(hide = true)]
+    Worker(worker::WorkerArgs),
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            std::process::exit(if e.exit_code() == 0 { 0 } else { 64 });
+        }
+    };
+    if let Some(WorkerCmd::Worker(a)) = cli.worker {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        let code = match rt {
+            Ok(rt) => rt.block_on(worker::run(a)),
+            Err(e) => {
+                eprintln!("dlock-chaos worker: {e}");
+                70
+            }
+        };
+        std::process::exit(code);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build();
+    let code = match rt {
+        Ok(rt) => rt.block_on(harness(cli)),
+        Err(e) => {
+            eprintln!("dlock-chaos: {e}");
+            70
+        }
+    };
+    std::process::exit(code);
+}
+
+async fn harness(cli: Cli) -> i32 {
+    let mut settings = if cli.quick {
+        Settings::quick()
+    } else {
+        Settings::full()
+    };
+    if let Some(w) = cli.workers {
+        settings.workers = w;
+    }
+    if let Some(n) = cli.per_scenario {
+        settings.faults = n;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("dlock-chaos: cannot find its own binary: {e}");
+            return 70;
+        }
+    };
+    let backends = if cli.backends.is_empty() {
+        Backend::ALL.to_vec()
+    } else {
+        cli.backends.clone()
+    };
+    let mut report = report::Report {
+        machine: report::Machine::here(),
+        settings: settings.clone(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        outcomes: Vec::new(),
+        setup_errors: Vec::new(),
+    };
+    for b in backends {
+        let plan: Vec<(Fault, Mode)> = run::scenarios(b)
+            .into_iter()
+            .filter(|(f, _)| cli.faults.is_empty() || cli.faults.contains(f))
+            .collect();
+        if plan.is_empty() {
+            continue;
+        }
+        eprintln!("dlock-chaos: {}: starting private servers", b.label());
+        let lease = settings.lease;
+        let env = match tokio::task::spawn_blocking(move || StoreEnv::start(b, lease)).await {
+            Ok(Ok(env)) => env,
+            Ok(Err(e)) => {
+                eprintln!("dlock-chaos: {}: {e}", b.label());
+                report.setup_errors.push((b.label().into(), e.to_string()));
+                continue;
+            }
+            Err(e) => {
+                report.setup_errors.push((b.label().into(), e.to_string()));
+                continue;
+            }
+        };
+        for (f, mode) in plan {
+            eprintln!("dlock-chaos: {} / {} / {mode}", b.label(), f.label());
+            let o = run::run(&env, f, mode, &settings, exe.clone()).await;
+            eprintln!(
+                "dlock-chaos: {} / {} / {mode}: {} in {:.1} s ({} acquisitions)",
+                b.label(),
+                f.label(),
+                o.verdict(),
+                o.seconds,
+                o.figures.acquisitions
+            );
+            report.outcomes.push(o);
+        }
+        // Servers stop on drop, which waits for them: off the async threads.
+        let _ = tokio::task::spawn_blocking(move || drop(env)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let md = report::markdown(&report);
+    println!("{md}");
+    if let Some(p) = &cli.markdown {
+        if let Err(e) = std::fs::write(p, &md) {
+            eprintln!("dlock-chaos: writing {}: {e}", p.display());
+            return 70;
+        }
+    }
+    if let Some(p) = &cli.json {
+        let json = match serde_json::to_string_pretty(&report) {
+            Ok(j) => j,
+            Err(e) => {
+                eprintln!("dlock-chaos: JSON: {e}");
+                return 70;
+            }
+        };
+        if let Err(e) = std::fs::write(p, json) {
+            eprintln!("dlock-chaos: writing {}: {e}", p.display());
+            return 70;
+        }
+    }
+    if report.ok() {
+        0
+    } else {
+        1
+    }
+}

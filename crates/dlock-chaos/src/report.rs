@@ -1,0 +1,143 @@
+//! The figures table (Markdown) and the JSON report of a chaos run.
+
+use crate::run::{Outcome, Settings, Status};
+use serde::Serialize;
+
+/// Where and how a run was made.
+#[derive(Debug, Serialize)]
+pub struct Machine {
+    pub date: String,
+    pub cpus: usize,
+    pub kernel: String,
+    pub dlock_version: &'static str,
+}
+
+impl Machine {
+    /// Reads this machine's description.
+    pub fn here() -> Machine {
+        let date = std::process::Command::new("date")
+            .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| format!("Linux {}", s.trim()))
+            .unwrap_or_else(|_| std::env::consts::OS.to_string());
+        Machine {
+            date,
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kernel,
+            dlock_version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+}
+
+/// The whole report.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub settings: Settings,
+    pub command: String,
+    pub outcomes: Vec<Outcome>,
+    /// Backends whose servers could not be started, with the reason.
+    pub setup_errors: Vec<(String, String)>,
+}
+
+impl Report {
+    /// True when nothing failed.
+    pub fn ok(&self) -> bool {
+        self.setup_errors.is_empty() && self.outcomes.iter().all(|o| o.verdict() != "FAIL")
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("–".into(), |v| format!("{v:.0}"))
+}
+
+/// The figures as a Markdown table, then the checks that did not pass.
+pub fn markdown(r: &Report) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "dlock-chaos on {} ({} CPUs, {}), {} client processes, lease {} ms, {} faults per scenario\n\n",
+        r.machine.date,
+        r.machine.cpus,
+        r.machine.kernel,
+        r.settings.workers,
+        r.settings.lease.as_millis(),
+        r.settings.faults
+    ));
+    s.push_str("| backend | fault | resource | acquisitions | overlaps | stale rejected | stale accepted | valid rejected | lost updates | token regressions | foreign releases | takeover p50 / max ms | lost() first | verdict |\n");
+    s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    for o in &r.outcomes {
+        let x = &o.figures;
+        let takeover = if x.takeover_ms.is_empty() && x.takeover_missing == 0 {
+            "–".to_string()
+        } else {
+            format!(
+                "{} / {}{}",
+                opt(x.takeover_p50()),
+                opt(x.takeover_max()),
+                if x.takeover_missing > 0 {
+                    format!(" ({} never)", x.takeover_missing)
+                } else {
+                    String::new()
+                }
+            )
+        };
+        let lost = match x.lost_first_pct() {
+            Some(p) => format!("{p:.0} % ({}/{})", x.lost_first, x.taken_over),
+            None => "–".into(),
+        };
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            o.backend.label(),
+            o.fault.label(),
+            o.mode,
+            x.acquisitions,
+            x.overlaps,
+            x.stale_rejected,
+            x.stale_accepted,
+            x.valid_rejected,
+            x.lost_updates,
+            x.token_regressions,
+            x.foreign_releases,
+            takeover,
+            lost,
+            o.verdict()
+        ));
+    }
+    let mut notes = String::new();
+    for o in &r.outcomes {
+        for c in &o.checks {
+            let tag = match c.status {
+                Status::Pass => continue,
+                Status::Fail => "FAIL",
+                Status::Documented => "documented",
+            };
+            notes.push_str(&format!(
+                "- {} / {} / {}: {tag}: {} — {}\n",
+                o.backend.label(),
+                o.fault.label(),
+                o.mode,
+                c.what,
+                c.detail
+            ));
+        }
+        for e in &o.harness_errors {
+            notes.push_str(&format!(
+                "- {} / {} / {}: FAIL: harness: {e}\n",
+                o.backend.label(),
+                o.fault.label(),
+                o.mode
+            ));
+        }
+    }
+    for (b, e) in &r.setup_errors {
+        notes.push_str(&format!("- {b}: FAIL: servers did not start: {e}\n"));
+    }
+    if !notes.is_empty() {
+        s.push_str("\nNot passed:\n\n");
+        s.push_str(&notes);
+    }
+    s
+}

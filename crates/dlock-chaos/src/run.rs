@@ -1,0 +1,785 @@
+//! One scenario: start the fenced resource and the client processes, inject a fault a few
+//! times, stop everything, analyse, judge.
+
+use crate::analysis::{analyze, FaultRecord, Figures, RunData};
+use crate::event::{now_us, Event};
+use crate::resource::{Mode, Resource};
+use crate::stores::{Backend, ClientProxies, StoreEnv};
+use nix::sys::signal::Signal;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::io;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+
+/// A fault the harness injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// SIGKILL the holder.
+    Kill,
+    /// SIGSTOP the holder between its read and its write for longer than the lease, then SIGCONT.
+    Pause,
+    /// Crash and restart the store (the ZooKeeper leader).
+    Restart,
+    /// Kill every client connection at the store (`CLIENT KILL`, `pg_terminate_backend`, `KILL`).
+    ConnKill,
+    /// Delay the holder's store traffic through its proxy by a quarter of the lease.
+    Delay,
+    /// Black-hole the holder's store traffic for two leases.
+    BlackHole,
+    /// Redlock: stop 2 of the 5 servers for three leases.
+    Redlock2Down,
+    /// Redlock: stop 3 of the 5 servers for two leases.
+    Redlock3Down,
+}
+
+impl Fault {
+    /// The name used in tables and JSON.
+    pub fn label(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::Pause => "pause",
+            Fault::Restart => "restart",
+            Fault::ConnKill => "conn-kill",
+            Fault::Delay => "delay",
+            Fault::BlackHole => "black-hole",
+            Fault::Redlock2Down => "2-of-5-down",
+            Fault::Redlock3Down => "3-of-5-down",
+        }
+    }
+}
+
+/// The scenarios of a backend: every fault that applies to it, and the paused holder in both
+/// resource modes.
+pub fn scenarios(b: Backend) -> Vec<(Fault, Mode)> {
+    use Fault::*;
+    let mut v = vec![
+        (Kill, Mode::Enforcing),
+        (Pause, Mode::LogOnly),
+        (Pause, Mode::Enforcing),
+    ];
+    let extra: &[Fault] = match b {
+        Backend::Sqlite => &[],
+        Backend::Redis | Backend::Postgres | Backend::Mysql => {
+            &[Restart, ConnKill, Delay, BlackHole]
+        }
+        Backend::PostgresSession | Backend::MysqlSession => &[Restart, ConnKill],
+        Backend::RedisAof => {
+            v.clear();
+            &[Restart]
+        }
+        Backend::Zookeeper => &[Restart, Delay, BlackHole],
+        Backend::Redlock => &[Redlock2Down, Redlock3Down],
+    };
+    v.extend(extra.iter().map(|f| (*f, Mode::Enforcing)));
+    if b.connection_bound() {
+        // Nobody else is granted while the session lives: one pause scenario says it all.
+        v.retain(|x| *x != (Pause, Mode::LogOnly));
+    }
+    v
+}
+
+/// Why the store does not promise the lock's properties through `fault`, if it does not: it
+/// loses or ends the holds itself (what every guarantee rests on).
+pub fn limitation(b: Backend, f: Fault) -> Option<&'static str> {
+    match (b, f) {
+        (Backend::Redis, Fault::Restart) => {
+            Some("Redis without persistence forgets every hold and the fence on a restart")
+        }
+        (Backend::Redlock, Fault::Redlock3Down) => {
+            Some("a Redlock majority restarted empty forgets the hold")
+        }
+        (Backend::PostgresSession | Backend::MysqlSession, Fault::Restart | Fault::ConnKill) => {
+            Some("a session lock ends with its connection, before the holder can be told")
+        }
+        _ => None,
+    }
+}
+
+/// How big a run is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    /// Client processes at a time (4–8).
+    pub workers: u32,
+    /// Lease of every hold (and ZooKeeper's session timeout).
+    #[serde(with = "ms")]
+    pub lease: Duration,
+    /// Mean time inside the lock between the read and the write (each hold draws from
+    /// 0.5–1.5 times this). Faults aim at a hold granted in the last 30 ms, so they land between
+    /// the holder's read and its write.
+    #[serde(with = "ms")]
+    pub hold: Duration,
+    /// The mean hold in store-side fault scenarios (restart, connection kill, delay, black
+    /// hole, Redlock servers down): longer than the lease, so the holder must keep renewing
+    /// through the fault, and a holder that cannot must see `lost()` before anyone else is
+    /// granted.
+    #[serde(with = "ms")]
+    pub long_hold: Duration,
+    /// Faults injected per scenario.
+    pub faults: u32,
+    /// Normal operation before each fault.
+    #[serde(with = "ms")]
+    pub gap: Duration,
+    /// Acquisitions per client process at most.
+    pub iterations: u64,
+}
+
+mod ms {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+}
+
+impl Settings {
+    /// The bounded run CI does (about 4 minutes for every backend).
+    pub fn quick() -> Settings {
+        Settings {
+            workers: 4,
+            lease: Duration::from_secs(1),
+            hold: Duration::from_millis(100),
+            long_hold: Duration::from_millis(2000),
+            faults: 1,
+            gap: Duration::from_millis(800),
+            iterations: 2_000,
+        }
+    }
+
+    /// The full run documented in docs/RELIABILITY.md.
+    pub fn full() -> Settings {
+        Settings {
+            workers: 6,
+            faults: 8,
+            gap: Duration::from_millis(1500),
+            iterations: 20_000,
+            ..Settings::quick()
+        }
+    }
+
+    /// The longest a killed holder may keep others out: its lease, plus 1 s for the waiters to
+    /// notice (wake-up jitter, polling, ZooKeeper's session expiry ticks).
+    pub fn takeover_bound(&self) -> Duration {
+        self.lease + Duration::from_secs(1)
+    }
+}
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Holds.
+    Pass,
+    /// Must hold and does not.
+    Fail,
+    /// Does not hold, and the store does not promise it here (documented limitation).
+    Documented,
+}
+
+/// One judged property of a scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub what: String,
+    pub status: Status,
+    pub detail: String,
+}
+
+/// The result of one scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub backend: Backend,
+    pub fault: Fault,
+    pub mode: Mode,
+    pub seconds: f64,
+    pub figures: Figures,
+    pub faults: Vec<FaultRecord>,
+    pub checks: Vec<Check>,
+    /// Errors of the harness itself (a server that did not restart, a process that did not start).
+    pub harness_errors: Vec<String>,
+}
+
+impl Outcome {
+    /// `pass`, `documented` (a limitation showed) or `FAIL`.
+    pub fn verdict(&self) -> &'static str {
+        if !self.harness_errors.is_empty() || self.checks.iter().any(|c| c.status == Status::Fail) {
+            "FAIL"
+        } else if self.checks.iter().any(|c| c.status == Status::Documented) {
+            "documented"
+        } else {
+            "pass"
+        }
+    }
+}
+
+/// Judges the figures of a scenario against what the backend promises.
+pub fn judge(b: Backend, f: Fault, mode: Mode, x: &Figures, s: &Settings) -> Vec<Check> {
+    let kept = limitation(b, f).is_none();
+    let why_not = limitation(b, f).unwrap_or("Redlock has no fencing token");
+    let mut out = Vec::new();
+    let mut check = |what: &str, ok: bool, promised: bool, detail: String| {
+        out.push(Check {
+            what: what.into(),
+            status: match (ok, promised) {
+                (true, _) => Status::Pass,
+                (false, true) => Status::Fail,
+                (false, false) => Status::Documented,
+            },
+            detail,
+        })
+    };
+    check(
+        "progress",
+        x.acquisitions > 0,
+        true,
+        format!("{} acquisitions", x.acquisitions),
+    );
+    check(
+        "no foreign release",
+        x.foreign_releases == 0,
+        true,
+        format!("{} foreign releases", x.foreign_releases),
+    );
+    check(
+        "tokens never go back",
+        x.token_regressions == 0,
+        kept,
+        format!("{} regressions", x.token_regressions),
+    );
+    let lost_detail = format!(
+        "{} of {} taken-over holds saw lost() first",
+        x.lost_first, x.taken_over
+    );
+    check(
+        "lost() before another grant",
+        x.lost_first == x.taken_over,
+        kept,
+        if kept {
+            lost_detail
+        } else {
+            format!("{lost_detail}; {why_not}")
+        },
+    );
+    if mode == Mode::Enforcing {
+        let fenced = b.fencing() && kept;
+        check(
+            "no stale write accepted",
+            x.stale_accepted == 0,
+            fenced,
+            if fenced {
+                format!(
+                    "{} stale writes, {} rejected",
+                    x.stale_writes, x.stale_rejected
+                )
+            } else {
+                format!("{} stale writes accepted; {why_not}", x.stale_accepted)
+            },
+        );
+    }
+    if f == Fault::Kill {
+        let bound = s.takeover_bound().as_secs_f64() * 1000.0;
+        check(
+            "takeover within lease + 1 s",
+            x.takeover_missing == 0 && x.takeover_max().is_some_and(|m| m <= bound),
+            true,
+            format!(
+                "max {:.0} ms of {bound:.0} ms, {} kills never taken over",
+                x.takeover_max().unwrap_or(f64::NAN),
+                x.takeover_missing
+            ),
+        );
+    }
+    if f == Fault::Pause && b.connection_bound() {
+        // A session lock stays with the open connection of a paused process: nobody else is
+        // granted during the pause (safe; the cost is that others wait). After SIGCONT the core
+        // finds the lease ran out and releases it; a naive write racing that release is stale
+        // and must be refused by fencing.
+        check(
+            "the paused holder keeps its session lock",
+            x.taken_over_during_pause == 0 && x.stale_accepted == 0,
+            true,
+            format!(
+                "{} pauses taken over, {} stale writes after SIGCONT ({} refused)",
+                x.taken_over_during_pause, x.stale_writes, x.stale_rejected
+            ),
+        );
+    } else if f == Fault::Pause {
+        match mode {
+            Mode::LogOnly => check(
+                "the pause shows an overlap (log-only)",
+                x.overlaps > 0 && x.stale_accepted > 0,
+                true,
+                format!(
+                    "{} overlaps, {} stale writes accepted",
+                    x.overlaps, x.stale_accepted
+                ),
+            ),
+            Mode::Enforcing => check(
+                "fencing refuses the paused holder's write",
+                x.stale_rejected > 0 && x.stale_accepted == 0,
+                b.fencing(),
+                format!(
+                    "{} stale writes rejected, {} accepted",
+                    x.stale_rejected, x.stale_accepted
+                ),
+            ),
+        }
+    }
+    out
+}
+
+type Events = Arc<Mutex<HashMap<u32, Vec<Event>>>>;
+/// Per worker: its current hold and when it was granted.
+type Holding = Arc<Mutex<HashMap<u32, (u64, i64)>>>;
+
+struct Worker {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    proxies: Option<ClientProxies>,
+}
+
+struct Harness<'a> {
+    env: &'a StoreEnv,
+    exe: PathBuf,
+    name: String,
+    resource: std::net::SocketAddr,
+    hold: Duration,
+    /// Workers write without checking `is_held()` (the paused-holder scenario).
+    naive: bool,
+    settings: &'a Settings,
+    events: Events,
+    holding: Holding,
+    workers: HashMap<u32, Worker>,
+    next_index: u32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Harness<'_> {
+    async fn spawn_worker(&mut self) -> io::Result<u32> {
+        let index = self.next_index;
+        self.next_index += 1;
+        let endpoints = self.env.endpoints();
+        let proxies = if endpoints.is_empty() {
+            None
+        } else {
+            Some(ClientProxies::start(&endpoints).await?)
+        };
+        let url = self
+            .env
+            .url(&proxies.as_ref().map(|p| p.addrs()).unwrap_or_default());
+        let mut child = Command::new(&self.exe)
+            .arg("worker")
+            .args(["--url", &url, "--name", &self.name])
+            .args(["--resource", &self.resource.to_string()])
+            .args(["--index", &index.to_string()])
+            .args(["--hold-ms", &self.hold.as_millis().to_string()])
+            .args(["--lease-ms", &self.settings.lease.as_millis().to_string()])
+            .args(["--iterations", &self.settings.iterations.to_string()])
+            .args(["--run-ms", "600000"])
+            .args(self.naive.then_some("--naive"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| io::Error::other("no stdout"))?;
+        let stdin = child.stdin.take();
+        let (events, holding) = (self.events.clone(), self.holding.clone());
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(ev) = serde_json::from_str::<Event>(&line) else {
+                    continue;
+                };
+                match &ev {
+                    Event::Granted { hold, at, .. } => {
+                        lock(&holding).insert(index, (*hold, *at));
+                    }
+                    Event::Lost { hold, .. } | Event::Released { hold, .. } => {
+                        let mut h = lock(&holding);
+                        if h.get(&index).is_some_and(|(k, _)| k == hold) {
+                            h.remove(&index);
+                        }
+                    }
+                    _ => {}
+                }
+                lock(&events).entry(index).or_default().push(ev);
+            }
+        });
+        self.workers.insert(
+            index,
+            Worker {
+                child,
+                stdin,
+                proxies,
+            },
+        );
+        Ok(index)
+    }
+
+    fn ready(&self) -> usize {
+        lock(&self.events)
+            .values()
+            .filter(|v| v.iter().any(|e| matches!(e, Event::Ready { .. })))
+            .count()
+    }
+
+    /// A worker granted the lock in the last 30 ms, so still before its write (waits up to 5 s
+    /// for one).
+    async fn holder(&self) -> Option<u32> {
+        for _ in 0..2500 {
+            let now = now_us();
+            let fresh = lock(&self.holding)
+                .iter()
+                .find(|(_, (_, at))| now - at < 30_000)
+                .map(|(w, _)| *w);
+            if fresh.is_some() {
+                return fresh;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        None
+    }
+
+    fn pid(&self, w: u32) -> Option<u32> {
+        self.workers.get(&w).and_then(|x| x.child.id())
+    }
+
+    async fn inject(&mut self, fault: Fault) -> io::Result<FaultRecord> {
+        let lease = self.settings.lease;
+        let holder = self.holder().await;
+        let rec =
+            |kind: Fault, worker: Option<u32>, at: i64, until: Option<i64>, detail: String| {
+                FaultRecord {
+                    kind: kind.label().into(),
+                    worker,
+                    at,
+                    until,
+                    detail,
+                }
+            };
+        let need =
+            |h: Option<u32>| h.ok_or_else(|| io::Error::other("nobody held the lock for 5 s"));
+        Ok(match fault {
+            Fault::Kill => {
+                let w = need(holder)?;
+                let pid = self.pid(w).ok_or_else(|| io::Error::other("worker gone"))?;
+                let at = now_us();
+                dlock_testkit::signal(pid, Signal::SIGKILL)?;
+                if let Some(mut x) = self.workers.remove(&w) {
+                    let _ = x.child.wait().await;
+                }
+                lock(&self.holding).remove(&w);
+                self.spawn_worker().await?;
+                rec(fault, Some(w), at, None, format!("SIGKILL pid {pid}"))
+            }
+            Fault::Pause => {
+                let w = need(holder)?;
+                let pid = self.pid(w).ok_or_else(|| io::Error::other("worker gone"))?;
+                let at = now_us();
+                dlock_testkit::signal(pid, Signal::SIGSTOP)?;
+                let pause = lease * 3 / 2 + Duration::from_millis(300);
+                tokio::time::sleep(pause).await;
+                dlock_testkit::signal(pid, Signal::SIGCONT)?;
+                rec(
+                    fault,
+                    Some(w),
+                    at,
+                    Some(now_us()),
+                    format!("SIGSTOP {pause:?}, SIGCONT"),
+                )
+            }
+            Fault::Restart => {
+                let down = if self.env.backend == Backend::Zookeeper {
+                    Duration::from_secs(2)
+                } else {
+                    Duration::from_millis(300)
+                };
+                let at = now_us();
+                let env: &StoreEnv = self.env;
+                let detail = tokio::task::block_in_place(|| env.restart(down))?;
+                rec(fault, holder, at, Some(now_us()), detail)
+            }
+            Fault::ConnKill => {
+                let at = now_us();
+                let env: &StoreEnv = self.env;
+                let n = tokio::task::block_in_place(|| env.kill_connections())?;
+                rec(fault, holder, at, None, format!("{n} connections killed"))
+            }
+            Fault::Delay | Fault::BlackHole => {
+                let w = need(holder)?;
+                let p = self
+                    .workers
+                    .get(&w)
+                    .and_then(|x| x.proxies.as_ref())
+                    .ok_or_else(|| io::Error::other("no proxy"))?;
+                let at = now_us();
+                let (detail, dur) = if fault == Fault::Delay {
+                    p.set_delay(lease / 4);
+                    (format!("+{:?} each way", lease / 4), lease * 3)
+                } else {
+                    p.black_hole(true);
+                    ("traffic dropped".to_string(), lease * 2)
+                };
+                tokio::time::sleep(dur).await;
+                if let Some(p) = self.workers.get(&w).and_then(|x| x.proxies.as_ref()) {
+                    p.set_delay(Duration::ZERO);
+                    p.black_hole(false);
+                }
+                rec(
+                    fault,
+                    Some(w),
+                    at,
+                    Some(now_us()),
+                    format!("{detail} for {dur:?}"),
+                )
+            }
+            Fault::Redlock2Down | Fault::Redlock3Down => {
+                let (n, down) = if fault == Fault::Redlock2Down {
+                    (2, lease * 3)
+                } else {
+                    (3, lease * 2)
+                };
+                let at = now_us();
+                let env: &StoreEnv = self.env;
+                let detail = tokio::task::block_in_place(|| env.redlock_down(n, down))?;
+                rec(fault, holder, at, Some(now_us()), detail)
+            }
+        })
+    }
+
+    /// Closes every worker's stdin (they finish their iteration and exit), waits up to `within`,
+    /// then kills what is left.
+    async fn finish(&mut self, within: Duration) {
+        for w in self.workers.values_mut() {
+            w.stdin.take();
+        }
+        let deadline = tokio::time::Instant::now() + within;
+        for w in self.workers.values_mut() {
+            if tokio::time::timeout_at(deadline, w.child.wait())
+                .await
+                .is_err()
+            {
+                let _ = w.child.start_kill();
+                let _ = w.child.wait().await;
+            }
+        }
+    }
+}
+
+/// Runs one scenario on a started store.
+pub async fn run(
+    env: &StoreEnv,
+    fault: Fault,
+    mode: Mode,
+    settings: &Settings,
+    exe: PathBuf,
+) -> Outcome {
+    let started = std::time::Instant::now();
+    let mut harness_errors = Vec::new();
+    let mut faults = Vec::new();
+    let resource = match Resource::start(mode).await {
+        Ok(r) => r,
+        Err(e) => {
+            return Outcome {
+                backend: env.backend,
+                fault,
+                mode,
+                seconds: 0.0,
+                figures: Figures::default(),
+                faults,
+                checks: vec![],
+                harness_errors: vec![format!("resource: {e}")],
+            }
+        }
+    };
+    let mut h = Harness {
+        env,
+        exe,
+        name: format!(
+            "chaos/{}/{}/{}",
+            fault.label(),
+            mode,
+            uuid::Uuid::new_v4().simple()
+        ),
+        resource: resource.addr(),
+        hold: match fault {
+            Fault::Kill | Fault::Pause => settings.hold,
+            _ => settings.long_hold,
+        },
+        naive: fault == Fault::Pause,
+        settings,
+        events: Arc::default(),
+        holding: Arc::default(),
+        workers: HashMap::new(),
+        next_index: 1,
+    };
+    for _ in 0..settings.workers {
+        if let Err(e) = h.spawn_worker().await {
+            harness_errors.push(format!("starting a client process: {e}"));
+        }
+    }
+    // Every process connected (bounded).
+    let ready_by = tokio::time::Instant::now() + Duration::from_secs(30);
+    while h.ready() < h.workers.len() && tokio::time::Instant::now() < ready_by {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if h.ready() < h.workers.len() {
+        harness_errors.push(format!(
+            "only {} of {} client processes connected within 30 s",
+            h.ready(),
+            h.workers.len()
+        ));
+    }
+    for _ in 0..settings.faults {
+        tokio::time::sleep(settings.gap).await;
+        match h.inject(fault).await {
+            Ok(r) => faults.push(r),
+            Err(e) => harness_errors.push(format!("{}: {e}", fault.label())),
+        }
+    }
+    // Recovery: normal operation for a while after the last fault.
+    tokio::time::sleep(settings.gap + settings.lease).await;
+    h.finish(settings.lease * 3 + Duration::from_secs(5)).await;
+    let end = now_us();
+    let (final_value, writes) = resource.snapshot();
+    let events = std::mem::take(&mut *lock(&h.events));
+    let data = RunData {
+        events,
+        writes,
+        final_value,
+        faults: faults.clone(),
+        end,
+    };
+    let figures = analyze(&data);
+    let checks = judge(env.backend, fault, mode, &figures, settings);
+    Outcome {
+        backend: env.backend,
+        fault,
+        mode,
+        seconds: started.elapsed().as_secs_f64(),
+        figures,
+        faults,
+        checks,
+        harness_errors,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(checks: &[Check], what: &str) -> Status {
+        checks
+            .iter()
+            .find(|c| c.what == what)
+            .unwrap_or_else(|| panic!("no check {what:?} in {checks:?}"))
+            .status
+    }
+
+    #[test]
+    fn a_store_that_loses_its_state_is_documented_not_failed() {
+        let x = Figures {
+            acquisitions: 10,
+            token_regressions: 3,
+            taken_over: 2,
+            lost_first: 1,
+            ..Figures::default()
+        };
+        let s = Settings::quick();
+        let c = judge(Backend::Redis, Fault::Restart, Mode::Enforcing, &x, &s);
+        assert_eq!(status(&c, "tokens never go back"), Status::Documented);
+        assert_eq!(
+            status(&c, "lost() before another grant"),
+            Status::Documented
+        );
+        let c = judge(Backend::Postgres, Fault::Restart, Mode::Enforcing, &x, &s);
+        assert_eq!(status(&c, "tokens never go back"), Status::Fail);
+        assert_eq!(status(&c, "lost() before another grant"), Status::Fail);
+    }
+
+    #[test]
+    fn slow_or_missing_takeovers_and_foreign_releases_fail() {
+        let s = Settings::quick();
+        let slow = Figures {
+            acquisitions: 5,
+            takeover_ms: vec![900.0, 2500.0],
+            ..Figures::default()
+        };
+        let c = judge(Backend::Sqlite, Fault::Kill, Mode::Enforcing, &slow, &s);
+        assert_eq!(status(&c, "takeover within lease + 1 s"), Status::Fail);
+        let missing = Figures {
+            acquisitions: 5,
+            takeover_missing: 1,
+            foreign_releases: 1,
+            ..Figures::default()
+        };
+        let c = judge(Backend::Redlock, Fault::Kill, Mode::Enforcing, &missing, &s);
+        assert_eq!(status(&c, "takeover within lease + 1 s"), Status::Fail);
+        assert_eq!(status(&c, "no foreign release"), Status::Fail);
+    }
+
+    #[test]
+    fn the_pause_must_demonstrate_fencing_where_there_is_fencing() {
+        let s = Settings::quick();
+        let nothing = Figures {
+            acquisitions: 5,
+            ..Figures::default()
+        };
+        let c = judge(Backend::Sqlite, Fault::Pause, Mode::LogOnly, &nothing, &s);
+        assert_eq!(
+            status(&c, "the pause shows an overlap (log-only)"),
+            Status::Fail
+        );
+        let accepted = Figures {
+            acquisitions: 5,
+            stale_writes: 1,
+            stale_accepted: 1,
+            overlaps: 1,
+            ..Figures::default()
+        };
+        let c = judge(
+            Backend::Zookeeper,
+            Fault::Pause,
+            Mode::Enforcing,
+            &accepted,
+            &s,
+        );
+        assert_eq!(status(&c, "no stale write accepted"), Status::Fail);
+        let c = judge(
+            Backend::Redlock,
+            Fault::Pause,
+            Mode::Enforcing,
+            &accepted,
+            &s,
+        );
+        assert_eq!(status(&c, "no stale write accepted"), Status::Documented);
+        let taken = Figures {
+            acquisitions: 5,
+            taken_over_during_pause: 1,
+            ..Figures::default()
+        };
+        let c = judge(
+            Backend::MysqlSession,
+            Fault::Pause,
+            Mode::Enforcing,
+            &taken,
+            &s,
+        );
+        assert_eq!(
+            status(&c, "the paused holder keeps its session lock"),
+            Status::Fail
+        );
+    }
+}

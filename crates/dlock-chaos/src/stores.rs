@@ -1,0 +1,272 @@
+//! The stores a chaos run breaks: private servers started for the run (never the machine's
+//! shared ones), their URLs (optionally through one fault proxy per endpoint and client), and the
+//! store-side faults.
+
+use dlock_testkit::{Db, RedisServer, SqlServer, TcpProxy, ZkEnsemble};
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A store configuration under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// The embedded SQLite file (processes of one machine).
+    Sqlite,
+    /// One Redis server without persistence (the common deployment).
+    Redis,
+    /// One Redis server with AOF and `appendfsync always`.
+    RedisAof,
+    /// PostgreSQL, lease tables.
+    Postgres,
+    /// MariaDB, lease tables.
+    Mysql,
+    /// PostgreSQL, session mode (advisory locks: the hold lives with its connection).
+    PostgresSession,
+    /// MariaDB, session mode (`GET_LOCK`: the hold lives with its connection).
+    MysqlSession,
+    /// A three-server ZooKeeper ensemble.
+    Zookeeper,
+    /// Redlock over five independent Redis servers without persistence.
+    Redlock,
+}
+
+impl Backend {
+    /// Every backend, in report order.
+    pub const ALL: [Backend; 9] = [
+        Backend::Sqlite,
+        Backend::Redis,
+        Backend::RedisAof,
+        Backend::Postgres,
+        Backend::Mysql,
+        Backend::PostgresSession,
+        Backend::MysqlSession,
+        Backend::Zookeeper,
+        Backend::Redlock,
+    ];
+
+    /// The name used in tables and JSON.
+    pub fn label(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Redis => "redis",
+            Backend::RedisAof => "redis-aof",
+            Backend::Postgres => "postgres",
+            Backend::Mysql => "mysql",
+            Backend::PostgresSession => "postgres-session",
+            Backend::MysqlSession => "mysql-session",
+            Backend::Zookeeper => "zookeeper",
+            Backend::Redlock => "redlock",
+        }
+    }
+
+    /// Whether a hold lives with a database connection (session mode) rather than a lease: a
+    /// paused process keeps it as long as its connection stays open.
+    pub fn connection_bound(self) -> bool {
+        matches!(self, Backend::PostgresSession | Backend::MysqlSession)
+    }
+
+    /// Whether grants carry fencing tokens.
+    pub fn fencing(self) -> bool {
+        self != Backend::Redlock
+    }
+}
+
+type Shared<T> = Arc<Mutex<T>>;
+
+enum Servers {
+    Sqlite(PathBuf),
+    Redis(Shared<RedisServer>),
+    Sql(Shared<SqlServer>),
+    Zk(Shared<ZkEnsemble>),
+    Redlock(Vec<Shared<RedisServer>>),
+}
+
+/// The private servers of one backend, started for a run and stopped when dropped.
+pub struct StoreEnv {
+    /// Which backend.
+    pub backend: Backend,
+    servers: Servers,
+    lease: Duration,
+    _dir: tempfile::TempDir,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+impl StoreEnv {
+    /// Starts the private servers of `backend` (blocking: up to tens of seconds for databases
+    /// and ZooKeeper).
+    pub fn start(backend: Backend, lease: Duration) -> io::Result<StoreEnv> {
+        let dir = tempfile::Builder::new().prefix("dlock-chaos-").tempdir()?;
+        let no_persistence = ["--save", "", "--appendonly", "no"];
+        let servers = match backend {
+            Backend::Sqlite => Servers::Sqlite(dir.path().join("chaos.db")),
+            Backend::Redis => {
+                Servers::Redis(Arc::new(Mutex::new(RedisServer::start(&no_persistence)?)))
+            }
+            Backend::RedisAof => Servers::Redis(Arc::new(Mutex::new(RedisServer::start(&[
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])?))),
+            Backend::Postgres | Backend::PostgresSession => {
+                Servers::Sql(Arc::new(Mutex::new(SqlServer::start(Db::Postgres)?)))
+            }
+            Backend::Mysql | Backend::MysqlSession => {
+                Servers::Sql(Arc::new(Mutex::new(SqlServer::start(Db::MariaDb)?)))
+            }
+            Backend::Zookeeper => Servers::Zk(Arc::new(Mutex::new(ZkEnsemble::start()?))),
+            Backend::Redlock => Servers::Redlock(
+                (0..5)
+                    .map(|_| RedisServer::start(&no_persistence).map(|s| Arc::new(Mutex::new(s))))
+                    .collect::<io::Result<_>>()?,
+            ),
+        };
+        Ok(StoreEnv {
+            backend,
+            servers,
+            lease,
+            _dir: dir,
+        })
+    }
+
+    /// The network endpoints of the store (none for SQLite).
+    pub fn endpoints(&self) -> Vec<SocketAddr> {
+        match &self.servers {
+            Servers::Sqlite(_) => vec![],
+            Servers::Redis(s) => vec![loopback(lock(s).port)],
+            Servers::Sql(s) => vec![loopback(lock(s).port)],
+            Servers::Zk(z) => lock(z).client_ports().into_iter().map(loopback).collect(),
+            Servers::Redlock(v) => v.iter().map(|s| loopback(lock(s).port)).collect(),
+        }
+    }
+
+    /// The store URL with `endpoints` in place of the servers' own addresses (one per
+    /// [`StoreEnv::endpoints`], in the same order: the client's proxies).
+    pub fn url(&self, endpoints: &[SocketAddr]) -> String {
+        let hosts = endpoints
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        match (&self.servers, self.backend) {
+            (Servers::Sqlite(p), _) => format!("sqlite://{}", p.display()),
+            (Servers::Redis(_), _) => format!("redis://{hosts}/"),
+            (Servers::Sql(_), Backend::Postgres) => {
+                format!("postgres://postgres@{hosts}/postgres?table=dlock_chaos")
+            }
+            (Servers::Sql(_), Backend::PostgresSession) => {
+                format!("postgres://postgres@{hosts}/postgres?table=dlock_chaos&mode=session")
+            }
+            (Servers::Sql(_), Backend::MysqlSession) => {
+                format!("mysql://root@{hosts}/test?table=dlock_chaos&mode=session")
+            }
+            (Servers::Sql(_), _) => format!("mysql://root@{hosts}/test?table=dlock_chaos"),
+            (Servers::Zk(_), _) => format!(
+                "zk://{hosts}/dlock-chaos?session_timeout={}ms",
+                self.lease.as_millis()
+            ),
+            (Servers::Redlock(_), _) => format!("redlock://{hosts}"),
+        }
+    }
+
+    /// Crash the store and start it again (Redis, PostgreSQL, MariaDB: SIGKILL of the server;
+    /// ZooKeeper: the leader, started again after `down`). Returns a description.
+    pub fn restart(&self, down: Duration) -> io::Result<String> {
+        match &self.servers {
+            Servers::Redis(s) => {
+                let mut s = lock(s);
+                s.crash();
+                std::thread::sleep(down);
+                s.spawn()?;
+                Ok("redis-server SIGKILL + start".into())
+            }
+            Servers::Sql(s) => {
+                let mut s = lock(s);
+                s.crash();
+                std::thread::sleep(down);
+                s.spawn()?;
+                Ok(format!("{:?} SIGKILL + start", s.db))
+            }
+            Servers::Zk(z) => {
+                let z = lock(z);
+                let leader = z.leader()?;
+                z.kill(leader)?;
+                std::thread::sleep(down);
+                z.start_one(leader)?;
+                Ok(format!("leader (server {leader}) SIGKILL + start"))
+            }
+            _ => Err(io::Error::other("no restart fault for this store")),
+        }
+    }
+
+    /// Kill every client connection at the store (`CLIENT KILL`, `pg_terminate_backend`, `KILL`).
+    pub fn kill_connections(&self) -> io::Result<usize> {
+        match &self.servers {
+            Servers::Redis(s) => lock(s).kill_client_connections(),
+            Servers::Sql(s) => lock(s).kill_client_connections(),
+            _ => Err(io::Error::other("no connection-kill fault for this store")),
+        }
+    }
+
+    /// Redlock: stop the first `n` of the five servers, wait `down`, start them again (empty).
+    pub fn redlock_down(&self, n: usize, down: Duration) -> io::Result<String> {
+        let Servers::Redlock(v) = &self.servers else {
+            return Err(io::Error::other("not a Redlock store"));
+        };
+        for s in v.iter().take(n) {
+            lock(s).stop();
+        }
+        std::thread::sleep(down);
+        for s in v.iter().take(n) {
+            lock(s).spawn()?;
+        }
+        Ok(format!(
+            "{n} of 5 servers stopped for {down:?}, started again empty"
+        ))
+    }
+}
+
+/// One client's proxies, one per store endpoint.
+pub struct ClientProxies(pub Vec<TcpProxy>);
+
+impl ClientProxies {
+    /// A proxy in front of each endpoint.
+    pub async fn start(endpoints: &[SocketAddr]) -> io::Result<ClientProxies> {
+        let mut v = Vec::new();
+        for e in endpoints {
+            v.push(TcpProxy::start(*e).await?);
+        }
+        Ok(ClientProxies(v))
+    }
+
+    /// The proxies' addresses, in endpoint order.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.0.iter().map(|p| p.addr()).collect()
+    }
+
+    /// Delays the client's traffic by `d` (zero: none).
+    pub fn set_delay(&self, d: Duration) {
+        for p in &self.0 {
+            p.set_delay(d);
+        }
+    }
+
+    /// Black-holes the client's traffic (or ends that).
+    pub fn black_hole(&self, on: bool) {
+        for p in &self.0 {
+            p.black_hole(on);
+        }
+    }
+}
