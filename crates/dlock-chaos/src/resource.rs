@@ -41,14 +41,19 @@ impl std::fmt::Display for Mode {
 #[serde(tag = "op", rename_all = "snake_case")]
 enum Request {
     Read,
-    Write {
-        worker: u32,
-        hold: u64,
-        token: Option<u64>,
-        claimed_from: i64,
-        read: u64,
-        value: u64,
-    },
+    Write(Write),
+}
+
+/// One write: who writes (worker index and hold number), with which token, since when it claims
+/// to hold the lock, the value it read and the value it writes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Write {
+    pub worker: u32,
+    pub hold: u64,
+    pub token: Option<u64>,
+    pub claimed_from: i64,
+    pub read: u64,
+    pub value: u64,
 }
 
 #[derive(Default)]
@@ -113,14 +118,14 @@ async fn serve(sock: TcpStream, state: Arc<Mutex<State>>, mode: Mode) -> std::io
                 let st = state.lock().unwrap_or_else(|e| e.into_inner());
                 serde_json::json!({ "value": st.value })
             }
-            Ok(Request::Write {
+            Ok(Request::Write(Write {
                 worker,
                 hold,
                 token,
                 claimed_from,
                 read,
                 value,
-            }) => {
+            })) => {
                 let at = now_us();
                 let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
                 let stale = match (token, st.highest) {
@@ -193,21 +198,10 @@ impl ResourceClient {
     }
 
     /// Writes the counter; whether the resource accepted it.
-    pub async fn write(
-        &mut self,
-        worker: u32,
-        hold: u64,
-        token: Option<u64>,
-        claimed_from: i64,
-        read: u64,
-        value: u64,
-    ) -> std::io::Result<bool> {
-        let v = self
-            .call(serde_json::json!({
-                "op": "write", "worker": worker, "hold": hold, "token": token,
-                "claimed_from": claimed_from, "read": read, "value": value,
-            }))
-            .await?;
+    pub async fn write(&mut self, w: &Write) -> std::io::Result<bool> {
+        let mut req = serde_json::to_value(w).map_err(std::io::Error::other)?;
+        req["op"] = "write".into();
+        let v = self.call(req).await?;
         v["accepted"]
             .as_bool()
             .ok_or_else(|| std::io::Error::other(format!("bad answer {v}")))
@@ -218,27 +212,45 @@ impl ResourceClient {
 mod tests {
     use super::*;
 
+    fn w(
+        worker: u32,
+        hold: u64,
+        token: Option<u64>,
+        claimed_from: i64,
+        read: u64,
+        value: u64,
+    ) -> Write {
+        Write {
+            worker,
+            hold,
+            token,
+            claimed_from,
+            read,
+            value,
+        }
+    }
+
     #[tokio::test]
     async fn enforcing_refuses_lower_and_foreign_equal_tokens() {
         let r = Resource::start(Mode::Enforcing).await.unwrap();
         let mut c = ResourceClient::connect(r.addr()).await.unwrap();
         assert_eq!(c.read().await.unwrap(), 0);
-        assert!(c.write(1, 1, Some(5), 0, 0, 1).await.unwrap());
+        assert!(c.write(&w(1, 1, Some(5), 0, 0, 1)).await.unwrap());
         assert!(
-            c.write(1, 1, Some(5), 0, 1, 2).await.unwrap(),
+            c.write(&w(1, 1, Some(5), 0, 1, 2)).await.unwrap(),
             "same hold again"
         );
         assert!(
-            !c.write(2, 1, Some(4), 0, 2, 3).await.unwrap(),
+            !c.write(&w(2, 1, Some(4), 0, 2, 3)).await.unwrap(),
             "lower token"
         );
         assert!(
-            !c.write(3, 1, Some(5), 0, 2, 3).await.unwrap(),
+            !c.write(&w(3, 1, Some(5), 0, 2, 3)).await.unwrap(),
             "equal, other hold"
         );
-        assert!(c.write(3, 2, Some(6), 0, 2, 3).await.unwrap());
+        assert!(c.write(&w(3, 2, Some(6), 0, 2, 3)).await.unwrap());
         assert!(
-            c.write(4, 1, None, 0, 3, 4).await.unwrap(),
+            c.write(&w(4, 1, None, 0, 3, 4)).await.unwrap(),
             "no token: unchecked"
         );
         let (value, writes) = r.snapshot();
@@ -250,8 +262,8 @@ mod tests {
     async fn log_only_accepts_everything_and_records_it() {
         let r = Resource::start(Mode::LogOnly).await.unwrap();
         let mut c = ResourceClient::connect(r.addr()).await.unwrap();
-        assert!(c.write(1, 1, Some(5), 0, 0, 1).await.unwrap());
-        assert!(c.write(2, 1, Some(4), 0, 0, 1).await.unwrap());
+        assert!(c.write(&w(1, 1, Some(5), 0, 0, 1)).await.unwrap());
+        assert!(c.write(&w(2, 1, Some(4), 0, 0, 1)).await.unwrap());
         let (value, writes) = r.snapshot();
         assert_eq!(value, 1);
         assert_eq!(writes.len(), 2);

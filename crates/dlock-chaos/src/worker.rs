@@ -8,8 +8,8 @@
 //! check can refuse its late write.
 
 use crate::event::{now_us, Event, ReleaseResult};
-use crate::resource::ResourceClient;
-use std::io::Write;
+use crate::resource::{ResourceClient, Write};
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -56,37 +56,30 @@ fn emit(ev: &Event) {
     }
 }
 
+/// Connects to the store and the resource; on failure the exit code and what failed.
+async fn setup(
+    a: &WorkerArgs,
+) -> Result<(dlock::Client, dlock::Mutex, ResourceClient), (i32, String)> {
+    let opts = dlock::ClientOptions::default().lease(Duration::from_millis(a.lease_ms));
+    let client = dlock::connect_with(&a.url, opts)
+        .await
+        .map_err(|e| (69, format!("connect: {e}")))?;
+    let mutex = client
+        .mutex(a.name.clone())
+        .map_err(|e| (64, format!("mutex: {e}")))?;
+    let res = ResourceClient::connect(a.resource)
+        .await
+        .map_err(|e| (69, format!("resource: {e}")))?;
+    Ok((client, mutex, res))
+}
+
 /// Runs the worker loop; returns the process exit code.
 pub async fn run(a: WorkerArgs) -> i32 {
-    let opts = dlock::ClientOptions::default().lease(Duration::from_millis(a.lease_ms));
-    let client = match dlock::connect_with(&a.url, opts).await {
-        Ok(c) => c,
-        Err(e) => {
-            emit(&Event::Error {
-                at: now_us(),
-                what: format!("connect: {e}"),
-            });
-            return 69;
-        }
-    };
-    let mutex = match client.mutex(a.name.clone()) {
-        Ok(m) => m,
-        Err(e) => {
-            emit(&Event::Error {
-                at: now_us(),
-                what: format!("mutex: {e}"),
-            });
-            return 64;
-        }
-    };
-    let mut res = match ResourceClient::connect(a.resource).await {
-        Ok(r) => r,
-        Err(e) => {
-            emit(&Event::Error {
-                at: now_us(),
-                what: format!("resource: {e}"),
-            });
-            return 69;
+    let (_client, mutex, mut res) = match setup(&a).await {
+        Ok(x) => x,
+        Err((code, what)) => {
+            emit(&Event::Error { at: now_us(), what });
+            return code;
         }
     };
     emit(&Event::Ready {
@@ -184,10 +177,15 @@ pub async fn run(a: WorkerArgs) -> i32 {
         let accepted = if !held && !a.naive {
             false
         } else {
-            match res
-                .write(a.index, hold, token, granted, read, read + 1)
-                .await
-            {
+            let w = Write {
+                worker: a.index,
+                hold,
+                token,
+                claimed_from: granted,
+                read,
+                value: read + 1,
+            };
+            match res.write(&w).await {
                 Ok(ok) => ok,
                 Err(e) => {
                     emit(&Event::Error {
