@@ -118,14 +118,8 @@ async fn serve(sock: TcpStream, state: Arc<Mutex<State>>, mode: Mode) -> std::io
                 let st = state.lock().unwrap_or_else(|e| e.into_inner());
                 serde_json::json!({ "value": st.value })
             }
-            Ok(Request::Write(Write {
-                worker,
-                hold,
-                token,
-                claimed_from,
-                read,
-                value,
-            })) => {
+            Ok(Request::Write(w)) => {
+                let (worker, hold, token, value) = (w.worker, w.hold, w.token, w.value);
                 let at = now_us();
                 let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
                 let stale = match (token, st.highest) {
@@ -145,9 +139,9 @@ async fn serve(sock: TcpStream, state: Arc<Mutex<State>>, mode: Mode) -> std::io
                     worker,
                     hold,
                     token,
-                    claimed_from,
+                    claimed_from: w.claimed_from,
                     at,
-                    read,
+                    read: w.read,
                     value,
                     accepted,
                 });
