@@ -1,6 +1,7 @@
 //! `dlock`: run a command under a distributed lock, list and remove locks, and watch a ticket
 //! sale oversell without a lock and not with one.
 
+mod bench;
 mod demo;
 mod exit;
 mod list;
@@ -48,6 +49,9 @@ enum Cmd {
     Demo(DemoArgs),
     #[command(hide = true)]
     DemoBuyer(BuyerArgs),
+    Bench(bench::BenchArgs),
+    #[command(hide = true)]
+    BenchWorker(bench::WorkerArgs),
 }
 
 /// Run a command while holding the mutex NAME.
@@ -300,6 +304,8 @@ fn real_main() -> i32 {
             })
             .await),
             Cmd::Info(a) => list::info(a.json),
+            Cmd::Bench(a) => bench::bench(a).await,
+            Cmd::BenchWorker(a) => bench::worker(a).await,
         }
     });
     match result {

@@ -417,6 +417,20 @@ struct NodeData {
 }
 
 impl ZooKeeperBackend {
+    /// Connects to the ensemble of a `zk://` URL (as [`crate::connect`] does), for callers that
+    /// build the client themselves with [`crate::Client::with_backend`] (`dlock bench` wraps the
+    /// backend to count its calls).
+    #[doc(hidden)]
+    pub async fn connect_url(url: &str) -> Result<Self> {
+        match crate::config::parse(url)? {
+            crate::config::Target::ZooKeeper(t) => Self::connect(&t).await,
+            _ => Err(Error::InvalidConfig(format!(
+                "{} is not a zk:// URL",
+                crate::config::redact_url(url)
+            ))),
+        }
+    }
+
     /// Connects: opens the session and creates the chroot when missing.
     pub(crate) async fn connect(target: &ZkTarget) -> Result<Self> {
         let b = ZooKeeperBackend {

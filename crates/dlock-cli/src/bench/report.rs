@@ -1,0 +1,300 @@
+//! The Markdown report (results.md and stdout).
+
+use super::stats::{fmt_bytes, fmt_us};
+use super::workloads::{Contended, Lib};
+use super::{Report, TargetReport};
+use std::fmt::Write;
+
+fn met(m: Option<bool>) -> &'static str {
+    match m {
+        Some(true) => "met",
+        Some(false) => "**not met**",
+        None => "—",
+    }
+}
+
+/// What an empty cell says: the workload failed, or was not asked for (`--only`).
+fn missing(r: &Report, w: &str) -> String {
+    if r.plan.only.iter().any(|o| o == w) {
+        "error".into()
+    } else {
+        "not run".into()
+    }
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "n/a".into())
+}
+
+fn c1_of(t: &TargetReport, lib: Lib, w: u32, h: u64) -> Option<&Contended> {
+    t.c1.iter()
+        .find(|c| c.lib == lib && c.waiters == w && c.hold_ms == h)
+}
+
+/// Renders the report.
+pub fn markdown(r: &Report) -> String {
+    let mut s = String::new();
+    let m = &r.machine;
+    let _ = writeln!(
+        s,
+        "# dlock bench{}\n",
+        if r.quick {
+            " (--quick: a smoke test, not a measurement)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        s,
+        "- date: {} · took {:.0} s · command: `{}`",
+        r.date, r.duration_s, r.command
+    );
+    let _ = writeln!(
+        s,
+        "- machine: {} CPUs ({}), {} MiB, Linux {}",
+        m.cpus, m.cpu_model, m.mem_mib, m.kernel
+    );
+    let v: Vec<String> = r.versions.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let _ = writeln!(s, "- versions: {}", v.join(", "));
+    for t in &r.targets {
+        let _ = writeln!(
+            s,
+            "- store `{}`: {} ({})",
+            t.label,
+            t.url,
+            t.server.as_deref().unwrap_or("version unknown")
+        );
+    }
+    s.push('\n');
+
+    s.push_str("## Targets\n\n");
+    s.push_str(
+        "| store | U1 p50: dlock / raw floor (≤ 1.2×) | C1 8 waiters, 1 ms hold: % of ideal (≥ 80 %) | C1 64 waiters, 1 ms hold | H1 hand-off p50 in raw round trips (≤ 3 on Redis, PostgreSQL) | F1 fair: max/mean wait, Jain | S1: most names held at once (lost in the window), connections constant |\n|---|---|---|---|---|---|---|\n",
+    );
+    for t in &r.targets {
+        let u1 = t.u1.iter().find(|u| u.lib == Lib::Dlock);
+        let u1s = u1
+            .map(|u| {
+                format!(
+                    "{} / {} = {:.2}× {}",
+                    fmt_us(u.lat.p50_us),
+                    fmt_us(u.floor.p50_us),
+                    u.ratio_p50,
+                    met(Some(u.target_met))
+                )
+            })
+            .unwrap_or_else(|| missing(r, "u1"));
+        let c = |w| {
+            c1_of(t, Lib::Dlock, w, 1)
+                .map(|c| {
+                    format!(
+                        "{:.0}/s of {} = {} {}",
+                        c.acq_per_s,
+                        opt(c.ideal_acq_per_s, |v| format!("{v:.0}/s")),
+                        opt(c.pct_of_ideal, |v| format!("{v:.0} %")),
+                        met(c.target_met)
+                    )
+                })
+                .unwrap_or_else(|| missing(r, "c1"))
+        };
+        let h1 =
+            t.h1.iter()
+                .find(|h| h.lib == Lib::Dlock)
+                .map(|h| {
+                    format!(
+                        "{} = {:.1} RTT (RTT {}) {}",
+                        fmt_us(h.run.handoff_cross.p50_us),
+                        h.p50_in_rtt,
+                        fmt_us(h.rtt_us),
+                        met(h.target_met)
+                    )
+                })
+                .unwrap_or_else(|| missing(r, "h1"));
+        let f1 =
+            t.f1.as_ref()
+                .map(|f| {
+                    format!(
+                        "{:.1}, {:.3}",
+                        f.run.max_over_mean_wait, f.run.jain_acquisitions
+                    )
+                })
+                .unwrap_or_else(|| "n/a".into());
+        let s1 =
+            t.s1.as_ref()
+                .map(|x| {
+                    let top = x.levels.iter().max_by_key(|l| l.held);
+                    format!(
+                        "{} held{}, {}",
+                        top.map(|l| l.held).unwrap_or(0),
+                        top.filter(|l| l.lost > 0)
+                            .map(|l| format!(" (**{} lost**)", l.lost))
+                            .unwrap_or_default(),
+                        if x.conns_constant { "yes" } else { "**no**" }
+                    )
+                })
+                .unwrap_or_else(|| missing(r, "s1"));
+        let _ = writeln!(
+            s,
+            "| {} | {u1s} | {} | {} | {h1} | {f1} | {s1} |",
+            t.label,
+            c(8),
+            c(64)
+        );
+    }
+    s.push_str(
+        "\nIdeal C1 throughput = 1 / (measured mean hold + the raw floor of U1, i.e. one release \
+         and one grant at raw store speed). A raw round trip (RTT) = half the U1 floor. H1 counts \
+         only hand-offs to a waiter in another process (the store's wake-up), from the moment \
+         the holder starts releasing to the waiter's grant.\n\n",
+    );
+
+    s.push_str("## U1 uncontended (one task, acquire + release)\n\n");
+    s.push_str("| store | client | p50 | p99 | pairs/s | raw floor p50 | floor p99 | p50 ratio | mean ratio | 2× SELECT 1 p50 | backend calls per pair | floor |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for t in &r.targets {
+        for u in &t.u1 {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {:.0} | {} | {} | {:.2}× | {:.2}× | {} | {} | {} |",
+                t.label,
+                u.lib.name(),
+                fmt_us(u.lat.p50_us),
+                fmt_us(u.lat.p99_us),
+                u.ops_per_s,
+                fmt_us(u.floor.p50_us),
+                fmt_us(u.floor.p99_us),
+                u.ratio_p50,
+                u.ratio_mean,
+                u.ping
+                    .map(|p| fmt_us(p.p50_us))
+                    .unwrap_or_else(|| "—".into()),
+                opt(u.client_ops_per_pair, |v| format!("{v:.2}")),
+                u.floor_what
+            );
+        }
+    }
+
+    s.push_str("\n## C1 contended (one name, waiters over 4 processes)\n\n");
+    s.push_str("| store | client | waiters | hold | acq/s | ideal | % ideal | wait p50 | wait p99 | wait max | hand-off p50 | store cmds / acq | backend calls / acq | Jain | overlaps | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for t in &r.targets {
+        for c in &t.c1 {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} ms | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {} | {} |",
+                t.label,
+                c.lib.name(),
+                c.waiters,
+                c.hold_ms,
+                c.acq_per_s,
+                opt(c.ideal_acq_per_s, |v| format!("{v:.0}")),
+                opt(c.pct_of_ideal, |v| format!("{v:.0} %")),
+                fmt_us(c.wait.p50_us),
+                fmt_us(c.wait.p99_us),
+                fmt_us(c.wait.max_us),
+                if c.handoff.n > 0 { fmt_us(c.handoff.p50_us) } else { "—".into() },
+                opt(c.store_cmds_per_acq, |v| format!("{v:.1}")),
+                opt(c.client_ops_per_acq, |v| format!("{v:.1}")),
+                c.jain_acquisitions,
+                c.overlaps,
+                c.errors
+            );
+        }
+    }
+
+    s.push_str("\n## H1 hand-off latency (2 processes × 1 waiter taking turns: hold 1 ms, 0.3 ms outside)\n\n");
+    s.push_str("| store | client | cross-process hand-offs | p50 | p99 | raw RTT | p50 in RTT | p99 in RTT | target | SELECT 1 RTT | p50 in SELECT 1 RTT |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for t in &r.targets {
+        for h in &t.h1 {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} |",
+                t.label,
+                h.lib.name(),
+                h.run.handoff_cross.n,
+                fmt_us(h.run.handoff_cross.p50_us),
+                fmt_us(h.run.handoff_cross.p99_us),
+                fmt_us(h.rtt_us),
+                h.p50_in_rtt,
+                h.p99_in_rtt,
+                met(h.target_met),
+                h.ping_rtt_us.map(fmt_us).unwrap_or_else(|| "—".into()),
+                opt(h.p50_in_ping_rtt, |v| format!("{v:.1}"))
+            );
+        }
+    }
+
+    s.push_str("\n## F1 fairness (8 waiters over 4 processes, hold 1 ms)\n\n");
+    s.push_str("| store | fair: acq/s | fair: max/mean wait | fair: Jain (acquisitions per waiter) | not fair: max/mean wait | not fair: Jain |\n|---|---|---|---|---|---|\n");
+    for t in &r.targets {
+        if let Some(f) = &t.f1 {
+            let _ = writeln!(
+                s,
+                "| {} | {:.0} | {:.1} | {:.3} | {} | {} |",
+                t.label,
+                f.run.acq_per_s,
+                f.run.max_over_mean_wait,
+                f.run.jain_acquisitions,
+                f.unfair
+                    .as_ref()
+                    .map(|u| format!("{:.1}", u.max_over_mean_wait))
+                    .unwrap_or_else(|| "—".into()),
+                f.unfair
+                    .as_ref()
+                    .map(|u| format!("{:.3}", u.jain_acquisitions))
+                    .unwrap_or_else(|| "—".into()),
+            );
+        }
+    }
+
+    s.push_str("\n## S1 many locks held by one client\n\n");
+    s.push_str("| store | names | held | acquire time | client RSS / hold | store memory / hold | connections before → holding | extend calls/s | holds renewed/s | store cmds/s | lost |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for t in &r.targets {
+        if let Some(x) = &t.s1 {
+            for l in &x.levels {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {}{} | {:.2} s | {} | {} | {} → {} | {:.1} | {:.0} | {} | {} |",
+                    t.label,
+                    l.names,
+                    l.held,
+                    if l.complete { "" } else { " (time limit)" },
+                    l.acquire_s,
+                    fmt_bytes(l.client_bytes_per_hold),
+                    opt(l.store_bytes_per_hold, fmt_bytes),
+                    l.conns_before,
+                    l.conns_after,
+                    l.extend_calls_per_s,
+                    l.holds_renewed_per_s,
+                    opt(l.store_cmds_per_s, |v| format!("{v:.0}")),
+                    l.lost
+                );
+            }
+        }
+    }
+    if let Some(x) = r.targets.iter().find_map(|t| t.s1.as_ref()) {
+        let _ = writeln!(
+            s,
+            "\nS1 holds use a {} ms lease (renewed every third of it, batched per client).",
+            x.lease_ms
+        );
+    }
+
+    s.push_str("\n## What the store-side figures count\n\n");
+    for t in &r.targets {
+        let _ = writeln!(
+            s,
+            "- {}: commands = {}; memory = {}; background before the run: {:.0}/s (subtracted)",
+            t.label, t.commands_what, t.memory_what, t.background_cmds_per_s
+        );
+    }
+    let errs: Vec<String> = r
+        .targets
+        .iter()
+        .flat_map(|t| t.errors.iter().map(move |e| format!("- {}: {e}", t.label)))
+        .collect();
+    if !errs.is_empty() {
+        s.push_str("\n## Not measured\n\n");
+        s.push_str(&errs.join("\n"));
+        s.push('\n');
+    }
+    s
+}

@@ -1,0 +1,1019 @@
+//! What the bench knows about a store: its URL and kind, a dlock client whose backend calls are
+//! counted, the raw floor (the same client library without lock logic), and probes of the
+//! store's own counters (commands, memory) and of this process's connections to it.
+
+use dlock::backend::{
+    Attempt, Backend, Busy, Capabilities, Extended, HoldRef, LockInfo, Released, Request,
+};
+use dlock::{Client, ClientOptions, LockName};
+use serde::Serialize;
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The kind of store behind a URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// `sqlite:`
+    Sqlite,
+    /// `redis://`, `rediss://`
+    Redis,
+    /// `redlock://`
+    Redlock,
+    /// `postgres://`
+    Postgres,
+    /// `mysql://`, `mariadb://`
+    Mysql,
+    /// `zk://`
+    Zk,
+}
+
+impl Kind {
+    /// The short name shown in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Sqlite => "sqlite",
+            Kind::Redis => "redis",
+            Kind::Redlock => "redlock",
+            Kind::Postgres => "postgres",
+            Kind::Mysql => "mysql",
+            Kind::Zk => "zookeeper",
+        }
+    }
+}
+
+/// One store to bench.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The URL given (or made) for dlock, with the bench's own table option added for SQL.
+    pub url: String,
+    /// The URL without its password, for reports.
+    pub shown: String,
+    /// The kind of store.
+    pub kind: Kind,
+    /// `host:port` of every server (empty for SQLite).
+    pub servers: Vec<(String, u16)>,
+    /// Userinfo (`user:pass@`) of the URL, reused for raw connections.
+    pub userinfo: String,
+    /// The SQLite file.
+    pub sqlite_path: Option<PathBuf>,
+    /// Tables the bench created and drops at the end (SQL stores, when it chose the table).
+    pub own_tables: bool,
+}
+
+/// The table the bench uses on SQL stores unless the URL names one.
+pub const BENCH_TABLE: &str = "dlock_bench";
+
+fn pct_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Some(v) = std::str::from_utf8(&b[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Target {
+    /// Reads a store URL. Errors are messages for the user.
+    pub fn parse(url: &str) -> Result<Target, String> {
+        let (scheme, rest) = url
+            .split_once(':')
+            .ok_or_else(|| format!("{url:?} is not a store URL"))?;
+        let kind =
+            match scheme {
+                "sqlite" => Kind::Sqlite,
+                "redis" | "rediss" => Kind::Redis,
+                "redlock" => Kind::Redlock,
+                "postgres" | "postgresql" => Kind::Postgres,
+                "mysql" | "mariadb" => Kind::Mysql,
+                "zk" => Kind::Zk,
+                "mem" => return Err(
+                    "mem:// lives in one process: bench a shared store (sqlite, redis, redlock, \
+                     postgres, mysql, zk)"
+                        .into(),
+                ),
+                _ => return Err(format!("unknown store scheme {scheme:?} in --url")),
+            };
+        let shown = dlock::redact_url(url);
+        if kind == Kind::Sqlite {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            let path = path.split('?').next().unwrap_or(path);
+            return Ok(Target {
+                url: url.to_string(),
+                shown,
+                kind,
+                servers: Vec::new(),
+                userinfo: String::new(),
+                sqlite_path: Some(PathBuf::from(pct_decode(path))),
+                own_tables: false,
+            });
+        }
+        let rest = rest
+            .strip_prefix("//")
+            .ok_or_else(|| format!("{shown}: expected {scheme}://host…"))?;
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let authority = &rest[..end];
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (format!("{u}@"), h),
+            None => (String::new(), authority),
+        };
+        let default_port = match kind {
+            Kind::Redis | Kind::Redlock => 6379,
+            Kind::Postgres => 5432,
+            Kind::Mysql => 3306,
+            Kind::Zk => 2181,
+            Kind::Sqlite => 0,
+        };
+        let mut servers = Vec::new();
+        for h in hosts.split(',').filter(|h| !h.is_empty()) {
+            let (host, port) = match h.rsplit_once(':') {
+                Some((host, p)) if !host.ends_with(']') || h.starts_with('[') => (
+                    host.to_string(),
+                    p.parse::<u16>()
+                        .map_err(|_| format!("{shown}: bad port in {h:?}"))?,
+                ),
+                _ => (h.to_string(), default_port),
+            };
+            servers.push((host, port));
+        }
+        if servers.is_empty() {
+            return Err(format!("{shown}: no server in the URL"));
+        }
+        let mut url = url.to_string();
+        let mut own_tables = false;
+        if matches!(kind, Kind::Postgres | Kind::Mysql) && !url.contains("table=") {
+            url.push(if url.contains('?') { '&' } else { '?' });
+            url.push_str("table=");
+            url.push_str(BENCH_TABLE);
+            own_tables = true;
+        }
+        Ok(Target {
+            url,
+            shown,
+            kind,
+            servers,
+            userinfo,
+            sqlite_path: None,
+            own_tables,
+        })
+    }
+
+    /// A short label for tables: the kind and, for several servers, their number.
+    pub fn label(&self) -> String {
+        match self.kind {
+            Kind::Redlock => format!("redlock×{}", self.servers.len()),
+            Kind::Zk => format!("zookeeper×{}", self.servers.len()),
+            k => k.name().to_string(),
+        }
+    }
+
+    /// `redis://[userinfo]host:port/` of each Redis server (Redis and Redlock).
+    pub fn redis_urls(&self) -> Vec<String> {
+        let tls = self.url.starts_with("rediss://");
+        let db = if self.kind == Kind::Redis {
+            // Keep the database number of a single-server URL.
+            let rest = &self.url[self.url.find("://").map(|i| i + 3).unwrap_or(0)..];
+            rest.find('/')
+                .map(|i| rest[i + 1..].split('?').next().unwrap_or("").to_string())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        self.servers
+            .iter()
+            .map(|(h, p)| {
+                format!(
+                    "{}://{}{h}:{p}/{db}",
+                    if tls { "rediss" } else { "redis" },
+                    self.userinfo
+                )
+            })
+            .collect()
+    }
+
+    /// The URL without dlock's own query options (for sqlx).
+    pub fn plain_sql_url(&self) -> String {
+        self.url.split('?').next().unwrap_or(&self.url).to_string()
+    }
+}
+
+/// Backend calls made by one client (client-side counts, exact).
+#[derive(Debug, Default)]
+pub struct Counts {
+    /// `acquire` calls (attempts).
+    pub acquire: AtomicU64,
+    /// `wait` calls.
+    pub wait: AtomicU64,
+    /// `release` calls.
+    pub release: AtomicU64,
+    /// `extend` calls (one per renewal batch).
+    pub extend: AtomicU64,
+    /// Holds extended (summed over `extend` calls).
+    pub extended: AtomicU64,
+    /// `cancel` calls.
+    pub cancel: AtomicU64,
+}
+
+/// A snapshot of [`Counts`].
+#[derive(Debug, Clone, Copy, Default, Serialize, serde::Deserialize)]
+pub struct CountSnap {
+    /// `acquire` calls.
+    pub acquire: u64,
+    /// `wait` calls.
+    pub wait: u64,
+    /// `release` calls.
+    pub release: u64,
+    /// `extend` calls.
+    pub extend: u64,
+    /// Holds extended.
+    pub extended: u64,
+    /// `cancel` calls.
+    pub cancel: u64,
+}
+
+impl Counts {
+    /// The current values.
+    pub fn snap(&self) -> CountSnap {
+        CountSnap {
+            acquire: self.acquire.load(Ordering::Relaxed),
+            wait: self.wait.load(Ordering::Relaxed),
+            release: self.release.load(Ordering::Relaxed),
+            extend: self.extend.load(Ordering::Relaxed),
+            extended: self.extended.load(Ordering::Relaxed),
+            cancel: self.cancel.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl CountSnap {
+    /// Calls that reach the store (acquire, release, extend, cancel; `wait` may not).
+    pub fn store_calls(&self) -> u64 {
+        self.acquire + self.release + self.extend + self.cancel
+    }
+
+    /// Adds another snapshot.
+    pub fn add(&mut self, o: &CountSnap) {
+        self.acquire += o.acquire;
+        self.wait += o.wait;
+        self.release += o.release;
+        self.extend += o.extend;
+        self.extended += o.extended;
+        self.cancel += o.cancel;
+    }
+}
+
+/// A backend that counts the calls the core makes and passes them on.
+#[derive(Debug)]
+struct Counting {
+    inner: Arc<dyn Backend>,
+    counts: Arc<Counts>,
+}
+
+#[async_trait::async_trait]
+impl Backend for Counting {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(&self, req: &Request<'_>) -> dlock::Result<Attempt> {
+        self.counts.acquire.fetch_add(1, Ordering::Relaxed);
+        self.inner.acquire(req).await
+    }
+    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> dlock::Result<()> {
+        self.counts.wait.fetch_add(1, Ordering::Relaxed);
+        self.inner.wait(req, busy, until).await
+    }
+    async fn cancel(&self, req: &Request<'_>) -> dlock::Result<()> {
+        self.counts.cancel.fetch_add(1, Ordering::Relaxed);
+        self.inner.cancel(req).await
+    }
+    async fn release(&self, hold: &HoldRef<'_>) -> dlock::Result<Released> {
+        self.counts.release.fetch_add(1, Ordering::Relaxed);
+        self.inner.release(hold).await
+    }
+    async fn extend(&self, holds: &[HoldRef<'_>]) -> dlock::Result<Vec<Extended>> {
+        self.counts.extend.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .extended
+            .fetch_add(holds.len() as u64, Ordering::Relaxed);
+        self.inner.extend(holds).await
+    }
+    async fn describe(&self, prefix: &str) -> dlock::Result<Vec<LockInfo>> {
+        self.inner.describe(prefix).await
+    }
+    async fn force_release(&self, name: &LockName) -> dlock::Result<u64> {
+        self.inner.force_release(name).await
+    }
+}
+
+/// Opens the backend of `url` the way `dlock::connect` does.
+async fn open_backend(t: &Target) -> dlock::Result<Arc<dyn Backend>> {
+    use dlock::backend as b;
+    Ok(match t.kind {
+        Kind::Sqlite => {
+            let path = t
+                .sqlite_path
+                .as_ref()
+                .ok_or_else(|| dlock::Error::InvalidConfig("no sqlite path".into()))?;
+            Arc::new(b::sqlite::SqliteBackend::open(path).await?)
+        }
+        Kind::Redis => Arc::new(b::redis::RedisBackend::connect(&t.url).await?),
+        Kind::Redlock => Arc::new(b::redlock::RedlockBackend::connect(&t.url).await?),
+        Kind::Postgres | Kind::Mysql => Arc::new(b::sql::SqlBackend::open(&t.url).await?),
+        Kind::Zk => Arc::new(b::zookeeper::ZooKeeperBackend::connect_url(&t.url).await?),
+    })
+}
+
+/// A dlock client on `t` whose backend calls are counted.
+pub async fn counted_client(t: &Target, lease: Duration) -> dlock::Result<(Client, Arc<Counts>)> {
+    let counts = Arc::new(Counts::default());
+    let backend = Arc::new(Counting {
+        inner: open_backend(t).await?,
+        counts: counts.clone(),
+    });
+    let client = Client::with_backend(backend, &t.url, ClientOptions::default().lease(lease))?;
+    Ok((client, counts))
+}
+
+/// Runs `f` with a time limit; a store that does not answer is an error, never a hang.
+pub async fn limit<T, E: std::fmt::Display>(
+    what: &str,
+    d: Duration,
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(d, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Err(_) => Err(format!("{what}: no answer within {d:?}")),
+    }
+}
+
+const OP: Duration = Duration::from_secs(10);
+
+/// The raw floor of one acquire + release: the same client library, no lock logic.
+pub enum Floor {
+    /// Redis / Redlock: `SET` then `EVALSHA` of a no-op script on each server (dlock's own
+    /// connection type), the servers of Redlock in parallel.
+    Redis(Vec<dlock::backend::redis::RedisBackend>),
+    /// SQL stores and SQLite through sqlx `Any` (the driver dlock uses): one autocommitted
+    /// `INSERT` and one `DELETE` of a row (a lock without rules), and `SELECT 1` pings.
+    Sql {
+        /// One connection.
+        pool: sqlx::AnyPool,
+        /// `$1` placeholders (PostgreSQL) or `?`.
+        dollar: bool,
+        /// The row name's prefix; every pair uses a new name (as dlock's holds have new owners),
+        /// so the floor does not pile up dead versions of one key.
+        key: String,
+        /// Pairs done.
+        seq: AtomicU64,
+    },
+    /// ZooKeeper: create and delete an ephemeral node with `zookeeper-client`.
+    Zk {
+        /// The session.
+        client: zookeeper_client::Client,
+        /// The node.
+        path: String,
+    },
+}
+
+/// What the floor measures, for the report.
+pub fn floor_what(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Redis => "SET + EVALSHA(no-op), 2 round trips",
+        Kind::Redlock => "SET + EVALSHA(no-op) on every server in parallel, 2 rounds",
+        Kind::Postgres | Kind::Mysql | Kind::Sqlite => {
+            "INSERT + DELETE of one row, autocommit (2 statements); ping = 2× SELECT 1"
+        }
+        Kind::Zk => "create + delete of an ephemeral node",
+    }
+}
+
+/// The floor's table on SQL stores.
+const FLOOR_TABLE: &str = "dlock_bench_floor";
+
+impl Floor {
+    /// Connects the floor's client.
+    pub async fn open(t: &Target, run: &str) -> Result<Floor, String> {
+        match t.kind {
+            Kind::Redis | Kind::Redlock => {
+                let mut v = Vec::new();
+                for u in t.redis_urls() {
+                    let u = format!("{u}?prefix=dlockbench:");
+                    v.push(
+                        limit(
+                            "raw redis connection",
+                            OP,
+                            dlock::backend::redis::RedisBackend::connect(&u),
+                        )
+                        .await?,
+                    );
+                }
+                Ok(Floor::Redis(v))
+            }
+            Kind::Postgres | Kind::Mysql | Kind::Sqlite => {
+                sqlx::any::install_default_drivers();
+                let (url, dollar) = match t.kind {
+                    Kind::Sqlite => {
+                        let p = t.sqlite_path.as_ref().ok_or("no sqlite path")?;
+                        (format!("sqlite://{}?mode=rwc", p.display()), false)
+                    }
+                    Kind::Postgres => (t.plain_sql_url(), true),
+                    _ => (t.plain_sql_url(), false),
+                };
+                let pool = limit(
+                    "raw sql connection",
+                    OP,
+                    sqlx::any::AnyPoolOptions::new()
+                        .max_connections(1)
+                        .min_connections(1)
+                        // As dlock's pools: SQLite's does not ping, the servers' do.
+                        .test_before_acquire(t.kind != Kind::Sqlite)
+                        .connect(&url),
+                )
+                .await?;
+                if t.kind == Kind::Sqlite {
+                    // The settings dlock's SQLite store uses.
+                    for p in [
+                        "PRAGMA journal_mode=WAL",
+                        "PRAGMA synchronous=FULL",
+                        "PRAGMA busy_timeout=5000",
+                    ] {
+                        limit("sqlite pragma", OP, sqlx::query(p).execute(&pool)).await?;
+                    }
+                }
+                let ddl = format!(
+                    "CREATE TABLE IF NOT EXISTS {FLOOR_TABLE} (name VARCHAR(255) PRIMARY KEY, \
+                     owner VARCHAR(64) NOT NULL, expires_ms BIGINT NOT NULL)"
+                );
+                limit("create floor table", OP, sqlx::query(&ddl).execute(&pool)).await?;
+                Ok(Floor::Sql {
+                    pool,
+                    dollar,
+                    key: format!("floor/{run}/"),
+                    seq: AtomicU64::new(0),
+                })
+            }
+            Kind::Zk => {
+                let hosts: Vec<String> =
+                    t.servers.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+                let client = limit(
+                    "raw zookeeper session",
+                    OP,
+                    zookeeper_client::Client::connect(&hosts.join(",")),
+                )
+                .await?;
+                Ok(Floor::Zk {
+                    client,
+                    path: format!("/dlock-bench-floor-{run}"),
+                })
+            }
+        }
+    }
+
+    /// One raw acquire + release equivalent.
+    pub async fn once(&self) -> Result<(), String> {
+        match self {
+            Floor::Redis(servers) => {
+                let r = join(servers.iter().map(|s| s.raw_set())).await;
+                r.into_iter()
+                    .collect::<dlock::Result<Vec<()>>>()
+                    .map_err(|e| e.to_string())?;
+                let r = join(servers.iter().map(|s| s.raw_evalsha())).await;
+                r.into_iter()
+                    .collect::<dlock::Result<Vec<()>>>()
+                    .map_err(|e| e.to_string())?;
+                Ok(())
+            }
+            Floor::Sql {
+                pool,
+                dollar,
+                key,
+                seq,
+            } => {
+                let key = format!("{key}{}", seq.fetch_add(1, Ordering::Relaxed));
+                let (ins, del) = if *dollar {
+                    (
+                        format!(
+                            "INSERT INTO {FLOOR_TABLE} (name, owner, expires_ms) VALUES ($1, $2, $3)"
+                        ),
+                        format!("DELETE FROM {FLOOR_TABLE} WHERE name = $1 AND owner = $2"),
+                    )
+                } else {
+                    (
+                        format!(
+                            "INSERT INTO {FLOOR_TABLE} (name, owner, expires_ms) VALUES (?, ?, ?)"
+                        ),
+                        format!("DELETE FROM {FLOOR_TABLE} WHERE name = ? AND owner = ?"),
+                    )
+                };
+                let owner = "0123456789abcdef0123456789abcdef";
+                limit(
+                    "floor insert",
+                    OP,
+                    sqlx::query(&ins)
+                        .bind(key.as_str())
+                        .bind(owner)
+                        .bind(30_000_i64)
+                        .execute(pool),
+                )
+                .await?;
+                limit(
+                    "floor delete",
+                    OP,
+                    sqlx::query(&del)
+                        .bind(key.as_str())
+                        .bind(owner)
+                        .execute(pool),
+                )
+                .await?;
+                Ok(())
+            }
+            Floor::Zk { client, path } => {
+                let opts = zookeeper_client::CreateMode::Ephemeral
+                    .with_acls(zookeeper_client::Acls::anyone_all());
+                limit("floor create", OP, client.create(path, b"", &opts)).await?;
+                limit("floor delete", OP, client.delete(path, None)).await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Two `SELECT 1` round trips (SQL stores only).
+    pub async fn ping(&self) -> Option<Result<(), String>> {
+        match self {
+            Floor::Sql { pool, .. } => Some(
+                async {
+                    for _ in 0..2 {
+                        limit("ping", OP, sqlx::query("SELECT 1").execute(pool)).await?;
+                    }
+                    Ok(())
+                }
+                .await,
+            ),
+            _ => None,
+        }
+    }
+
+    /// Drops the floor's table (SQL).
+    pub async fn cleanup(&self) {
+        if let Floor::Sql { pool, .. } = self {
+            let _ = limit(
+                "drop floor table",
+                OP,
+                sqlx::query(&format!("DROP TABLE IF EXISTS {FLOOR_TABLE}")).execute(pool),
+            )
+            .await;
+            pool.close().await;
+        }
+    }
+}
+
+/// Runs futures concurrently on the current task and collects their outputs in order.
+pub async fn join<F: std::future::Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
+    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    let mut futs: Vec<Option<_>> = futs.into_iter().map(Some).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, slot) in futs.iter_mut().enumerate() {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        outs[i] = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outs.into_iter().flatten().collect()
+}
+
+/// The store's own counters: commands (or transactions, statements, packets) served and memory
+/// used, read from the server. `None` where the store has no such counter.
+pub struct Probe {
+    kind: Kind,
+    redis: Vec<redis::aio::MultiplexedConnection>,
+    sql: Option<sqlx::AnyPool>,
+    zk: Vec<(String, u16)>,
+    sqlite: Option<PathBuf>,
+}
+
+/// What [`Probe::commands`] counts on each kind of store.
+pub fn commands_what(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Redis | Kind::Redlock => {
+            "commands (INFO commandstats summed over servers: every EVALSHA and every command \
+             its Lua script runs, PUBLISH, SUBSCRIBE…; INFO excluded)"
+        }
+        Kind::Postgres => "transactions (pg_stat_database xact_commit+xact_rollback)",
+        Kind::Mysql => "statements (SHOW GLOBAL STATUS Questions)",
+        Kind::Zk => "packets received (mntr zk_packets_received, all servers)",
+        Kind::Sqlite => "n/a (no server)",
+    }
+}
+
+/// What [`Probe::memory`] measures.
+pub fn memory_what(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Redis | Kind::Redlock => "INFO memory used_memory (sum over servers)",
+        Kind::Postgres => "pg_total_relation_size of the dlock_bench tables",
+        Kind::Mysql => "data_length + index_length of the dlock_bench tables (after ANALYZE)",
+        Kind::Zk => "mntr zk_approximate_data_size (one server; each keeps a full copy)",
+        Kind::Sqlite => "file size of the database and its WAL",
+    }
+}
+
+impl Probe {
+    /// Connects the probe (its own connections, not counted as dlock's).
+    pub async fn open(t: &Target) -> Result<Probe, String> {
+        let mut p = Probe {
+            kind: t.kind,
+            redis: Vec::new(),
+            sql: None,
+            zk: Vec::new(),
+            sqlite: t.sqlite_path.clone(),
+        };
+        match t.kind {
+            Kind::Redis | Kind::Redlock => {
+                for u in t.redis_urls() {
+                    let c = redis::Client::open(u.as_str()).map_err(|e| e.to_string())?;
+                    p.redis.push(
+                        limit("redis probe", OP, c.get_multiplexed_async_connection()).await?,
+                    );
+                }
+            }
+            Kind::Postgres | Kind::Mysql => {
+                sqlx::any::install_default_drivers();
+                p.sql = Some(
+                    limit(
+                        "sql probe",
+                        OP,
+                        sqlx::any::AnyPoolOptions::new()
+                            .max_connections(1)
+                            .connect(&t.plain_sql_url()),
+                    )
+                    .await?,
+                );
+            }
+            Kind::Zk => p.zk = t.servers.clone(),
+            Kind::Sqlite => {}
+        }
+        Ok(p)
+    }
+
+    async fn redis_info(&self, section: &str) -> Result<Vec<String>, String> {
+        let mut out = Vec::new();
+        for c in &self.redis {
+            let mut c = c.clone();
+            let s: String = limit(
+                "INFO",
+                OP,
+                redis::cmd("INFO")
+                    .arg(section)
+                    .query_async::<String>(&mut c),
+            )
+            .await?;
+            out.push(s);
+        }
+        Ok(out)
+    }
+
+    async fn mntr(&self, host: &str, port: u16) -> Result<String, String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let f = async {
+            let mut s = tokio::net::TcpStream::connect((host, port)).await?;
+            s.write_all(b"mntr").await?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).await?;
+            Ok::<_, std::io::Error>(out)
+        };
+        limit("zookeeper mntr", OP, f).await
+    }
+
+    fn field(text: &str, key: &str) -> Option<f64> {
+        text.lines().find_map(|l| {
+            let l = l.trim();
+            let rest = l.strip_prefix(key)?;
+            let v = rest.trim_start_matches([':', '\t', ' ']);
+            v.trim().parse::<f64>().ok()
+        })
+    }
+
+    /// Commands served by the store so far (see [`commands_what`]).
+    pub async fn commands(&self) -> Result<Option<f64>, String> {
+        match self.kind {
+            Kind::Redis | Kind::Redlock => {
+                let mut total = 0.0;
+                for s in self.redis_info("commandstats").await? {
+                    for l in s.lines() {
+                        let Some(rest) = l.strip_prefix("cmdstat_") else {
+                            continue;
+                        };
+                        if rest.starts_with("info:") {
+                            continue;
+                        }
+                        if let Some(calls) = rest
+                            .split([':', ','])
+                            .find_map(|kv| kv.strip_prefix("calls="))
+                        {
+                            total += calls.parse::<f64>().unwrap_or(0.0);
+                        }
+                    }
+                }
+                Ok(Some(total))
+            }
+            Kind::Postgres => {
+                let pool = self.sql.as_ref().ok_or("no probe")?;
+                let v: i64 = limit(
+                    "pg_stat_database",
+                    OP,
+                    sqlx::query_scalar(
+                        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database \
+                         WHERE datname = current_database()",
+                    )
+                    .fetch_one(pool),
+                )
+                .await?;
+                Ok(Some(v as f64))
+            }
+            Kind::Mysql => {
+                let pool = self.sql.as_ref().ok_or("no probe")?;
+                let row: (String, String) = limit(
+                    "SHOW GLOBAL STATUS",
+                    OP,
+                    sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Questions'").fetch_one(pool),
+                )
+                .await?;
+                Ok(row.1.parse::<f64>().ok())
+            }
+            Kind::Zk => {
+                let mut total = 0.0;
+                for (h, p) in &self.zk {
+                    let s = self.mntr(h, *p).await?;
+                    total += Self::field(&s, "zk_packets_received").unwrap_or(0.0);
+                }
+                Ok(Some(total))
+            }
+            Kind::Sqlite => Ok(None),
+        }
+    }
+
+    /// Memory (or disk) the store uses for locks (see [`memory_what`]), in bytes.
+    pub async fn memory(&self) -> Result<Option<f64>, String> {
+        match self.kind {
+            Kind::Redis | Kind::Redlock => {
+                let mut total = 0.0;
+                for s in self.redis_info("memory").await? {
+                    total += Self::field(&s, "used_memory").unwrap_or(0.0);
+                }
+                Ok(Some(total))
+            }
+            Kind::Postgres => {
+                let pool = self.sql.as_ref().ok_or("no probe")?;
+                let v: i64 = limit(
+                    "table size",
+                    OP,
+                    sqlx::query_scalar(
+                        "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0)::bigint \
+                         FROM pg_class c WHERE c.relkind = 'r' AND c.relname LIKE 'dlock\\_bench%'",
+                    )
+                    .fetch_one(pool),
+                )
+                .await?;
+                Ok(Some(v as f64))
+            }
+            Kind::Mysql => {
+                let pool = self.sql.as_ref().ok_or("no probe")?;
+                for t in ["", "_queue", "_fences"] {
+                    let _ = limit(
+                        "ANALYZE TABLE",
+                        OP,
+                        sqlx::query(&format!("ANALYZE TABLE {BENCH_TABLE}{t}")).execute(pool),
+                    )
+                    .await;
+                }
+                let v: i64 = limit(
+                    "table size",
+                    OP,
+                    sqlx::query_scalar(
+                        "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED) \
+                         FROM information_schema.tables WHERE table_schema = DATABASE() \
+                         AND table_name LIKE 'dlock\\_bench%'",
+                    )
+                    .fetch_one(pool),
+                )
+                .await?;
+                Ok(Some(v as f64))
+            }
+            Kind::Zk => {
+                let (h, p) = self.zk.first().ok_or("no server")?;
+                let s = self.mntr(h, *p).await?;
+                Ok(Self::field(&s, "zk_approximate_data_size"))
+            }
+            Kind::Sqlite => {
+                let Some(p) = &self.sqlite else {
+                    return Ok(None);
+                };
+                let mut total = 0.0;
+                for suffix in ["", "-wal"] {
+                    let mut f = p.clone().into_os_string();
+                    f.push(suffix);
+                    if let Ok(m) = std::fs::metadata(&f) {
+                        total += m.len() as f64;
+                    }
+                }
+                Ok(Some(total))
+            }
+        }
+    }
+
+    /// The server's version, for the report.
+    pub async fn version(&self) -> Option<String> {
+        match self.kind {
+            Kind::Redis | Kind::Redlock => {
+                let s = self.redis_info("server").await.ok()?;
+                s.first()?.lines().find_map(|l| {
+                    l.trim()
+                        .strip_prefix("redis_version:")
+                        .map(|v| format!("Redis {v}"))
+                })
+            }
+            Kind::Postgres | Kind::Mysql => {
+                let pool = self.sql.as_ref()?;
+                let q = if self.kind == Kind::Postgres {
+                    "SELECT version()"
+                } else {
+                    "SELECT CONCAT('MySQL/MariaDB ', VERSION())"
+                };
+                let v: String = limit("version", OP, sqlx::query_scalar(q).fetch_one(pool))
+                    .await
+                    .ok()?;
+                Some(v.split(" on ").next().unwrap_or(&v).to_string())
+            }
+            Kind::Zk => {
+                let (h, p) = self.zk.first()?;
+                let s = self.mntr(h, *p).await.ok()?;
+                s.lines().find_map(|l| {
+                    l.strip_prefix("zk_version")
+                        .map(|v| format!("ZooKeeper {}", v.trim().split(',').next().unwrap_or("")))
+                })
+            }
+            Kind::Sqlite => Some("SQLite (bundled with sqlx)".into()),
+        }
+    }
+
+    /// Removes what the bench left in the store: Redis keys of this run (the fence counters
+    /// never expire), the bench's SQL tables.
+    pub async fn cleanup(&self, t: &Target, run: &str) {
+        for c in &self.redis {
+            let mut c = c.clone();
+            let pattern = format!("*dlockbench/{run}*");
+            let mut cursor: u64 = 0;
+            for _ in 0..100_000 {
+                let r: Result<(u64, Vec<String>), String> = limit(
+                    "SCAN",
+                    OP,
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(1000)
+                        .query_async::<(u64, Vec<String>)>(&mut c),
+                )
+                .await;
+                let Ok((next, keys)) = r else { break };
+                if !keys.is_empty() {
+                    let _ = limit(
+                        "DEL",
+                        OP,
+                        redis::cmd("DEL").arg(&keys).query_async::<i64>(&mut c),
+                    )
+                    .await;
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        if let (Some(pool), true) = (&self.sql, t.own_tables) {
+            for s in ["", "_queue", "_fences", "_meta"] {
+                let _ = limit(
+                    "DROP TABLE",
+                    Duration::from_secs(30),
+                    sqlx::query(&format!("DROP TABLE IF EXISTS {BENCH_TABLE}{s}")).execute(pool),
+                )
+                .await;
+            }
+        }
+        if let Some(pool) = &self.sql {
+            pool.close().await;
+        }
+    }
+}
+
+/// This process's resident memory in bytes (`/proc/self/statm`).
+pub fn rss_bytes() -> f64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .map(|pages| pages * 4096.0)
+        .unwrap_or(0.0)
+}
+
+/// Connections this process has open to the store: established TCP connections to its
+/// servers' ports (from `/proc/self/fd` and `/proc/net/tcp{,6}`), or for SQLite the open file
+/// descriptors of the database file.
+pub fn connections(t: &Target) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    let links: Vec<PathBuf> = dir
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .collect();
+    if let Some(p) = &t.sqlite_path {
+        let canon = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        return links.iter().filter(|l| **l == canon).count();
+    }
+    let inodes: HashSet<String> = links
+        .iter()
+        .filter_map(|l| {
+            let s = l.to_string_lossy();
+            s.strip_prefix("socket:[")
+                .and_then(|r| r.strip_suffix(']'))
+                .map(str::to_string)
+        })
+        .collect();
+    let ports: HashSet<u16> = t.servers.iter().map(|(_, p)| *p).collect();
+    let mut n = 0;
+    for f in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() < 10 || cols[3] != "01" {
+                continue;
+            }
+            let port = cols[2]
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if port.is_some_and(|p| ports.contains(&p)) && inodes.contains(cols[9]) {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let t = Target::parse("redlock://a:1,b:2,c:3?drift=1%").unwrap();
+        assert_eq!(t.kind, Kind::Redlock);
+        assert_eq!(t.servers.len(), 3);
+        assert_eq!(t.redis_urls()[1], "redis://b:2/");
+        let t = Target::parse("redis://u:pw@127.0.0.1:6379/2").unwrap();
+        assert_eq!(t.redis_urls(), vec!["redis://u:pw@127.0.0.1:6379/2"]);
+        assert!(!t.shown.contains("pw"));
+        let t = Target::parse("postgres://postgres@127.0.0.1/test").unwrap();
+        assert_eq!(t.servers, vec![("127.0.0.1".to_string(), 5432)]);
+        assert!(t.url.ends_with("?table=dlock_bench") && t.own_tables);
+        let t = Target::parse("sqlite:///tmp/a%20b.db").unwrap();
+        assert_eq!(t.sqlite_path, Some(PathBuf::from("/tmp/a b.db")));
+        assert!(Target::parse("mem://").is_err());
+        assert!(Target::parse("ftp://x").is_err());
+    }
+}

@@ -1,0 +1,309 @@
+//! `dlock bench-worker` (hidden): one process of a contended workload. It connects, prints
+//! `ready`, waits for `go START_NS END_NS` on stdin, runs `--tasks` tasks that acquire and
+//! release one lock name until END_NS (CLOCK_REALTIME), and prints one JSON line with every
+//! acquisition's timestamps.
+
+use super::stats::now_ns;
+use super::store::{counted_client, CountSnap, Target};
+use crate::exit::{CliResult, Failure, OK};
+use serde::{Deserialize, Serialize};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+use tokio::io::AsyncBufReadExt;
+
+/// Arguments of one worker process (internal).
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    /// The store URL.
+    #[arg(long)]
+    pub url: String,
+    /// The lock name.
+    #[arg(long)]
+    pub name: String,
+    /// Tasks (waiters) in this process.
+    #[arg(long, default_value_t = 1)]
+    pub tasks: u32,
+    /// Time inside the lock, microseconds.
+    #[arg(long, default_value_t = 0)]
+    pub hold_us: u64,
+    /// Time outside the lock after each release before the next request, microseconds.
+    #[arg(long, default_value_t = 0)]
+    pub pause_us: u64,
+    /// Fair (FIFO) mode.
+    #[arg(long)]
+    pub fair: bool,
+    /// `dlock` or `rslock`.
+    #[arg(long, default_value = "dlock")]
+    pub lib: String,
+    /// This process's index (reported back).
+    #[arg(long, default_value_t = 0)]
+    pub proc_index: u32,
+    /// At most this many acquisitions per task.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub max_per_task: u64,
+}
+
+/// One acquisition: process, task, request, grant, release start, release end (ns, realtime).
+pub type Rec = [i64; 6];
+
+/// What a worker prints.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct WorkerOut {
+    /// Every acquisition.
+    pub records: Vec<Rec>,
+    /// Failed acquisitions or releases (not counting the end of the window).
+    pub errors: u64,
+    /// The first error.
+    pub first_error: Option<String>,
+    /// Backend calls (dlock only).
+    pub ops: CountSnap,
+}
+
+#[derive(Default)]
+struct Acc {
+    records: Vec<Rec>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Acc {
+    fn error(&mut self, e: String) {
+        self.errors += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(e);
+        }
+    }
+}
+
+fn hold(us: u64) {
+    if us > 0 {
+        // A precise sleep of the holding thread (tokio's timer has 1 ms granularity).
+        tokio::task::block_in_place(|| std::thread::sleep(Duration::from_micros(us)));
+    }
+}
+
+/// The Redlock peer's lock manager over the servers of `url` (one for redis://, N for redlock://).
+///
+/// rslock 0.10 uses redis 1.x (not our 0.32) and does not re-export it, so it is given URLs;
+/// its `LockManager::new` unwraps `Client::open`, so every URL is first checked with our redis
+/// crate's parser and a bad one is an error here, never a panic there.
+pub fn rslock_manager(t: &Target) -> Result<rslock::LockManager, String> {
+    let urls = t.redis_urls();
+    for u in &urls {
+        redis::Client::open(u.as_str()).map_err(|e| format!("rslock: bad URL {u:?}: {e}"))?;
+    }
+    Ok(rslock::LockManager::new(urls))
+}
+
+/// The lease the bench gives rslock's locks (it does not renew them).
+pub const RSLOCK_TTL: Duration = Duration::from_secs(30);
+
+/// One rslock acquisition: `lock` (3 tries, random 0–200 ms apart: the crate's defaults) until
+/// granted or `end_ns`.
+pub async fn rslock_acquire(
+    lm: &rslock::LockManager,
+    name: &str,
+    end_ns: i64,
+) -> Result<Option<rslock::Lock>, String> {
+    loop {
+        if now_ns() >= end_ns {
+            return Ok(None);
+        }
+        let left = Duration::from_nanos(u64::try_from(end_ns - now_ns()).unwrap_or(0));
+        match tokio::time::timeout(
+            left + Duration::from_secs(5),
+            lm.lock(name.as_bytes(), RSLOCK_TTL),
+        )
+        .await
+        {
+            Ok(Ok(l)) => return Ok(Some(l)),
+            Ok(Err(rslock::LockError::Unavailable)) => continue,
+            Ok(Err(e)) => return Err(format!("rslock: {e}")),
+            Err(_) => return Err("rslock: no answer".into()),
+        }
+    }
+}
+
+/// The worker's main.
+pub async fn worker(a: WorkerArgs) -> CliResult {
+    let t = Target::parse(&a.url).map_err(Failure::usage)?;
+    let acc = Arc::new(StdMutex::new(Acc::default()));
+    enum Lib {
+        Dlock(dlock::Client, Arc<super::store::Counts>),
+        Rslock(rslock::LockManager),
+    }
+    let lib = match a.lib.as_str() {
+        "dlock" => {
+            let (c, counts) = counted_client(&t, dlock::DEFAULT_LEASE)
+                .await
+                .map_err(|e| Failure::unavailable(format!("worker: {e}")))?;
+            // Warm the connection (and scripts) on another name.
+            let m = c
+                .mutex(format!("{}/warm/{}", a.name, a.proc_index))
+                .map_err(|e| Failure::usage(e.to_string()))?;
+            let g = m
+                .acquire_timeout(Duration::from_secs(10))
+                .await
+                .map_err(|e| Failure::unavailable(format!("worker warm-up: {e}")))?;
+            let _ = g.release().await;
+            Lib::Dlock(c, counts)
+        }
+        "rslock" => {
+            let lm = rslock_manager(&t).map_err(Failure::usage)?;
+            let warm = format!("{}/warm/{}", a.name, a.proc_index);
+            match rslock_acquire(&lm, &warm, now_ns() + 10_000_000_000).await {
+                Ok(Some(l)) => lm.unlock(&l).await,
+                Ok(None) => return Err(Failure::unavailable("worker warm-up: timed out")),
+                Err(e) => return Err(Failure::unavailable(format!("worker warm-up: {e}"))),
+            }
+            Lib::Rslock(lm)
+        }
+        other => return Err(Failure::usage(format!("unknown --lib {other}"))),
+    };
+    let before = match &lib {
+        Lib::Dlock(_, c) => c.snap(),
+        Lib::Rslock(_) => CountSnap::default(),
+    };
+    println!("ready");
+    let mut line = String::new();
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
+    match tokio::time::timeout(Duration::from_secs(300), stdin.read_line(&mut line)).await {
+        Ok(Ok(n)) if n > 0 => {}
+        _ => return Err(Failure::usage("worker: no `go` line on stdin")),
+    }
+    let mut it = line.split_whitespace();
+    let (Some("go"), Some(start), Some(end)) = (it.next(), it.next(), it.next()) else {
+        return Err(Failure::usage(format!("worker: bad start line {line:?}")));
+    };
+    let start: i64 = start.parse().map_err(|_| Failure::usage("bad start"))?;
+    let end: i64 = end.parse().map_err(|_| Failure::usage("bad end"))?;
+    let wait = start - now_ns();
+    if wait > 0 {
+        tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..a.tasks {
+        let acc = acc.clone();
+        let name = a.name.clone();
+        let (hold_us, max, pi, fair) = (a.hold_us, a.max_per_task, a.proc_index, a.fair);
+        let pause_us = a.pause_us;
+        match &lib {
+            Lib::Dlock(c, _) => {
+                let m = match c.mutex(name) {
+                    Ok(m) => m.fair(fair),
+                    Err(e) => return Err(Failure::usage(e.to_string())),
+                };
+                tasks.spawn(async move {
+                    let mut n = 0;
+                    while n < max {
+                        let req = now_ns();
+                        if req >= end {
+                            break;
+                        }
+                        let left = Duration::from_nanos((end - req) as u64);
+                        match m.acquire_timeout(left).await {
+                            Ok(g) => {
+                                let grant = now_ns();
+                                hold(hold_us);
+                                let rs = now_ns();
+                                let r = g.release().await;
+                                let re = now_ns();
+                                let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
+                                if let Err(e) = r {
+                                    acc.error(format!("release: {e}"));
+                                }
+                                acc.records.push([
+                                    i64::from(pi),
+                                    i64::from(task),
+                                    req,
+                                    grant,
+                                    rs,
+                                    re,
+                                ]);
+                                n += 1;
+                                drop(acc);
+                                hold(pause_us);
+                            }
+                            Err(e) if e.is_not_granted() => break,
+                            Err(e) => {
+                                let stop = {
+                                    let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
+                                    acc.error(format!("acquire: {e}"));
+                                    acc.errors > 100
+                                };
+                                if stop {
+                                    break;
+                                }
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        }
+                    }
+                });
+            }
+            Lib::Rslock(lm) => {
+                let lm = lm.clone();
+                tasks.spawn(async move {
+                    let mut n = 0;
+                    while n < max {
+                        let req = now_ns();
+                        match rslock_acquire(&lm, &name, end).await {
+                            Ok(Some(l)) => {
+                                let grant = now_ns();
+                                hold(hold_us);
+                                let rs = now_ns();
+                                lm.unlock(&l).await;
+                                let re = now_ns();
+                                let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
+                                acc.records.push([
+                                    i64::from(pi),
+                                    i64::from(task),
+                                    req,
+                                    grant,
+                                    rs,
+                                    re,
+                                ]);
+                                n += 1;
+                                drop(acc);
+                                hold(pause_us);
+                            }
+                            Ok(None) => break,
+                            Err(e) => {
+                                let stop = {
+                                    let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
+                                    acc.error(e);
+                                    acc.errors > 100
+                                };
+                                if stop {
+                                    break;
+                                }
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+    let mut ops = match &lib {
+        Lib::Dlock(_, c) => c.snap(),
+        Lib::Rslock(_) => CountSnap::default(),
+    };
+    ops.acquire -= before.acquire;
+    ops.wait -= before.wait;
+    ops.release -= before.release;
+    ops.extend -= before.extend;
+    ops.extended -= before.extended;
+    ops.cancel -= before.cancel;
+    let acc = std::mem::take(&mut *acc.lock().unwrap_or_else(|p| p.into_inner()));
+    let out = WorkerOut {
+        records: acc.records,
+        errors: acc.errors,
+        first_error: acc.first_error,
+        ops,
+    };
+    let json = serde_json::to_string(&out)
+        .map_err(|e| Failure::new(crate::exit::SOFTWARE, e.to_string()))?;
+    println!("{json}");
+    Ok(OK)
+}

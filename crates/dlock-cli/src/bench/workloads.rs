@@ -1,0 +1,681 @@
+//! The workloads: U1 (uncontended, with the raw floor), C1/H1/F1 (contended, over worker
+//! processes), S1 (many locks held by one client).
+
+use super::stats::{jain, now_ns, us, Lat};
+use super::store::{connections, counted_client, rss_bytes, CountSnap, Floor, Kind, Probe, Target};
+use super::worker::{rslock_acquire, rslock_manager, Rec, WorkerOut};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+/// Sizes and limits of one run (`--quick` or full).
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    /// U1: acquire + release pairs (and as many floor pairs).
+    pub u1_iters: usize,
+    /// U1: time limit for dlock and floor together.
+    pub u1_secs: f64,
+    /// C1: waiter counts.
+    pub c1_waiters: Vec<u32>,
+    /// C1: holds in milliseconds.
+    pub c1_holds_ms: Vec<u64>,
+    /// Worker processes the waiters are spread over.
+    pub procs: u32,
+    /// Seconds per contended configuration (C1, H1, F1).
+    pub contended_secs: f64,
+    /// S1: numbers of names held at once.
+    pub s1_levels: Vec<usize>,
+    /// S1: time limit for acquiring one level.
+    pub s1_acquire_secs: f64,
+    /// S1: the lease of the holds (short, so renewal happens).
+    pub s1_lease_ms: u64,
+    /// S1: the window over which renewal traffic is counted.
+    pub s1_window_secs: f64,
+    /// The workloads run (`--only`).
+    pub only: Vec<String>,
+}
+
+impl Plan {
+    /// The plan of `--quick` (a smoke test) or of a full run.
+    pub fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                u1_iters: 200,
+                u1_secs: 3.0,
+                c1_waiters: vec![8, 64],
+                c1_holds_ms: vec![0, 1],
+                procs: 4,
+                contended_secs: 0.8,
+                s1_levels: vec![1, 10, 100, 1000],
+                s1_acquire_secs: 10.0,
+                s1_lease_ms: 2000,
+                s1_window_secs: 2.0,
+                only: Vec::new(),
+            }
+        } else {
+            Plan {
+                u1_iters: 2000,
+                u1_secs: 25.0,
+                c1_waiters: vec![8, 64],
+                c1_holds_ms: vec![0, 1],
+                procs: 4,
+                contended_secs: 6.0,
+                s1_levels: vec![1, 10, 100, 1000, 10_000, 100_000],
+                s1_acquire_secs: 75.0,
+                s1_lease_ms: 5000,
+                s1_window_secs: 10.0,
+                only: Vec::new(),
+            }
+        }
+    }
+}
+
+/// The client library measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lib {
+    /// dlock itself.
+    Dlock,
+    /// The `rslock` crate (Redlock), the peer on Redis.
+    Rslock,
+}
+
+impl Lib {
+    /// The name used on the worker's command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lib::Dlock => "dlock",
+            Lib::Rslock => "rslock",
+        }
+    }
+}
+
+/// U1: one task, acquire + release, many times, interleaved with the raw floor.
+#[derive(Debug, Clone, Serialize)]
+pub struct U1 {
+    /// The library.
+    pub lib: Lib,
+    /// acquire + release latency.
+    pub lat: Lat,
+    /// Pairs per second (1 / mean).
+    pub ops_per_s: f64,
+    /// The raw floor's latency (same run, interleaved).
+    pub floor: Lat,
+    /// What the floor is.
+    pub floor_what: String,
+    /// Two `SELECT 1` round trips (SQL stores).
+    pub ping: Option<Lat>,
+    /// p50 / floor p50.
+    pub ratio_p50: f64,
+    /// mean / floor mean.
+    pub ratio_mean: f64,
+    /// Target: ratio_p50 ≤ 1.2.
+    pub target_met: bool,
+    /// Backend calls per acquire + release (dlock).
+    pub client_ops_per_pair: Option<f64>,
+}
+
+/// The client of U1.
+enum L {
+    D(dlock::Mutex, Arc<super::store::Counts>),
+    R(rslock::LockManager),
+}
+
+/// One acquire + release.
+async fn once(l: &L, name: &str) -> Result<(), String> {
+    match l {
+        L::D(m, _) => {
+            let g = m
+                .acquire_timeout(Duration::from_secs(10))
+                .await
+                .map_err(|e| format!("acquire: {e}"))?;
+            g.release().await.map_err(|e| format!("release: {e}"))
+        }
+        L::R(lm) => match rslock_acquire(lm, name, now_ns() + 10_000_000_000).await? {
+            Some(lock) => {
+                lm.unlock(&lock).await;
+                Ok(())
+            }
+            None => Err("rslock: not granted within 10 s".to_string()),
+        },
+    }
+}
+
+/// Interleaves blocks of the measured operation and of the floor until the count or the time
+/// limit is reached.
+pub async fn u1(t: &Target, plan: &Plan, lib: Lib, run: &str, floor: &Floor) -> Result<U1, String> {
+    let name = format!("dlockbench/{run}/u1/{}", lib.name());
+    let l = match lib {
+        Lib::Dlock => {
+            let (c, counts) = super::store::limit(
+                "connect",
+                Duration::from_secs(30),
+                counted_client(t, dlock::DEFAULT_LEASE),
+            )
+            .await?;
+            let m = c.mutex(name.clone()).map_err(|e| e.to_string())?;
+            L::D(m, counts)
+        }
+        Lib::Rslock => L::R(rslock_manager(t)?),
+    };
+    let once = |l| once(l, &name);
+    // Warm up both.
+    for _ in 0..20 {
+        once(&l).await?;
+        floor.once().await?;
+    }
+    let before = match &l {
+        L::D(_, c) => c.snap(),
+        _ => CountSnap::default(),
+    };
+    let (mut a, mut f, mut p) = (Vec::new(), Vec::new(), Vec::new());
+    let limit = Instant::now() + Duration::from_secs_f64(plan.u1_secs);
+    while a.len() < plan.u1_iters && Instant::now() < limit {
+        for _ in 0..25 {
+            let s = Instant::now();
+            once(&l).await?;
+            a.push(us(s.elapsed()));
+        }
+        for _ in 0..25 {
+            let s = Instant::now();
+            floor.once().await?;
+            f.push(us(s.elapsed()));
+        }
+        for _ in 0..10 {
+            let s = Instant::now();
+            match floor.ping().await {
+                Some(r) => r?,
+                None => break,
+            }
+            p.push(us(s.elapsed()));
+        }
+    }
+    let client_ops_per_pair = match &l {
+        L::D(_, c) => {
+            let s = c.snap();
+            let n = (s.store_calls() - before.store_calls()) as f64;
+            Some(n / a.len().max(1) as f64)
+        }
+        _ => None,
+    };
+    let lat = Lat::of(&a);
+    let fl = Lat::of(&f);
+    let ratio_p50 = lat.p50_us / fl.p50_us.max(1e-9);
+    Ok(U1 {
+        lib,
+        ops_per_s: 1e6 / lat.mean_us.max(1e-9),
+        ratio_mean: lat.mean_us / fl.mean_us.max(1e-9),
+        ratio_p50,
+        target_met: ratio_p50 <= 1.2,
+        lat,
+        floor: fl,
+        floor_what: super::store::floor_what(t.kind).into(),
+        ping: (!p.is_empty()).then(|| Lat::of(&p)),
+        client_ops_per_pair,
+    })
+}
+
+/// One contended configuration (C1, H1 and F1 are all made of these).
+#[derive(Debug, Clone, Serialize)]
+pub struct Contended {
+    /// The library.
+    pub lib: Lib,
+    /// Waiters (tasks) in all.
+    pub waiters: u32,
+    /// Worker processes.
+    pub procs: u32,
+    /// Hold inside the lock, ms.
+    pub hold_ms: u64,
+    /// Fair mode.
+    pub fair: bool,
+    /// The measuring window, s.
+    pub window_s: f64,
+    /// Acquisitions in the window.
+    pub acquisitions: usize,
+    /// Acquisitions per second.
+    pub acq_per_s: f64,
+    /// Per-acquisition wait (request to grant).
+    pub wait: Lat,
+    /// Mean measured time inside the lock, µs.
+    pub hold_mean_us: f64,
+    /// Hand-offs: release start of one holder → grant of a waiter that was waiting then.
+    pub handoff: Lat,
+    /// The same, only where the next holder is in another process (the store's wake-up).
+    pub handoff_cross: Lat,
+    /// 1 / (mean hold + the raw floor of a release and a grant), per second.
+    pub ideal_acq_per_s: Option<f64>,
+    /// acq_per_s / ideal, %.
+    pub pct_of_ideal: Option<f64>,
+    /// Target (1 ms hold): ≥ 80 % of ideal.
+    pub target_met: Option<bool>,
+    /// Store commands per acquisition (see `commands_what`), background-corrected.
+    pub store_cmds_per_acq: Option<f64>,
+    /// dlock backend calls per acquisition (client-side count).
+    pub client_ops_per_acq: Option<f64>,
+    /// max wait / mean wait.
+    pub max_over_mean_wait: f64,
+    /// Jain index of the acquisitions per waiter.
+    pub jain_acquisitions: f64,
+    /// Grants observed while the previous holder had not started releasing (must be 0; for
+    /// rslock and Redlock a lease ending would show here).
+    pub overlaps: usize,
+    /// Errors reported by workers.
+    pub errors: u64,
+    /// The first of them.
+    pub first_error: Option<String>,
+}
+
+/// The store's command rate with nothing of ours running (other users of a shared server).
+pub async fn background_rate(probe: &Probe) -> f64 {
+    let Ok(Some(a)) = probe.commands().await else {
+        return 0.0;
+    };
+    let s = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let Ok(Some(b)) = probe.commands().await else {
+        return 0.0;
+    };
+    // Minus the probe's own reads where they count (Redis INFO is excluded already).
+    ((b - a) / s.elapsed().as_secs_f64()).max(0.0)
+}
+
+/// Runs one contended configuration over worker processes.
+#[allow(clippy::too_many_arguments)]
+pub async fn contended(
+    t: &Target,
+    lib: Lib,
+    name: &str,
+    waiters: u32,
+    procs: u32,
+    hold_ms: u64,
+    pause_us: u64,
+    fair: bool,
+    secs: f64,
+    probe: &Probe,
+    background: f64,
+    floor_pair_us: Option<f64>,
+) -> Result<Contended, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the dlock binary: {e}"))?;
+    let procs = procs.min(waiters).max(1);
+    let mut children = Vec::new();
+    for i in 0..procs {
+        let tasks = waiters / procs + u32::from(i < waiters % procs);
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("bench-worker")
+            .args(["--url", &t.url, "--name", name, "--lib", lib.name()])
+            .args(["--tasks", &tasks.to_string()])
+            .args(["--hold-us", &(hold_ms * 1000).to_string()])
+            .args(["--pause-us", &pause_us.to_string()])
+            .args(["--proc-index", &i.to_string()])
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        if fair {
+            cmd.arg("--fair");
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start a worker: {e}"))?;
+        let stdout = child.stdout.take().ok_or("worker without stdout")?;
+        let stdin = child.stdin.take().ok_or("worker without stdin")?;
+        children.push((child, tokio::io::BufReader::new(stdout).lines(), stdin));
+    }
+    for (i, (_, lines, _)) in children.iter_mut().enumerate() {
+        match tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await {
+            Ok(Ok(Some(l))) if l.trim() == "ready" => {}
+            Ok(Ok(other)) => {
+                return Err(format!(
+                    "worker {i} did not start (said {other:?}; see its error above)"
+                ))
+            }
+            _ => return Err(format!("worker {i} did not connect within 60 s")),
+        }
+    }
+    let c0 = probe.commands().await.ok().flatten();
+    let t0 = Instant::now();
+    let start = now_ns() + 200_000_000;
+    let end = start + (secs * 1e9) as i64;
+    for (_, _, stdin) in children.iter_mut() {
+        stdin
+            .write_all(format!("go {start} {end}\n").as_bytes())
+            .await
+            .map_err(|e| format!("worker went away: {e}"))?;
+        stdin.flush().await.map_err(|e| e.to_string())?;
+    }
+    let mut recs: Vec<Rec> = Vec::new();
+    let mut ops = CountSnap::default();
+    let (mut errors, mut first_error) = (0, None);
+    let limit = Duration::from_secs_f64(secs + 60.0);
+    for (i, (child, lines, _)) in children.iter_mut().enumerate() {
+        let out = match tokio::time::timeout(limit, lines.next_line()).await {
+            Ok(Ok(Some(l))) => serde_json::from_str::<WorkerOut>(&l)
+                .map_err(|e| format!("worker {i}: bad report: {e}"))?,
+            Ok(_) => {
+                let st = child.wait().await.ok();
+                return Err(format!(
+                    "worker {i} ended without a report ({st:?}; see its error above)"
+                ));
+            }
+            Err(_) => {
+                let _ = child.kill().await;
+                return Err(format!(
+                    "worker {i} did not finish within {limit:?}: is the store still up?"
+                ));
+            }
+        };
+        recs.extend(out.records);
+        ops.add(&out.ops);
+        errors += out.errors;
+        if first_error.is_none() {
+            first_error = out.first_error;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    }
+    // PostgreSQL counts a backend's transactions when it ends: give it a moment.
+    if t.kind == Kind::Postgres {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let c1 = probe.commands().await.ok().flatten();
+    let elapsed = t0.elapsed().as_secs_f64();
+    let window_s = secs;
+    let n = recs.len();
+    recs.sort_by_key(|r| r[3]);
+    let waits: Vec<f64> = recs.iter().map(|r| (r[3] - r[2]) as f64 / 1e3).collect();
+    let holds: Vec<f64> = recs.iter().map(|r| (r[4] - r[3]) as f64 / 1e3).collect();
+    let (mut handoff, mut cross, mut overlaps) = (Vec::new(), Vec::new(), 0);
+    for w in recs.windows(2) {
+        let (p, c) = (&w[0], &w[1]);
+        if c[3] < p[4] {
+            overlaps += 1;
+            continue;
+        }
+        if c[2] < p[4] {
+            let h = (c[3] - p[4]) as f64 / 1e3;
+            handoff.push(h);
+            if c[0] != p[0] {
+                cross.push(h);
+            }
+        }
+    }
+    let mut per_waiter = std::collections::HashMap::<(i64, i64), f64>::new();
+    for r in &recs {
+        *per_waiter.entry((r[0], r[1])).or_default() += 1.0;
+    }
+    let mut counts: Vec<f64> = per_waiter.into_values().collect();
+    counts.resize(waiters as usize, 0.0);
+    let wait = Lat::of(&waits);
+    let hold_mean_us = Lat::of(&holds).mean_us;
+    let acq_per_s = n as f64 / window_s;
+    let ideal = match (hold_ms, floor_pair_us) {
+        (h, Some(f)) if h > 0 => Some(1e6 / (hold_mean_us + f)),
+        _ => None,
+    };
+    let pct = ideal.map(|i| 100.0 * acq_per_s / i);
+    let store_cmds = match (c0, c1) {
+        (Some(a), Some(b)) if n > 0 => Some(((b - a) - background * elapsed).max(0.0) / n as f64),
+        _ => None,
+    };
+    Ok(Contended {
+        lib,
+        waiters,
+        procs,
+        hold_ms,
+        fair,
+        window_s,
+        acquisitions: n,
+        acq_per_s,
+        max_over_mean_wait: wait.max_us / wait.mean_us.max(1e-9),
+        wait,
+        hold_mean_us,
+        handoff: Lat::of(&handoff),
+        handoff_cross: Lat::of(&cross),
+        ideal_acq_per_s: ideal,
+        pct_of_ideal: pct,
+        target_met: pct.filter(|_| hold_ms == 1).map(|p| p >= 80.0),
+        store_cmds_per_acq: store_cmds,
+        client_ops_per_acq: (lib == Lib::Dlock && n > 0)
+            .then(|| ops.store_calls() as f64 / n as f64),
+        jain_acquisitions: jain(&counts),
+        overlaps,
+        errors,
+        first_error,
+    })
+}
+
+/// H1: hand-off latency between processes, in raw round trips.
+#[derive(Debug, Clone, Serialize)]
+pub struct H1 {
+    /// The library.
+    pub lib: Lib,
+    /// The run it comes from (2 processes × 1 waiter taking turns: hold 1 ms, then 0.3 ms
+    /// outside the lock, so every release has exactly one waiter, in the other process).
+    pub run: Contended,
+    /// One raw round trip: half the U1 floor.
+    pub rtt_us: f64,
+    /// Cross-process hand-off p50 / rtt.
+    pub p50_in_rtt: f64,
+    /// One `SELECT 1` round trip (SQL stores).
+    pub ping_rtt_us: Option<f64>,
+    /// Cross-process hand-off p50 / ping rtt.
+    pub p50_in_ping_rtt: Option<f64>,
+    /// Cross-process hand-off p99 / rtt.
+    pub p99_in_rtt: f64,
+    /// Target (Redis, PostgreSQL): p50 ≤ 3 round trips.
+    pub target_met: Option<bool>,
+}
+
+/// F1: fairness in fair mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct F1 {
+    /// The fair run.
+    pub run: Contended,
+    /// The same without fair mode, for contrast.
+    pub unfair: Option<Contended>,
+}
+
+/// One level of S1.
+#[derive(Debug, Clone, Serialize)]
+pub struct S1Level {
+    /// Names asked for.
+    pub names: usize,
+    /// Names held at once.
+    pub held: usize,
+    /// Whether all were acquired within the time limit.
+    pub complete: bool,
+    /// Seconds to acquire them (concurrency 64).
+    pub acquire_s: f64,
+    /// Client RSS growth per hold, bytes.
+    pub client_bytes_per_hold: f64,
+    /// Store memory growth per hold, bytes (see `memory_what`).
+    pub store_bytes_per_hold: Option<f64>,
+    /// Connections to the store before acquiring (client connected, one lock used).
+    pub conns_before: usize,
+    /// Connections while holding all.
+    pub conns_after: usize,
+    /// `extend` calls per second while holding (renewal batches).
+    pub extend_calls_per_s: f64,
+    /// Holds renewed per second.
+    pub holds_renewed_per_s: f64,
+    /// Store commands per second while holding (see `commands_what`), background-corrected.
+    pub store_cmds_per_s: Option<f64>,
+    /// Holds lost during the window (renewal not keeping up).
+    pub lost: usize,
+}
+
+/// S1: many locks held by one client.
+#[derive(Debug, Clone, Serialize)]
+pub struct S1 {
+    /// Lease of the holds, ms.
+    pub lease_ms: u64,
+    /// Levels measured.
+    pub levels: Vec<S1Level>,
+    /// Whether holding the names opened no connection, at every level.
+    pub conns_constant: bool,
+}
+
+/// S1.
+pub async fn s1(
+    t: &Target,
+    plan: &Plan,
+    run: &str,
+    probe: &Probe,
+    background: f64,
+) -> Result<S1, String> {
+    let lease = Duration::from_millis(plan.s1_lease_ms);
+    let mut levels = Vec::new();
+    for &k in &plan.s1_levels {
+        let (client, counts) =
+            super::store::limit("connect", Duration::from_secs(30), counted_client(t, lease))
+                .await?;
+        // 64 locks used at once, so every connection the client keeps (a pool at its size)
+        // is open before counting.
+        let mut warm = tokio::task::JoinSet::new();
+        for i in 0..64 {
+            let m = client
+                .mutex(format!("dlockbench/{run}/s1/warm{k}/{i}"))
+                .map_err(|e| e.to_string())?;
+            warm.spawn(async move {
+                let g = m.acquire_timeout(Duration::from_secs(10)).await?;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                g.release().await
+            });
+        }
+        while let Some(r) = warm.join_next().await {
+            r.map_err(|e| e.to_string())?
+                .map_err(|e| format!("S1 warm-up: {e}"))?;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let conns_before = connections(t);
+        let mem0 = probe.memory().await?;
+        let rss0 = rss_bytes();
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs_f64(plan.s1_acquire_secs);
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let guards = Arc::new(std::sync::Mutex::new(Vec::with_capacity(k)));
+        let first_err = Arc::new(std::sync::Mutex::new(None::<String>));
+        let mut js = tokio::task::JoinSet::new();
+        for _ in 0..64.min(k) {
+            let (client, next, guards, first_err) = (
+                client.clone(),
+                next.clone(),
+                guards.clone(),
+                first_err.clone(),
+            );
+            let prefix = format!("dlockbench/{run}/s1/{k}/");
+            js.spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= k || Instant::now() >= deadline {
+                        break;
+                    }
+                    let m = match client.mutex(format!("{prefix}{i}")) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            first_err
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .get_or_insert(e.to_string());
+                            break;
+                        }
+                    };
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match m.acquire_timeout(left.min(Duration::from_secs(15))).await {
+                        Ok(g) => guards.lock().unwrap_or_else(|p| p.into_inner()).push(g),
+                        Err(e) => {
+                            first_err
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .get_or_insert(e.to_string());
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+        while js.join_next().await.is_some() {}
+        let acquire_s = started.elapsed().as_secs_f64();
+        let held = guards.lock().unwrap_or_else(|p| p.into_inner()).len();
+        if held == 0 {
+            let e = first_err.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            return Err(format!("S1: no hold acquired ({})", e.unwrap_or_default()));
+        }
+        let rss1 = rss_bytes();
+        let mem1 = probe.memory().await?;
+        let conns_after = connections(t);
+        // Renewal traffic over the window.
+        let s0 = counts.snap();
+        let c0 = probe.commands().await.ok().flatten();
+        let w0 = Instant::now();
+        tokio::time::sleep(Duration::from_secs_f64(plan.s1_window_secs)).await;
+        let s1 = counts.snap();
+        let c1 = probe.commands().await.ok().flatten();
+        let win = w0.elapsed().as_secs_f64();
+        let lost = guards
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|g| !g.is_held())
+            .count();
+        let store_cmds_per_s = match (c0, c1) {
+            (Some(a), Some(b)) => Some(((b - a) / win - background).max(0.0)),
+            _ => None,
+        };
+        // Release everything (bounded), then the client goes.
+        let all: Vec<dlock::Guard> =
+            std::mem::take(&mut *guards.lock().unwrap_or_else(|p| p.into_inner()));
+        let release_deadline = Duration::from_secs_f64(plan.s1_acquire_secs);
+        let chunks: Vec<Vec<dlock::Guard>> = {
+            let mut v: Vec<Vec<dlock::Guard>> = (0..64).map(|_| Vec::new()).collect();
+            for (i, g) in all.into_iter().enumerate() {
+                v[i % 64].push(g);
+            }
+            v
+        };
+        let mut js = tokio::task::JoinSet::new();
+        for c in chunks {
+            js.spawn(async move {
+                for g in c {
+                    let _ = g.release().await;
+                }
+            });
+        }
+        let _ = tokio::time::timeout(release_deadline, async {
+            while js.join_next().await.is_some() {}
+        })
+        .await;
+        js.abort_all();
+        drop(client);
+        levels.push(S1Level {
+            names: k,
+            held,
+            complete: held == k,
+            acquire_s,
+            client_bytes_per_hold: (rss1 - rss0) / held as f64,
+            store_bytes_per_hold: match (mem0, mem1) {
+                (Some(a), Some(b)) => Some((b - a) / held as f64),
+                _ => None,
+            },
+            conns_before,
+            conns_after,
+            extend_calls_per_s: (s1.extend - s0.extend) as f64 / win,
+            holds_renewed_per_s: (s1.extended - s0.extended) as f64 / win,
+            store_cmds_per_s,
+            lost,
+        });
+        if held < k {
+            // A larger level would not finish either.
+            break;
+        }
+    }
+    // Holding k names must not open connections: at every level the count while holding is the
+    // count before (the client connected, its pool warmed by 64 concurrent holds).
+    let conns_constant = levels.iter().all(|l| l.conns_before == l.conns_after);
+    Ok(S1 {
+        lease_ms: plan.s1_lease_ms,
+        levels,
+        conns_constant,
+    })
+}

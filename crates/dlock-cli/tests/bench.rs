@@ -1,0 +1,214 @@
+//! `dlock bench --quick` as a smoke test: against a temporary SQLite store, and against the
+//! Redis server of `scripts/test.sh` (`DLOCK_TEST_REDIS_URL`, with the rslock peer). It checks
+//! that the run succeeds, that results.json has every workload with positive figures and that
+//! results.md and the charts exist. No timing is asserted: performance is read from a full run
+//! (docs/BENCHMARKS.md), never judged in CI.
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dlock");
+
+/// Runs `dlock bench --quick --plot` on `urls` (none: the default SQLite) into `out`, killing it
+/// after `limit` (a hang is a failure, not a slow pass).
+fn bench(urls: &[&str], out: &Path, limit: Duration) -> Value {
+    let mut c = Command::new(BIN);
+    c.args(["bench", "--quick", "--plot", "--out"])
+        .arg(out)
+        .env_remove("DLOCK_URL")
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for u in urls {
+        c.args(["--url", u]);
+    }
+    let mut child = c.spawn().expect("start dlock bench");
+    let started = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("dlock bench --quick did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let o = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "dlock bench failed ({:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        o.status
+    );
+    assert!(
+        stdout.contains("## Targets"),
+        "no Markdown on stdout:\n{stdout}"
+    );
+    let md = std::fs::read_to_string(out.join("results.md")).expect("results.md");
+    for section in ["## Targets", "## U1", "## C1", "## H1", "## F1", "## S1"] {
+        assert!(md.contains(section), "results.md lacks {section}:\n{md}");
+    }
+    for svg in [
+        "u1.svg",
+        "c1.svg",
+        "h1.svg",
+        "s1-client.svg",
+        "s1-store.svg",
+    ] {
+        let s = std::fs::read_to_string(out.join(svg)).expect(svg);
+        assert!(s.contains("<svg"), "{svg} is not an SVG");
+    }
+    let json = std::fs::read_to_string(out.join("results.json")).expect("results.json");
+    serde_json::from_str(&json).expect("results.json parses")
+}
+
+fn num(v: &Value, path: &str) -> f64 {
+    let mut cur = v;
+    for p in path.split('.') {
+        cur = &cur[p];
+    }
+    cur.as_f64()
+        .unwrap_or_else(|| panic!("{path} is not a number in {v}"))
+}
+
+fn positive(v: &Value, path: &str) {
+    let x = num(v, path);
+    assert!(x > 0.0, "{path} = {x}, expected > 0 in {v}");
+}
+
+/// Checks one store's entry: every workload present with positive figures.
+fn check_target(t: &Value, libs: &[&str], fair: bool) {
+    let label = t["label"].as_str().unwrap_or("?");
+    let errors = t["errors"].as_array().expect("errors");
+    for e in errors {
+        let e = e.as_str().unwrap_or_default();
+        assert!(e.contains("not supported"), "{label}: {e}");
+    }
+    for lib in libs {
+        let u1 = t["u1"]
+            .as_array()
+            .expect("u1")
+            .iter()
+            .find(|u| u["lib"] == *lib)
+            .unwrap_or_else(|| panic!("{label}: no U1 of {lib}"));
+        for p in [
+            "lat.p50_us",
+            "lat.p99_us",
+            "ops_per_s",
+            "floor.p50_us",
+            "ratio_p50",
+        ] {
+            positive(u1, p);
+        }
+        let c1: Vec<&Value> = t["c1"]
+            .as_array()
+            .expect("c1")
+            .iter()
+            .filter(|c| c["lib"] == *lib)
+            .collect();
+        assert_eq!(
+            c1.len(),
+            4,
+            "{label}: C1 of {lib}: 8/64 waiters × hold 0/1 ms"
+        );
+        for c in c1 {
+            positive(c, "acquisitions");
+            positive(c, "acq_per_s");
+            positive(c, "wait.p50_us");
+            assert_eq!(num(c, "overlaps"), 0.0, "{label}: two holders at once: {c}");
+        }
+        let h1 = t["h1"]
+            .as_array()
+            .expect("h1")
+            .iter()
+            .find(|h| h["lib"] == *lib)
+            .unwrap_or_else(|| panic!("{label}: no H1 of {lib}"));
+        positive(h1, "rtt_us");
+        positive(h1, "run.acquisitions");
+    }
+    if fair {
+        positive(&t["f1"], "run.acquisitions");
+        positive(&t["f1"], "run.jain_acquisitions");
+        positive(&t["f1"], "run.max_over_mean_wait");
+    }
+    let levels = t["s1"]["levels"].as_array().expect("s1 levels");
+    assert_eq!(levels.len(), 4, "{label}: S1 levels 1, 10, 100, 1000");
+    for l in levels {
+        assert_eq!(l["held"], l["names"], "{label}: S1 level not complete: {l}");
+        positive(l, "conns_after");
+        positive(l, "holds_renewed_per_s");
+    }
+}
+
+#[test]
+fn quick_bench_on_the_default_sqlite_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v = bench(&[], dir.path(), Duration::from_secs(300));
+    let targets = v["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 1);
+    assert_eq!(targets[0]["kind"], "sqlite");
+    check_target(&targets[0], &["dlock"], true);
+    assert_eq!(v["quick"], true);
+    positive(&v, "machine.cpus");
+    // The version the report names is the one Cargo.toml pins.
+    let manifest =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml"))
+            .expect("the workspace Cargo.toml");
+    let pin = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rslock = { version = \"="))
+        .and_then(|rest| rest.split('"').next())
+        .expect("rslock pinned with = in the workspace Cargo.toml");
+    assert_eq!(v["versions"]["rslock (peer, pinned)"], pin);
+}
+
+#[test]
+fn quick_bench_on_redis_with_the_rslock_peer() {
+    let url = std::env::var("DLOCK_TEST_REDIS_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .expect("DLOCK_TEST_REDIS_URL is not set: run through scripts/test.sh");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v = bench(&[&url], dir.path(), Duration::from_secs(300));
+    let targets = v["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 1);
+    assert_eq!(targets[0]["kind"], "redis");
+    check_target(&targets[0], &["dlock", "rslock"], true);
+    // Store-side command counts exist on Redis.
+    let c = &targets[0]["c1"][0];
+    assert!(c["store_cmds_per_acq"].as_f64().is_some(), "{c}");
+}
+
+#[test]
+fn a_store_that_is_down_is_a_clear_error_not_a_hang() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A closed port on loopback: connecting fails at once.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let started = Instant::now();
+    let o = Command::new(BIN)
+        .args(["bench", "--quick", "--out"])
+        .arg(dir.path())
+        .args(["--url", &format!("redis://127.0.0.1:{port}/")])
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(69), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("failed on redis"), "{err}");
+    let md = std::fs::read_to_string(dir.path().join("results.md")).expect("results.md");
+    assert!(md.contains("store unreachable"), "{md}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+}
