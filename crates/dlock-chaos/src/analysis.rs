@@ -4,9 +4,12 @@
 //! Definitions (all times are wall-clock microseconds of one machine):
 //! - a **hold** lives from its grant until its release was sent, its process was killed, or the
 //!   run ended;
-//! - a write is **stale** when another hold was granted after the writer's grant and before the
-//!   write reached the resource: the writer no longer held the lock, whatever it believed. This
-//!   needs no token, so it also judges stores without fencing;
+//! - a write is **stale** when a hold granted after the writer's had already read or written the
+//!   resource when the write arrived: the writer no longer held the lock, whatever it believed,
+//!   and its write would undo the newer holder's view. This needs no token, so it also judges
+//!   stores without fencing. (A late write that lands before the newer holder touched anything is
+//!   serialised before it and harms nothing; a lock that wrongly let two hold shows up in
+//!   "lost() first" and in the overlaps);
 //! - an **overlap** is a pair of writes accepted by the resource, from different holds, whose
 //!   claimed hold intervals (grant → write) intersect;
 //! - a **token regression** is a grant whose token is not greater than every earlier grant's;
@@ -17,7 +20,7 @@
 //!   `lost()`, when its last known local deadline lay before that grant);
 //! - the **takeover time** after a holder was killed is from the kill to the next grant.
 
-use crate::event::{Event, ReleaseResult, WriteRecord};
+use crate::event::{Event, ReadRecord, ReleaseResult, WriteRecord};
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -41,6 +44,8 @@ pub struct RunData {
     pub events: HashMap<u32, Vec<Event>>,
     /// Every write the resource received, in arrival order.
     pub writes: Vec<WriteRecord>,
+    /// Every read the resource answered.
+    pub reads: Vec<ReadRecord>,
     /// The resource's counter at the end.
     pub final_value: u64,
     pub faults: Vec<FaultRecord>,
@@ -219,22 +224,33 @@ pub fn analyze(data: &RunData) -> Figures {
     f.errors = count(|e| matches!(e, Event::Error { .. }));
     f.skipped_lost = count(|e| matches!(e, Event::Skipped { .. }));
     let grants: Vec<i64> = holds.iter().map(|h| h.granted).collect();
-    let by_key: HashMap<(u32, u64), &Hold> =
-        holds.iter().map(|h| ((h.worker, h.hold), h)).collect();
-    // How many grants lie strictly between two times.
-    let grants_between = |from: i64, to: i64| -> usize {
-        let lo = grants.partition_point(|g| *g <= from);
-        let hi = grants.partition_point(|g| *g < to);
-        hi.saturating_sub(lo)
+    // When each hold first read or wrote the resource.
+    let mut touched: HashMap<(u32, u64), i64> = HashMap::new();
+    let touches = data
+        .reads
+        .iter()
+        .map(|r| (r.worker, r.hold, r.at))
+        .chain(data.writes.iter().map(|w| (w.worker, w.hold, w.at)));
+    for (worker, hold, at) in touches {
+        let t = touched.entry((worker, hold)).or_insert(at);
+        *t = (*t).min(at);
+    }
+    let granted_of = |worker: u32, hold: u64, fallback: i64| {
+        holds
+            .iter()
+            .find(|h| (h.worker, h.hold) == (worker, hold))
+            .map_or(fallback, |h| h.granted)
     };
 
     // Writes: stale or not, and what the resource did.
     f.writes = data.writes.len() as u64;
     for w in &data.writes {
-        let granted = by_key
-            .get(&(w.worker, w.hold))
-            .map_or(w.claimed_from, |h| h.granted);
-        let stale = grants_between(granted, w.at) > 0;
+        let granted = granted_of(w.worker, w.hold, w.claimed_from);
+        let stale = holds.iter().any(|o| {
+            o.granted > granted
+                && (o.worker, o.hold) != (w.worker, w.hold)
+                && touched.get(&(o.worker, o.hold)).is_some_and(|t| *t < w.at)
+        });
         match (stale, w.accepted) {
             (true, true) => f.stale_accepted += 1,
             (true, false) => f.stale_rejected += 1,
@@ -382,6 +398,7 @@ mod tests {
         RunData {
             events: events.into_iter().collect(),
             writes,
+            reads: vec![],
             final_value: value,
             faults: vec![],
             end: 1_000_000,
@@ -478,6 +495,44 @@ mod tests {
         d.writes[1].accepted = false;
         let f = analyze(&d);
         assert_eq!((f.stale_rejected, f.stale_accepted, f.overlaps), (1, 0, 0));
+    }
+
+    #[test]
+    fn a_late_write_before_the_newer_holder_touched_anything_is_not_stale() {
+        // Worker 2 is granted at 1000 but reads only at 1030; worker 1's late write lands at
+        // 1010: serialised before worker 2's read, it harms nothing. At 1040 it would be stale.
+        let mut d = data(
+            vec![
+                (
+                    1,
+                    vec![
+                        granted(1, 100, 1, 900),
+                        released(1, 1020, ReleaseResult::NotOwner),
+                    ],
+                ),
+                (
+                    2,
+                    vec![
+                        granted(1, 1000, 2, 1900),
+                        released(1, 1100, ReleaseResult::Ok),
+                    ],
+                ),
+            ],
+            vec![
+                write(1, 1, 1, 100, 1010, true),
+                write(2, 1, 2, 1000, 1050, true),
+            ],
+            2,
+        );
+        d.reads.push(ReadRecord {
+            worker: 2,
+            hold: 1,
+            token: Some(2),
+            at: 1030,
+        });
+        assert_eq!(analyze(&d).stale_writes, 0);
+        d.writes[0].at = 1040;
+        assert_eq!(analyze(&d).stale_accepted, 1);
     }
 
     #[test]

@@ -68,6 +68,15 @@ pub enum ReleaseResult {
     Error,
 }
 
+/// One read the fenced resource answered: the reading hold and its token.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ReadRecord {
+    pub worker: u32,
+    pub hold: u64,
+    pub token: Option<u64>,
+    pub at: i64,
+}
+
 /// One write the fenced resource received.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct WriteRecord {

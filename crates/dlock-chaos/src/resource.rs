@@ -2,16 +2,22 @@
 //! hold the lock, and that records every write with its fencing token and the writer's claimed
 //! hold interval.
 //!
-//! Protocol: one JSON object per line. `{"op":"read"}` → `{"value":N}`;
+//! Protocol: one JSON object per line. `{"op":"read","worker":W,"hold":H,"token":T|null}` →
+//! `{"value":N}`;
 //! `{"op":"write","worker":W,"hold":H,"token":T|null,"claimed_from":US,"read":N,"value":M}` →
 //! `{"accepted":bool,"highest":T|null}`.
+//!
+//! Every operation presents the holder's token, reads included: a read-modify-write is fenced
+//! from its read on, so once a newer holder has read, an older holder's late write is refused
+//! (fencing only writes would accept it when it lands between the newer holder's read and its
+//! write, and the newer holder's write would then overwrite it: a lost update).
 //!
 //! In [`Mode::Enforcing`] a write is refused when its token is lower than the highest seen, or
 //! equal to it but from another hold (two holds with one token: the store's fence went back). A
 //! write without a token (a store without fencing) cannot be checked and is accepted. In
 //! [`Mode::LogOnly`] every write is accepted; the analysis finds the violations afterwards.
 
-use crate::event::{now_us, WriteRecord};
+use crate::event::{now_us, ReadRecord, WriteRecord};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -40,7 +46,11 @@ impl std::fmt::Display for Mode {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 enum Request {
-    Read,
+    Read {
+        worker: u32,
+        hold: u64,
+        token: Option<u64>,
+    },
     Write(Write),
 }
 
@@ -62,6 +72,18 @@ struct State {
     /// The highest token seen and the hold that presented it.
     highest: Option<(u64, u32, u64)>,
     writes: Vec<WriteRecord>,
+    reads: Vec<ReadRecord>,
+}
+
+impl State {
+    /// Registers a presented token: the highest one seen and the hold that presented it.
+    fn see(&mut self, token: Option<u64>, worker: u32, hold: u64) {
+        if let Some(t) = token {
+            if self.highest.map_or(true, |(h, _, _)| t > h) {
+                self.highest = Some((t, worker, hold));
+            }
+        }
+    }
 }
 
 /// A running resource; stops when dropped.
@@ -94,10 +116,10 @@ impl Resource {
         self.addr
     }
 
-    /// The counter's value and every write so far.
-    pub fn snapshot(&self) -> (u64, Vec<WriteRecord>) {
+    /// The counter's value, every write and every read so far.
+    pub fn snapshot(&self) -> (u64, Vec<WriteRecord>, Vec<ReadRecord>) {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        (st.value, st.writes.clone())
+        (st.value, st.writes.clone(), st.reads.clone())
     }
 }
 
@@ -114,8 +136,20 @@ async fn serve(sock: TcpStream, state: Arc<Mutex<State>>, mode: Mode) -> std::io
     while let Some(line) = lines.next_line().await? {
         let answer = match serde_json::from_str::<Request>(&line) {
             Err(e) => serde_json::json!({ "error": e.to_string() }),
-            Ok(Request::Read) => {
-                let st = state.lock().unwrap_or_else(|e| e.into_inner());
+            Ok(Request::Read {
+                worker,
+                hold,
+                token,
+            }) => {
+                let at = now_us();
+                let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+                st.see(token, worker, hold);
+                st.reads.push(ReadRecord {
+                    worker,
+                    hold,
+                    token,
+                    at,
+                });
                 serde_json::json!({ "value": st.value })
             }
             Ok(Request::Write(w)) => {
@@ -127,11 +161,7 @@ async fn serve(sock: TcpStream, state: Arc<Mutex<State>>, mode: Mode) -> std::io
                     _ => false,
                 };
                 let accepted = mode == Mode::LogOnly || !stale;
-                if let Some(t) = token {
-                    if st.highest.map_or(true, |(h, _, _)| t > h) {
-                        st.highest = Some((t, worker, hold));
-                    }
-                }
+                st.see(token, worker, hold);
                 if accepted {
                     st.value = value;
                 }
@@ -183,9 +213,18 @@ impl ResourceClient {
         serde_json::from_str(&line).map_err(std::io::Error::other)
     }
 
-    /// Reads the counter.
-    pub async fn read(&mut self) -> std::io::Result<u64> {
-        let v = self.call(serde_json::json!({ "op": "read" })).await?;
+    /// Reads the counter, presenting the reader's hold and token.
+    pub async fn read(
+        &mut self,
+        worker: u32,
+        hold: u64,
+        token: Option<u64>,
+    ) -> std::io::Result<u64> {
+        let v = self
+            .call(
+                serde_json::json!({ "op": "read", "worker": worker, "hold": hold, "token": token }),
+            )
+            .await?;
         v["value"]
             .as_u64()
             .ok_or_else(|| std::io::Error::other(format!("bad answer {v}")))
@@ -228,7 +267,7 @@ mod tests {
     async fn enforcing_refuses_lower_and_foreign_equal_tokens() {
         let r = Resource::start(Mode::Enforcing).await.unwrap();
         let mut c = ResourceClient::connect(r.addr()).await.unwrap();
-        assert_eq!(c.read().await.unwrap(), 0);
+        assert_eq!(c.read(1, 1, Some(5)).await.unwrap(), 0);
         assert!(c.write(&w(1, 1, Some(5), 0, 0, 1)).await.unwrap());
         assert!(
             c.write(&w(1, 1, Some(5), 0, 1, 2)).await.unwrap(),
@@ -247,9 +286,13 @@ mod tests {
             c.write(&w(4, 1, None, 0, 3, 4)).await.unwrap(),
             "no token: unchecked"
         );
-        let (value, writes) = r.snapshot();
+        let (value, writes, reads) = r.snapshot();
         assert_eq!(value, 4);
         assert_eq!(writes.iter().filter(|w| !w.accepted).count(), 2);
+        assert_eq!(reads.len(), 1);
+        // A newer holder's read fences off an older holder's write.
+        assert_eq!(c.read(5, 1, Some(9)).await.unwrap(), 4);
+        assert!(!c.write(&w(6, 1, Some(8), 0, 4, 5)).await.unwrap());
     }
 
     #[tokio::test]
@@ -258,7 +301,7 @@ mod tests {
         let mut c = ResourceClient::connect(r.addr()).await.unwrap();
         assert!(c.write(&w(1, 1, Some(5), 0, 0, 1)).await.unwrap());
         assert!(c.write(&w(2, 1, Some(4), 0, 0, 1)).await.unwrap());
-        let (value, writes) = r.snapshot();
+        let (value, writes, _) = r.snapshot();
         assert_eq!(value, 1);
         assert_eq!(writes.len(), 2);
         assert!(writes.iter().all(|w| w.accepted));

@@ -139,7 +139,7 @@ mod ms {
 }
 
 impl Settings {
-    /// The bounded run CI does (about 4 minutes for every backend).
+    /// The bounded run CI does (about 4½ minutes for every backend on 2 cores).
     pub fn quick() -> Settings {
         Settings {
             workers: 4,
@@ -653,11 +653,12 @@ pub async fn run(
     tokio::time::sleep(settings.gap + settings.lease).await;
     h.finish(settings.lease * 3 + Duration::from_secs(5)).await;
     let end = now_us();
-    let (final_value, writes) = resource.snapshot();
+    let (final_value, writes, reads) = resource.snapshot();
     let events = std::mem::take(&mut *lock(&h.events));
     let data = RunData {
         events,
         writes,
+        reads,
         final_value,
         faults: faults.clone(),
         end,

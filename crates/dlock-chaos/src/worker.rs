@@ -158,7 +158,7 @@ pub async fn run(a: WorkerArgs) -> i32 {
                 }
             })
         };
-        let read = match res.read().await {
+        let read = match res.read(a.index, hold, token).await {
             Ok(v) => v,
             Err(e) => {
                 emit(&Event::Error {
