@@ -94,6 +94,14 @@
 //! The fence column can live in the rows themselves (one lock per row) or in a row of its own
 //! that every fenced write updates in the same transaction (one lock for many rows): the write
 //! transaction first runs the guarded `UPDATE` of the fence row, stops on 0 rows, then writes.
+//!
+//! **Read-modify-write: fence the read too.** If the new holder only *reads* before it writes,
+//! an old holder's late write can still land between that read and the new holder's write (the
+//! fence has not moved yet), and the new holder's write then silently undoes it: a lost update.
+//! `dlock-chaos` found exactly this with MySQL session locks after a paused holder resumed. Raise
+//! the fence before reading — run the guarded `UPDATE … SET fence = $token WHERE … AND fence <=
+//! $token` first (or read and write in one transaction that starts with it) — so the old holder's
+//! write is refused from the moment the new holder starts.
 
 use std::fmt;
 
