@@ -540,6 +540,28 @@ async fn renew_due(inner: &Arc<Inner>) -> Instant {
         return next;
     }
     batch.append(&mut nearly);
+    // Most urgent first; at most RENEW_BATCH holds per `extend` call and RENEW_IN_FLIGHT calls at
+    // once, so one slow or huge batch (tens of thousands of holds) neither outlasts the lease of
+    // all of them nor opens more connections.
+    batch.sort_by_key(|h| match h.state() {
+        HoldState::Held { deadline, .. } => deadline,
+        _ => now,
+    });
+    use futures_util::stream::StreamExt;
+    futures_util::stream::iter(batch.chunks(RENEW_BATCH))
+        .for_each_concurrent(RENEW_IN_FLIGHT, |chunk| renew_chunk(inner, chunk))
+        .await;
+    Instant::now()
+}
+
+/// The most holds the watchdog puts in one [`Backend::extend`] call.
+pub(crate) const RENEW_BATCH: usize = 500;
+/// How many `extend` calls of one watchdog round may be in flight at once.
+const RENEW_IN_FLIGHT: usize = 4;
+
+/// Renews one batch of holds in one `extend` call and applies the answers.
+async fn renew_chunk(inner: &Arc<Inner>, batch: &[Arc<Hold>]) {
+    let now = Instant::now();
     let refs: Vec<HoldRef<'_>> = batch.iter().map(|h| h.as_ref_with(h.lease)).collect();
     let earliest = batch
         .iter()
@@ -584,11 +606,10 @@ async fn renew_due(inner: &Arc<Inner>) -> Instant {
                 Err(_) => "renewal did not finish before the lease deadline".to_string(),
             };
             tracing::warn!(error = %why, holds = batch.len(), "renewal failed; retrying until the lease deadline");
-            for h in &batch {
+            for h in batch {
                 // Retry soon, but never later than the deadline allows.
                 h.retry_renewal_at(Instant::now() + (h.lease / 10).min(Duration::from_secs(1)));
             }
         }
     }
-    Instant::now()
 }

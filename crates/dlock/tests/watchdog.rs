@@ -1,5 +1,6 @@
 //! The renewal watchdog batches: every hold of a client is extended in one `extend` call per
-//! round, at about lease/3, and a failing store is retried without spinning.
+//! round (at most 500 holds per call), at about lease/3, and a failing store is retried without
+//! spinning.
 
 use async_trait::async_trait;
 use dlock::backend::memory::MemoryBackend;
@@ -131,4 +132,44 @@ async fn a_failing_store_is_retried_calmly_and_the_hold_is_lost_at_its_deadline(
     eprintln!("lost() at {at:?} after {calls} failed renewal calls");
     assert!((2..=15).contains(&calls), "{calls} failed renewal calls");
     assert!(!guard.is_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_holds_are_renewed_in_calls_of_at_most_500() {
+    let backend = counting("watchdog-many");
+    let lease = Duration::from_millis(1500);
+    let client = Client::with_backend(
+        backend.clone(),
+        "mem://watchdog-many",
+        ClientOptions::default().lease(lease),
+    )
+    .unwrap();
+    let mut guards = Vec::new();
+    for i in 0..1_700 {
+        guards.push(
+            client
+                .mutex(format!("n{i}"))
+                .unwrap()
+                .try_acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(lease * 2).await;
+    assert!(guards.iter().all(|g| g.is_held()), "a hold was lost");
+    let batches = backend.batches.lock().unwrap().clone();
+    let renewed: usize = batches.iter().sum();
+    eprintln!("extend calls (holds per call): {batches:?}");
+    assert!(
+        renewed >= 1_700 * 3,
+        "only {renewed} renewals in {batches:?}"
+    );
+    assert!(
+        batches.iter().all(|&n| n <= 500),
+        "an extend call carried more than 500 holds: {batches:?}"
+    );
+    assert!(
+        batches.iter().filter(|&&n| n == 500).count() >= 3,
+        "the 1 700 holds were not renewed in full calls of 500: {batches:?}"
+    );
 }

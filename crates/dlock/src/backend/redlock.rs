@@ -21,7 +21,9 @@
 //!   5–50 ms, else when enough of the blocking keys expire (at most 1 s). A repeat attempt of an
 //!   owner that holds is an idempotent re-grant on each server.
 //! - **Renewal**: the compare-and-pexpire script on all N servers in parallel, all holds of a
-//!   client in one pipeline per server. A hold confirmed by fewer than a majority, or whose
+//!   renewal batch (at most 500, see the core's watchdog) in one pipeline per server, each server
+//!   given the per-server timeout plus 100 µs per hold (at most a third of the lease). A hold
+//!   confirmed by fewer than a majority, or whose
 //!   validity (`lease − elapsed − drift`) is gone, is answered `Gone` (its `lost()` fires) and
 //!   its remaining keys are deleted in the background.
 //! - **Release**: compare-and-delete on every server it can reach; `Released` if a majority had
@@ -590,11 +592,14 @@ impl Backend for RedlockBackend {
             return Ok(Vec::new());
         }
         let shortest = holds.iter().map(|h| h.lease).min().unwrap_or(self.timeout);
+        // A batch of many holds is one pipeline per server: allow it time in proportion (the
+        // validity below subtracts whatever time it took, so waiting longer is safe).
+        let per_hold = Duration::from_micros(100) * u32::try_from(holds.len()).unwrap_or(u32::MAX);
+        let budget = (self.op_timeout(shortest) + per_hold)
+            .min((shortest / 3).max(self.op_timeout(shortest)));
         let start = Instant::now();
         let answers = self
-            .on_all(self.op_timeout(shortest), |b| async move {
-                b.extend(holds).await
-            })
+            .on_all(budget, |b| async move { b.extend(holds).await })
             .await;
         let elapsed = start.elapsed();
         let mut out = Vec::with_capacity(holds.len());

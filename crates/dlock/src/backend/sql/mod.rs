@@ -40,7 +40,9 @@
 //! the lock wait — and `NOW(6)` on MySQL), drop expired rows of the name, load live holds and
 //! queue, `decide`, apply, commit. MySQL sessions run at `READ COMMITTED`. Deadlocks and
 //! serialization failures are retried. `release` is one `DELETE` comparing the owner token;
-//! `extend` of many holds is one transaction. Expiries are milliseconds on the database clock,
+//! `extend` of many holds is one set-based `UPDATE … WHERE expires_at_ms > now AND (name, owner)
+//! IN (…)` per 500 holds of one lease length (autocommitted; a second `SELECT` reads back which
+//! were live only when fewer rows changed than were asked for). Expiries are milliseconds on the database clock,
 //! so client clocks do not matter; only the database's clock stepping changes lease lengths.
 //!
 //! # Wake-ups
@@ -90,7 +92,7 @@ pub mod config;
 
 use super::logic::Decision;
 use super::sql_common::{
-    bind_hold, bind_waiter, expiry, fence_column, listing, wait_for_change, HoldColumns,
+    bind_hold, bind_waiter, expiry, fence_column, listing, ms, wait_for_change, HoldColumns,
     HoldListing, NameState, QueuePlace, Rows, SignalRegistry, WaitSources, WaiterColumns,
     WaiterListing,
 };
@@ -102,7 +104,7 @@ use rand::Rng;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyConnection, AnyPool};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
@@ -124,6 +126,8 @@ const SCHEMA_VERSION: i64 = 1;
 const ROWS: Rows = Rows("the dlock tables");
 /// How often a deadlocked or serialization-failed transaction is tried.
 const TX_TRIES: u32 = 4;
+/// The most holds one set-based `extend` statement carries (two placeholders each).
+const EXTEND_CHUNK: usize = 500;
 
 /// The SQL flavour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -224,7 +228,6 @@ struct Stmts {
     refresh_queue: String,
     insert_queue: String,
     release: String,
-    extend: String,
     describe_holds: String,
     describe_queue: String,
     force_live: String,
@@ -301,10 +304,6 @@ impl Stmts {
             )),
             release: s(format!(
                 "DELETE FROM {t} WHERE name = ? AND owner = ? AND expires_at_ms > {now}"
-            )),
-            extend: s(format!(
-                "UPDATE {t} SET expires_at_ms = ?
-                 WHERE owner = ? AND name = ? AND expires_at_ms > ?"
             )),
             describe_holds: s(format!(
                 "SELECT name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
@@ -784,6 +783,54 @@ impl SqlBackend {
                 tracing::debug!(error = %e, "NOTIFY failed");
             }
         }
+    }
+
+    /// Extends the lease-mode holds of `group` (all with a lease of `lease_ms`) in one `UPDATE`,
+    /// autocommitted; answers which of them were still held. Only when fewer rows changed than
+    /// holds were asked for does a second statement read back which ones are live.
+    async fn extend_group(&self, lease_ms: i64, group: &[&HoldRef<'_>]) -> Result<Vec<bool>> {
+        let t = &self.table;
+        let now = self.dialect.now_ms();
+        let pairs = vec!["(?, ?)"; group.len()].join(", ");
+        let update = self.dialect.sql(&format!(
+            "UPDATE {t} SET expires_at_ms = {now} + ? \
+             WHERE expires_at_ms > {now} AND (name, owner) IN ({pairs})"
+        ));
+        let mut tries = 0;
+        let changed = loop {
+            tries += 1;
+            let mut q = sqlx::query(&update).persistent(false).bind(lease_ms);
+            for h in group {
+                q = q.bind(h.name.as_str()).bind(h.owner);
+            }
+            match q.execute(&self.pool).await {
+                Ok(r) => break r.rows_affected(),
+                Err(e) if is_retryable(&e) && tries < TX_TRIES => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        };
+        if changed >= group.len() as u64 {
+            return Ok(vec![true; group.len()]);
+        }
+        // Some are gone: read back which are live (the update just pushed every live one out).
+        let select = self.dialect.sql(&format!(
+            "SELECT name, owner FROM {t} WHERE expires_at_ms > {now} AND (name, owner) IN ({pairs})"
+        ));
+        let mut q = sqlx::query(&select).persistent(false);
+        for h in group {
+            q = q.bind(h.name.as_str()).bind(h.owner);
+        }
+        let rows = q.fetch_all(&self.pool).await.map_err(|e| self.err(e))?;
+        let mut live: HashSet<(String, String)> = HashSet::with_capacity(rows.len());
+        for r in rows {
+            let name: String = r.try_get(0).map_err(|e| self.err(e))?;
+            let owner: String = r.try_get(1).map_err(|e| self.err(e))?;
+            live.insert((name, owner));
+        }
+        Ok(group
+            .iter()
+            .map(|h| live.contains(&(h.name.as_str().to_owned(), h.owner.to_owned())))
+            .collect())
     }
 
     async fn db_now(&self, conn: &mut AnyConnection) -> std::result::Result<i64, sqlx::Error> {
@@ -1497,38 +1544,29 @@ impl Backend for SqlBackend {
             return Ok(out);
         }
         timed(&self.shown, async {
-            let mut tries = 0;
-            loop {
-                tries += 1;
-                let r = async {
-                    let mut tx = self.pool.begin().await?;
-                    let now = self.db_now(&mut tx).await?;
-                    let mut out = Vec::with_capacity(holds.len());
-                    for h in holds {
-                        let n = sqlx::query(&self.st.extend)
-                            .bind(expiry(now, h.lease))
-                            .bind(h.owner)
-                            .bind(h.name.as_str())
-                            .bind(now)
-                            .execute(&mut *tx)
-                            .await?
-                            .rows_affected();
-                        out.push(if n > 0 {
-                            Extended::Held { valid_for: h.lease }
-                        } else {
-                            Extended::Gone
-                        });
-                    }
-                    tx.commit().await?;
-                    Ok::<_, sqlx::Error>(out)
+            let mut out = vec![Extended::Gone; holds.len()];
+            for (first, chunk) in (0..holds.len())
+                .step_by(EXTEND_CHUNK)
+                .map(|i| (i, &holds[i..(i + EXTEND_CHUNK).min(holds.len())]))
+            {
+                // One statement per lease length in the chunk (usually one).
+                let mut by_lease: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+                for (i, h) in chunk.iter().enumerate() {
+                    by_lease.entry(ms(h.lease)).or_default().push(first + i);
                 }
-                .await;
-                match r {
-                    Err(e) if is_retryable(&e) && tries < TX_TRIES => continue,
-                    Err(e) => return Err(self.err(e)),
-                    Ok(out) => return Ok(out),
+                for (lease_ms, idx) in by_lease {
+                    let group: Vec<&HoldRef<'_>> = idx.iter().map(|&i| &holds[i]).collect();
+                    let live = self.extend_group(lease_ms, &group).await?;
+                    for (i, held) in idx.into_iter().zip(live) {
+                        if held {
+                            out[i] = Extended::Held {
+                                valid_for: holds[i].lease,
+                            };
+                        }
+                    }
                 }
             }
+            Ok(out)
         })
         .await
     }

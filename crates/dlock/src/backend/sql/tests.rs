@@ -116,6 +116,96 @@ async fn exclusion_across_two_clients(d: Dialect) {
     assert_eq!(stored_fence(&b, &base).await, 2);
 }
 
+/// `extend` of more holds than one statement carries, with two lease lengths, released,
+/// expired and foreign entries mixed in: every answer is right and nothing gone comes back.
+async fn extend_in_bulk(d: Dialect) {
+    let b = open(d, "dlt_bulk").await;
+    let base = uniq("bulk");
+    let m = meta("bulk");
+    const N: usize = 1_100;
+    let names: Vec<LockName> = (0..N).map(|i| name(&format!("{base}/{i}"))).collect();
+    let owners: Vec<String> = (0..N).map(|i| format!("owner-{i}")).collect();
+    let lease = |i: usize| {
+        if i % 3 == 0 {
+            Duration::from_secs(20)
+        } else {
+            LONG
+        }
+    };
+    let reqs: Vec<Request<'_>> = (0..N)
+        .map(|i| Request {
+            lease: if i % 97 == 5 {
+                Duration::from_millis(150)
+            } else {
+                lease(i)
+            },
+            ..rq(&names[i], &owners[i], &m)
+        })
+        .collect();
+    for chunk in reqs.chunks(100) {
+        let grants = futures_util::future::join_all(chunk.iter().map(|r| b.acquire(r))).await;
+        for g in grants {
+            token(g.unwrap());
+        }
+    }
+    // Released, expired (150 ms lease) and never-held (another owner) entries.
+    for i in (0..N).filter(|i| i % 89 == 7) {
+        assert_eq!(b.release(&hr(&reqs[i])).await.unwrap(), Released::Released);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let strangers: Vec<String> = (0..N).map(|i| format!("stranger-{i}")).collect();
+    let mut refs: Vec<HoldRef<'_>> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| HoldRef {
+            lease: lease(i),
+            ..hr(r)
+        })
+        .collect();
+    for i in (0..N).filter(|i| i % 101 == 3) {
+        refs[i].owner = &strangers[i];
+    }
+    let gone = |i: usize| i % 89 == 7 || i % 97 == 5 || i % 101 == 3;
+    let answers = b.extend(&refs).await.unwrap();
+    assert_eq!(answers.len(), N);
+    for (i, a) in answers.iter().enumerate() {
+        let want = if gone(i) {
+            Extended::Gone
+        } else {
+            Extended::Held {
+                valid_for: lease(i),
+            }
+        };
+        assert_eq!(*a, want, "hold {i}");
+    }
+    // The lease was set to each hold's own length, and nothing gone was revived.
+    let info = b.describe(&format!("{base}/")).await.unwrap();
+    let live: HashMap<String, u64> = info
+        .iter()
+        .map(|l| (l.name.clone(), l.holders[0].lease_left_ms.unwrap()))
+        .collect();
+    for i in 0..N {
+        let left = live.get(names[i].as_str());
+        if gone(i) && i % 101 != 3 {
+            assert_eq!(left, None, "hold {i} came back");
+        } else if !gone(i) {
+            let left = *left.unwrap_or_else(|| panic!("hold {i} is missing"));
+            let want = lease(i).as_millis() as u64;
+            assert!(
+                left <= want && left > want - 5_000,
+                "hold {i}: {left} ms left"
+            );
+        }
+    }
+    // A stranger's extend did not touch the real owner's hold (still there, lease unchanged).
+    for i in (0..N).filter(|i| i % 101 == 3 && i % 89 != 7 && i % 97 != 5) {
+        assert!(live.contains_key(names[i].as_str()), "hold {i}");
+    }
+    for r in &reqs {
+        b.release(&hr(r)).await.unwrap();
+    }
+}
+
 async fn fence_increases_across_expiry_and_reconnect(d: Dialect) {
     let n = name(&uniq("fence"));
     let m = meta("x");
@@ -682,6 +772,7 @@ macro_rules! tests {
 mod postgres {
     tests!(super::Dialect::Postgres;
         exclusion_across_two_clients,
+        extend_in_bulk,
         fence_increases_across_expiry_and_reconnect,
         owner_only_release_after_expiry,
         fair_order,
@@ -705,6 +796,7 @@ mod postgres {
 mod mysql {
     tests!(super::Dialect::MySql;
         exclusion_across_two_clients,
+        extend_in_bulk,
         fence_increases_across_expiry_and_reconnect,
         owner_only_release_after_expiry,
         fair_order,
