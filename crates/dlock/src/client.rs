@@ -11,7 +11,8 @@ use crate::lock::{Mutex, RwLock, Semaphore};
 use crate::name::LockName;
 use crate::signal::NameSignals;
 use rand::Rng;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -162,6 +163,9 @@ pub(crate) struct Inner {
     holds: StdMutex<HashMap<String, Weak<Hold>>>,
     /// In-process wake-ups by lock name.
     local: NameSignals,
+    /// This client's waiters per lock name, in arrival order (see [`LinePlace`]).
+    lines: StdMutex<HashMap<String, Line>>,
+    next_waiter: AtomicU64,
     kick: Arc<Notify>,
 }
 
@@ -201,6 +205,8 @@ impl Client {
             backend,
             holds: StdMutex::new(HashMap::new()),
             local: NameSignals::default(),
+            lines: StdMutex::new(HashMap::new()),
+            next_waiter: AtomicU64::new(0),
             kick: Arc::new(Notify::new()),
         });
         rt.spawn(watchdog(Arc::downgrade(&inner), inner.kick.clone()));
@@ -353,6 +359,73 @@ impl Drop for Abandon {
     }
 }
 
+/// The waiters of one client for one lock name, in arrival order: (waiter id, its promotion
+/// signal). The front is the head.
+type Line = VecDeque<(u64, Arc<Notify>)>;
+
+/// A waiter's place in its client's line for one lock name. Only the waiter at the head of the
+/// line waits for the store's wake-up (and this client's own releases); the others wait until
+/// they reach the head or their own wait slice ends. A release thus costs one attempt per
+/// waiting *process*, not one per waiting task (no thundering herd inside a process). Leaving
+/// the line (granted, timed out, failed or dropped) hands the head to the next waiter, which
+/// attempts at once; a reader of a read-write lock that was granted wakes the whole line, since
+/// readers share.
+struct LinePlace {
+    client: Arc<Inner>,
+    name: String,
+    id: u64,
+    promoted: Arc<Notify>,
+    wake_all: bool,
+}
+
+impl LinePlace {
+    fn join(client: &Arc<Inner>, name: &str) -> LinePlace {
+        let id = client.next_waiter.fetch_add(1, Ordering::Relaxed);
+        let promoted = Arc::new(Notify::new());
+        lock(&client.lines)
+            .entry(name.to_owned())
+            .or_default()
+            .push_back((id, promoted.clone()));
+        LinePlace {
+            client: client.clone(),
+            name: name.to_owned(),
+            id,
+            promoted,
+            wake_all: false,
+        }
+    }
+
+    fn is_head(&self) -> bool {
+        lock(&self.client.lines)
+            .get(&self.name)
+            .and_then(|l| l.front())
+            .is_some_and(|(id, _)| *id == self.id)
+    }
+}
+
+impl Drop for LinePlace {
+    fn drop(&mut self) {
+        let mut lines = lock(&self.client.lines);
+        let Some(line) = lines.get_mut(&self.name) else {
+            return;
+        };
+        let was_head = line.front().is_some_and(|(id, _)| *id == self.id);
+        line.retain(|(id, _)| *id != self.id);
+        if self.wake_all {
+            for (_, n) in line.iter() {
+                n.notify_one();
+            }
+        } else if was_head {
+            if let Some((_, n)) = line.front() {
+                n.notify_one();
+            }
+        }
+        if line.is_empty() {
+            lines.remove(&self.name);
+        }
+    }
+}
+
 impl Inner {
     /// Wakes this client's tasks waiting on `name` (after a release by this client).
     pub(crate) fn wake_local(&self, name: &str) {
@@ -395,6 +468,7 @@ impl Inner {
             meta: self.meta.clone(),
             armed: true,
         };
+        let mut line: Option<LinePlace> = None;
         loop {
             let notified = local.notified();
             tokio::pin!(notified);
@@ -403,6 +477,9 @@ impl Inner {
             let busy = match self.backend.acquire(&req).await {
                 Ok(Attempt::Granted(g)) => {
                     abandon.armed = false;
+                    if let Some(place) = line.as_mut() {
+                        place.wake_all = spec.kind == LockKind::RwLock && spec.mode == Mode::Shared;
+                    }
                     let deadline = sent + g.valid_for.saturating_sub(margin(g.valid_for));
                     let hold = Hold::new(
                         self.clone(),
@@ -468,6 +545,19 @@ impl Inner {
             let mut until = now + slice;
             if let Some(d) = give_up {
                 until = until.min(d);
+            }
+            // Waiters that keep a place in the store's queue wait each for themselves: their order
+            // is the store's. So do session stores, whose waiters each watch their predecessor.
+            if !req.takes_queue_place() && self.caps.validity == Validity::Lease {
+                let place = line.get_or_insert_with(|| LinePlace::join(self, spec.name.as_str()));
+                if !place.is_head() {
+                    let promoted = place.promoted.clone();
+                    tokio::select! {
+                        _ = promoted.notified() => {}
+                        _ = tokio::time::sleep_until(until.into()) => {}
+                    }
+                    continue;
+                }
             }
             tokio::select! {
                 _ = &mut notified => {}

@@ -2,69 +2,12 @@
 //! round (at most 500 holds per call), at about lease/3, and a failing store is retried without
 //! spinning.
 
-use async_trait::async_trait;
-use dlock::backend::memory::MemoryBackend;
-use dlock::backend::{
-    Attempt, Backend, Busy, Capabilities, Extended, HoldRef, LockInfo, Released, Request,
-};
-use dlock::{Client, ClientOptions, LockName};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use common::counting;
+use dlock::{Client, ClientOptions};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-/// The in-memory store, recording the size of every `extend` call and able to fail them.
-#[derive(Debug)]
-struct Counting {
-    inner: MemoryBackend,
-    batches: Mutex<Vec<usize>>,
-    failing: AtomicBool,
-    failed_calls: AtomicUsize,
-}
-
-#[async_trait]
-impl Backend for Counting {
-    fn name(&self) -> &'static str {
-        "counting"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn acquire(&self, req: &Request<'_>) -> dlock::Result<Attempt> {
-        self.inner.acquire(req).await
-    }
-    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> dlock::Result<()> {
-        self.inner.wait(req, busy, until).await
-    }
-    async fn cancel(&self, req: &Request<'_>) -> dlock::Result<()> {
-        self.inner.cancel(req).await
-    }
-    async fn release(&self, hold: &HoldRef<'_>) -> dlock::Result<Released> {
-        self.inner.release(hold).await
-    }
-    async fn extend(&self, holds: &[HoldRef<'_>]) -> dlock::Result<Vec<Extended>> {
-        if self.failing.load(Ordering::SeqCst) {
-            self.failed_calls.fetch_add(1, Ordering::SeqCst);
-            return Err(dlock::Error::Unavailable("test: store down".into()));
-        }
-        self.batches.lock().unwrap().push(holds.len());
-        self.inner.extend(holds).await
-    }
-    async fn describe(&self, prefix: &str) -> dlock::Result<Vec<LockInfo>> {
-        self.inner.describe(prefix).await
-    }
-    async fn force_release(&self, name: &LockName) -> dlock::Result<u64> {
-        self.inner.force_release(name).await
-    }
-}
-
-fn counting(store: &str) -> Arc<Counting> {
-    Arc::new(Counting {
-        inner: MemoryBackend::named(store),
-        batches: Mutex::new(Vec::new()),
-        failing: AtomicBool::new(false),
-        failed_calls: AtomicUsize::new(0),
-    })
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_holds_of_a_client_are_renewed_in_one_call_per_round() {
