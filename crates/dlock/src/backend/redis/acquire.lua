@@ -10,6 +10,18 @@ local owner, kind, permits, mode = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local lease, enqueue, qttl = tonumber(ARGV[5]), ARGV[6] == '1', tonumber(ARGV[7])
 local now = now_ms()
 
+-- Fast path: a free mutex with nobody queued (neither key exists) is a plain SET PX, the fence
+-- and the metadata (the common uncontended case).
+-- Anything else (held, a regrant, a hash of another kind, a queue) takes the full rule below.
+if kind == 'mutex' and redis.call('EXISTS', base, q) == 0 then
+  redis.call('SET', base, owner, 'PX', fmt(lease))
+  local tok = redis.call('INCR', fence)
+  redis.call('HSET', meta, 'client_id', ARGV[8], 'host', ARGV[9], 'pid', ARGV[10],
+    'acquired_at', fmt(now), 'token', fmt(tok), 'mode', mode)
+  redis.call('PEXPIRE', meta, fmt(lease))
+  return {1, tok}
+end
+
 prune_queue(q, qexp, qinfo, qseq, now)
 local hkind, hpermits, holds = load_holds(base, exp, now)
 if hkind == 'foreign' then

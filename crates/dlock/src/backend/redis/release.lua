@@ -2,7 +2,6 @@
 -- KEYS: 1 base, 2 exp, 3 meta; ARGV: 1 owner, 2 channel ('' for a quiet release that wakes
 -- nobody: Redlock's clean-up of a partial grant). Returns 1 released, 0 not held.
 local base, exp, meta, owner = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
-local now = now_ms()
 local t = redis.call('TYPE', base)['ok']
 local released = 0
 if t == 'string' then
@@ -11,6 +10,7 @@ if t == 'string' then
     released = 1
   end
 elseif t == 'hash' then
+  local now = now_ms()
   local s = redis.call('ZSCORE', exp, owner)
   if s then
     if tonumber(s) > now and redis.call('HEXISTS', base, 'h:' .. owner) == 1 then
