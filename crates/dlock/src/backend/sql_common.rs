@@ -157,6 +157,45 @@ impl Rows {
 pub(crate) type HoldColumns = (String, String, i64, String, i64, i64);
 /// A live queue row, in queue order: `owner, mode, expires_at_ms`.
 pub(crate) type WaiterColumns = (String, String, i64);
+/// One row of a name's whole state read in one `UNION ALL`: `part` (`'f'` the fence row, `'h'` a
+/// hold, `'q'` a queue place), `owner, kind, permits, mode`, `ord` (the fence of the fence row
+/// or a hold, the sequence of a queue place) and `expires_at_ms`. Ordered by `part, ord`.
+pub(crate) type StateRow = (String, String, String, i64, String, i64, i64);
+
+/// A name's state as read in one statement.
+pub(crate) struct Loaded {
+    /// The live holds and queue places.
+    pub state: NameState,
+    /// The stored fence, when the statement read the fence row and it exists (SQLite).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub fence: Option<i64>,
+    /// Whether expired holds or queue places were seen (they are then deleted).
+    pub expired: bool,
+}
+
+impl Loaded {
+    /// Splits the rows of one name at `now` into the live state, the fence and whether any
+    /// expired rows are left to delete.
+    pub(crate) fn split(rows: Rows, all: Vec<StateRow>, now: i64) -> Result<Loaded> {
+        let mut holds: Vec<HoldColumns> = Vec::new();
+        let mut queue: Vec<WaiterColumns> = Vec::new();
+        let (mut fence, mut expired) = (None, false);
+        for (part, owner, kind, permits, mode, ord, expires_at_ms) in all {
+            match part.as_str() {
+                "f" => fence = Some(ord),
+                _ if expires_at_ms <= now => expired = true,
+                "h" => holds.push((owner, kind, permits, mode, ord, expires_at_ms)),
+                _ => queue.push((owner, mode, expires_at_ms)),
+            }
+        }
+        Ok(Loaded {
+            state: NameState::from_rows(rows, holds, queue)?,
+            fence,
+            expired,
+        })
+    }
+}
+
 /// A hold row as listed: `name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
 /// client_id, host, pid`.
 pub(crate) type HoldListing = (

@@ -70,9 +70,8 @@
 
 use super::logic::Decision;
 use super::sql_common::{
-    bind_hold, bind_waiter, expiry, fence_column, listing, wait_for_change, HoldColumns,
-    HoldListing, NameState, QueuePlace, Rows, SignalRegistry, WaitSources, WaiterColumns,
-    WaiterListing,
+    bind_hold, bind_waiter, expiry, fence_column, listing, wait_for_change, HoldListing, Loaded,
+    QueuePlace, Rows, SignalRegistry, StateRow, WaitSources, WaiterListing,
 };
 use super::*;
 use crate::error::Error;
@@ -156,28 +155,28 @@ fn now_ms() -> i64 {
 }
 
 /// Loads the live holds and queue places of `name` at `now` on `conn`.
+/// The whole state of `name` (fence row, holds, queue places, live or expired) in one statement.
 async fn load_state(
     conn: &mut sqlx::SqliteConnection,
     name: &str,
     now: i64,
-) -> std::result::Result<Result<NameState>, sqlx::Error> {
-    let holds: Vec<HoldColumns> = sqlx::query_as(
-        "SELECT owner, kind, permits, mode, fence, expires_at_ms FROM dlock_holds
-         WHERE name = ? AND expires_at_ms > ? ORDER BY fence",
+) -> std::result::Result<Result<Loaded>, sqlx::Error> {
+    let rows: Vec<StateRow> = sqlx::query_as(
+        "SELECT 'f' AS part, '' AS owner, '' AS kind, 0 AS permits, '' AS mode, fence AS ord,
+                0 AS expires_at_ms
+         FROM dlock_fences WHERE name = ?1
+         UNION ALL
+         SELECT 'h', owner, kind, permits, mode, fence, expires_at_ms
+         FROM dlock_holds WHERE name = ?1
+         UNION ALL
+         SELECT 'q', owner, '', 0, mode, seq, expires_at_ms
+         FROM dlock_queue WHERE name = ?1
+         ORDER BY part, ord",
     )
     .bind(name)
-    .bind(now)
     .fetch_all(&mut *conn)
     .await?;
-    let queue: Vec<WaiterColumns> = sqlx::query_as(
-        "SELECT owner, mode, expires_at_ms FROM dlock_queue
-         WHERE name = ? AND expires_at_ms > ? ORDER BY seq",
-    )
-    .bind(name)
-    .bind(now)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(NameState::from_rows(ROWS, holds, queue))
+    Ok(Loaded::split(ROWS, rows, now))
 }
 
 /// The embedded SQLite store. Obtain it with `dlock::connect("sqlite:///path/to/locks.db")`, or
@@ -336,11 +335,11 @@ impl SqliteBackend {
     async fn still_busy(&self, req: &Request<'_>) -> Result<bool> {
         let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         let now = now_ms();
-        let state = load_state(&mut tx, req.name.as_str(), now)
+        let loaded = load_state(&mut tx, req.name.as_str(), now)
             .await
             .map_err(|e| self.err(e))??;
         tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(state.still_busy(req, now))
+        Ok(loaded.state.still_busy(req, now))
     }
 
     async fn acquire_tx(&self, req: &Request<'_>) -> Result<Attempt> {
@@ -352,28 +351,28 @@ impl SqliteBackend {
             .map_err(|e| self.err(e))?;
         // Read the clock only once the write lock is ours.
         let now = now_ms();
-        for stmt in [
-            "DELETE FROM dlock_holds WHERE name = ? AND expires_at_ms <= ?",
-            "DELETE FROM dlock_queue WHERE name = ? AND expires_at_ms <= ?",
-        ] {
-            sqlx::query(stmt)
-                .bind(name)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
-        }
-        let state = load_state(&mut tx, name, now)
+        let Loaded {
+            state,
+            fence: stored,
+            expired,
+        } = load_state(&mut tx, name, now)
             .await
             .map_err(|e| self.err(e))??;
-        let stored: Option<(i64,)> =
-            sqlx::query_as("SELECT fence FROM dlock_fences WHERE name = ?")
-                .bind(name)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
+        if expired {
+            for stmt in [
+                "DELETE FROM dlock_holds WHERE name = ? AND expires_at_ms <= ?",
+                "DELETE FROM dlock_queue WHERE name = ? AND expires_at_ms <= ?",
+            ] {
+                sqlx::query(stmt)
+                    .bind(name)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+        }
         let stored = match stored {
-            Some((f,)) => Some(ROWS.token(f)?),
+            Some(f) => Some(ROWS.token(f)?),
             None => None,
         };
         let fence = state.fence(stored);
@@ -414,12 +413,14 @@ impl SqliteBackend {
                         .await
                         .map_err(|e| self.err(e))?;
                 }
-                sqlx::query("DELETE FROM dlock_queue WHERE name = ? AND owner = ?")
-                    .bind(name)
-                    .bind(req.owner)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| self.err(e))?;
+                if state.queue.iter().any(|w| w.owner == req.owner) {
+                    sqlx::query("DELETE FROM dlock_queue WHERE name = ? AND owner = ?")
+                        .bind(name)
+                        .bind(req.owner)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                }
                 let insert = sqlx::query(
                     "INSERT INTO dlock_holds (name, owner, kind, permits, mode, fence,
                          expires_at_ms, acquired_at_ms, client_id, host, pid)

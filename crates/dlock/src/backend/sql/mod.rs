@@ -33,17 +33,22 @@
 //!
 //! # Transactions and clock
 //!
-//! `acquire` is one transaction: make sure the name's fence row exists (`INSERT … ON CONFLICT DO
-//! NOTHING` / `INSERT … ON DUPLICATE KEY UPDATE fence = fence`), lock it (`SELECT … FOR UPDATE`),
-//! which serializes every grant of that name across all clients, read the **database clock**
-//! (`clock_timestamp()` on PostgreSQL — not `now()`, the transaction's start, which lies before
-//! the lock wait — and `NOW(6)` on MySQL), drop expired rows of the name, load live holds and
-//! queue, `decide`, apply, commit. MySQL sessions run at `READ COMMITTED`. Deadlocks and
-//! serialization failures are retried. `release` is one `DELETE` comparing the owner token;
-//! `extend` of many holds is one set-based `UPDATE … WHERE expires_at_ms > now AND (name, owner)
-//! IN (…)` per 500 holds of one lease length (autocommitted; a second `SELECT` reads back which
-//! were live only when fewer rows changed than were asked for). Expiries are milliseconds on the database clock,
-//! so client clocks do not matter; only the database's clock stepping changes lease lengths.
+//! `acquire` is one transaction that serializes every grant of a name across all clients on a
+//! row lock of the name's fence row, then reads the **database clock** (`clock_timestamp()` on
+//! PostgreSQL — not `now()`, the transaction's start, which lies before the lock wait — and
+//! `NOW(6)` on MySQL). PostgreSQL does both in one statement (`INSERT … ON CONFLICT (name) DO
+//! UPDATE SET fence = fence RETURNING fence, clock`: the `RETURNING` runs once the lock is held);
+//! MySQL, whose `NOW(6)` is the statement's start, uses `INSERT … ON DUPLICATE KEY UPDATE fence =
+//! fence`, `SELECT … FOR UPDATE`, then `SELECT NOW(6)`. Then the name's holds and queue are read
+//! in one `UNION ALL` (expired rows are deleted only when there are any), `decide`, apply,
+//! commit: on PostgreSQL a free mutex costs `BEGIN`, the lock, the read, the fence update, the
+//! insert and `COMMIT`. MySQL sessions run at `READ COMMITTED`. Deadlocks and serialization
+//! failures are retried. `release` is one `DELETE` comparing the owner token (on PostgreSQL the
+//! same statement sends the `NOTIFY`); `extend` of many holds is one set-based `UPDATE … WHERE
+//! expires_at_ms > now AND (name, owner) IN (…)` per 500 holds of one lease length
+//! (autocommitted; a second `SELECT` reads back which were live only when fewer rows changed than
+//! were asked for). Expiries are milliseconds on the database clock, so client clocks do not
+//! matter; only the database's clock stepping changes lease lengths.
 //!
 //! # Wake-ups
 //!
@@ -92,9 +97,8 @@ pub mod config;
 
 use super::logic::Decision;
 use super::sql_common::{
-    bind_hold, bind_waiter, expiry, fence_column, listing, ms, wait_for_change, HoldColumns,
-    HoldListing, NameState, QueuePlace, Rows, SignalRegistry, WaitSources, WaiterColumns,
-    WaiterListing,
+    bind_hold, bind_waiter, expiry, fence_column, listing, ms, wait_for_change, HoldListing,
+    Loaded, NameState, QueuePlace, Rows, SignalRegistry, StateRow, WaitSources, WaiterListing,
 };
 use super::*;
 use crate::error::Error;
@@ -214,13 +218,13 @@ struct Stmts {
     now: String,
     ensure_fence: String,
     lock_fence: String,
+    lock_fence_now: Option<String>,
+    load_all: String,
     set_fence: String,
     bump_fence: String,
     read_fence: String,
     del_expired_holds: String,
     del_expired_queue: String,
-    load_holds: String,
-    load_queue: String,
     regrant: String,
     del_queue_owner: String,
     del_hold_owner: String,
@@ -228,6 +232,7 @@ struct Stmts {
     refresh_queue: String,
     insert_queue: String,
     release: String,
+    release_notify: Option<String>,
     describe_holds: String,
     describe_queue: String,
     force_live: String,
@@ -257,6 +262,28 @@ impl Stmts {
             lock_fence: s(format!(
                 "SELECT fence FROM {t}_fences WHERE name = ? FOR UPDATE"
             )),
+            // PostgreSQL: create-or-lock the fence row and read the clock in one statement
+            // (`RETURNING` runs once the row lock is ours; `clock_timestamp()` is read then).
+            // MySQL's NOW(6) is the statement's start, before any lock wait: it keeps three.
+            lock_fence_now: match d {
+                Dialect::Postgres => Some(s(format!(
+                    "INSERT INTO {t}_fences (name, fence) VALUES (?, 0) \
+                     ON CONFLICT (name) DO UPDATE SET fence = {t}_fences.fence \
+                     RETURNING fence, {now}"
+                ))),
+                Dialect::MySql => None,
+            },
+            // Every row of the name, holds ('h', by fence) then queue ('q', by seq), live or
+            // expired: one round trip; expired rows are deleted only when there are any.
+            load_all: s(format!(
+                "SELECT 'h' AS part, owner, kind, permits, mode, fence AS ord, expires_at_ms \
+                 FROM {t} WHERE name = ? \
+                 UNION ALL \
+                 SELECT 'q' AS part, owner, '' AS kind, 0 AS permits, mode, seq AS ord, \
+                        expires_at_ms \
+                 FROM {t}_queue WHERE name = ? \
+                 ORDER BY part, ord"
+            )),
             set_fence: s(format!("UPDATE {t}_fences SET fence = ? WHERE name = ?")),
             bump_fence: s(match d {
                 Dialect::Postgres => format!(
@@ -274,14 +301,6 @@ impl Stmts {
             )),
             del_expired_queue: s(format!(
                 "DELETE FROM {t}_queue WHERE name = ? AND expires_at_ms <= ?"
-            )),
-            load_holds: s(format!(
-                "SELECT owner, kind, permits, mode, fence, expires_at_ms FROM {t}
-                 WHERE name = ? AND expires_at_ms > ? ORDER BY fence"
-            )),
-            load_queue: s(format!(
-                "SELECT owner, mode, expires_at_ms FROM {t}_queue
-                 WHERE name = ? AND expires_at_ms > ? ORDER BY seq"
             )),
             regrant: s(format!(
                 "UPDATE {t} SET expires_at_ms = ? WHERE owner = ? AND name = ?"
@@ -305,6 +324,18 @@ impl Stmts {
             release: s(format!(
                 "DELETE FROM {t} WHERE name = ? AND owner = ? AND expires_at_ms > {now}"
             )),
+            // PostgreSQL: the delete and its NOTIFY in one statement, so one round trip and one
+            // commit, and the notification goes out exactly when the delete commits. Answers
+            // how many holds were removed (0 or 1).
+            release_notify: match d {
+                Dialect::Postgres => Some(s(format!(
+                    "WITH d AS (DELETE FROM {t} \
+                                WHERE name = ? AND owner = ? AND expires_at_ms > {now} \
+                                RETURNING 1) \
+                     SELECT count(*) FROM (SELECT pg_notify(?, ?) FROM d) n"
+                ))),
+                Dialect::MySql => None,
+            },
             describe_holds: s(format!(
                 "SELECT name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
                         client_id, host, pid
@@ -837,25 +868,31 @@ impl SqlBackend {
         sqlx::query(&self.st.now).fetch_one(conn).await?.try_get(0)
     }
 
+    /// The live state of `name` at `now`, in one round trip. Deletes the name's expired rows
+    /// when there are any and `cleanup` is set (inside a grant transaction).
     async fn load_state(
         &self,
         conn: &mut AnyConnection,
         name: &str,
         now: i64,
-    ) -> Result<NameState> {
-        let holds: Vec<HoldColumns> = sqlx::query_as(&self.st.load_holds)
+        cleanup: bool,
+    ) -> std::result::Result<NameState, TxError> {
+        let rows: Vec<StateRow> = sqlx::query_as(&self.st.load_all)
             .bind(name)
-            .bind(now)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        let queue: Vec<WaiterColumns> = sqlx::query_as(&self.st.load_queue)
             .bind(name)
-            .bind(now)
             .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        NameState::from_rows(ROWS, holds, queue)
+            .await?;
+        let Loaded { state, expired, .. } = Loaded::split(ROWS, rows, now)?;
+        if expired && cleanup {
+            for stmt in [&self.st.del_expired_holds, &self.st.del_expired_queue] {
+                sqlx::query(stmt)
+                    .bind(name)
+                    .bind(now)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+        }
+        Ok(state)
     }
 
     /// `true` if `req` would still be refused now (read-only; for `wait`).
@@ -865,7 +902,13 @@ impl SqlBackend {
         }
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         let now = self.db_now(&mut conn).await.map_err(|e| self.err(e))?;
-        let state = self.load_state(&mut conn, req.name.as_str(), now).await?;
+        let state = self
+            .load_state(&mut conn, req.name.as_str(), now, false)
+            .await
+            .map_err(|e| match e {
+                TxError::Sql(e) => self.err(e),
+                TxError::Dlock(e) => e,
+            })?;
         Ok(state.still_busy(req, now))
     }
 
@@ -889,27 +932,28 @@ impl SqlBackend {
         let name = req.name.as_str();
         let st = &self.st;
         let mut tx = self.pool.begin().await?;
-        // Lock the name: every grant of it passes through this row lock.
-        sqlx::query(&st.ensure_fence)
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        let stored: i64 = sqlx::query(&st.lock_fence)
-            .bind(name)
-            .fetch_one(&mut *tx)
-            .await?
-            .try_get(0)?;
+        // Lock the name: every grant of it passes through this row lock. Read the clock only
+        // once the lock is ours.
+        let (stored, now) = match &st.lock_fence_now {
+            Some(stmt) => {
+                let row = sqlx::query(stmt).bind(name).fetch_one(&mut *tx).await?;
+                (row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)
+            }
+            None => {
+                sqlx::query(&st.ensure_fence)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+                let stored: i64 = sqlx::query(&st.lock_fence)
+                    .bind(name)
+                    .fetch_one(&mut *tx)
+                    .await?
+                    .try_get(0)?;
+                (stored, self.db_now(&mut tx).await?)
+            }
+        };
         let stored = ROWS.token(stored)?;
-        // Read the clock only once the lock is ours.
-        let now = self.db_now(&mut tx).await?;
-        for stmt in [&st.del_expired_holds, &st.del_expired_queue] {
-            sqlx::query(stmt)
-                .bind(name)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
-        let state = self.load_state(&mut tx, name, now).await?;
+        let state = self.load_state(&mut tx, name, now, true).await?;
         let fence = state.fence(Some(stored));
         let attempt = match state.decide(req, fence, now)? {
             Decision::Regrant { token } => {
@@ -931,11 +975,13 @@ impl SqlBackend {
                     .bind(name)
                     .execute(&mut *tx)
                     .await?;
-                sqlx::query(&st.del_queue_owner)
-                    .bind(name)
-                    .bind(req.owner)
-                    .execute(&mut *tx)
-                    .await?;
+                if state.queue.iter().any(|w| w.owner == req.owner) {
+                    sqlx::query(&st.del_queue_owner)
+                        .bind(name)
+                        .bind(req.owner)
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 bind_hold(sqlx::query(&st.insert_hold), req, token_i64, now)
                     .execute(&mut *tx)
                     .await?;
@@ -1495,6 +1541,26 @@ impl Backend for SqlBackend {
             return timed(&self.shown, self.session_release(hold)).await;
         }
         let name = hold.name.as_str();
+        if let (Some(stmt), Some(_)) = (&self.st.release_notify, &self.notify) {
+            let removed: i64 = timed(&self.shown, async {
+                sqlx::query(stmt)
+                    .bind(name)
+                    .bind(hold.owner)
+                    .bind(self.table.as_str())
+                    .bind(name)
+                    .fetch_one(&self.pool)
+                    .await
+                    .and_then(|r| r.try_get(0))
+                    .map_err(|e| self.err(e))
+            })
+            .await?;
+            return Ok(if removed > 0 {
+                self.signals.wake(name);
+                Released::Released
+            } else {
+                Released::NotHeld
+            });
+        }
         let removed = timed(&self.shown, async {
             Ok(sqlx::query(&self.st.release)
                 .bind(name)

@@ -184,8 +184,8 @@ async fn extend_in_bulk(d: Dialect) {
         .iter()
         .map(|l| (l.name.clone(), l.holders[0].lease_left_ms.unwrap()))
         .collect();
-    for i in 0..N {
-        let left = live.get(names[i].as_str());
+    for (i, n) in names.iter().enumerate() {
+        let left = live.get(n.as_str());
         if gone(i) && i % 101 != 3 {
             assert_eq!(left, None, "hold {i} came back");
         } else if !gone(i) {
