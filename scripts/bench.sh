@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The full `dlock bench` run of docs/BENCHMARKS.md: builds dlock in release mode, starts what the
+# machine does not already run — three private redis-servers for Redlock and a three-server
+# ZooKeeper ensemble, on free loopback ports — and benchmarks every store side by side:
+#
+#   scripts/bench.sh                      # all six stores, output in bench-out/ (git ignores it)
+#   scripts/bench.sh --only u1,c1,h1      # extra arguments go to `dlock bench`
+#
+# The machine's PostgreSQL (DLOCK_BENCH_POSTGRES, default postgres://postgres@127.0.0.1:5432/test),
+# MariaDB (DLOCK_BENCH_MYSQL, default mysql://root@127.0.0.1:3306/test) and Redis
+# (DLOCK_BENCH_REDIS, default redis://127.0.0.1:6379/) must be running. The servers this script
+# starts are stopped by pid when it exits.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/dlock-target}"
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
+
+need_pkg redis-server redis-server
+SCRATCH=$(mktemp -d /tmp/dlock-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  scripts/zk-ensemble.sh stop "$SCRATCH/zk" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+log "building dlock (release)"
+cargo build --release --locked -p dlock-cli
+
+log "starting three redis-servers for Redlock and a ZooKeeper ensemble"
+REDLOCK=""
+for i in 1 2 3; do
+  port=$(free_port)
+  mkdir -p "$SCRATCH/redis$i"
+  redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+    --dir "$SCRATCH/redis$i" --daemonize no >"$SCRATCH/redis$i/log" 2>&1 &
+  PIDS+=("$!")
+  REDLOCK="${REDLOCK:+$REDLOCK,}127.0.0.1:$port"
+done
+for i in 1 2 3; do
+  port=$(echo "$REDLOCK" | cut -d, -f"$i" | cut -d: -f2)
+  for _ in $(seq 1 100); do
+    redis-cli -p "$port" ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  redis-cli -p "$port" ping >/dev/null || { log "redis-server on port $port did not start"; exit 1; }
+done
+ZK=$(scripts/zk-ensemble.sh start "$SCRATCH/zk")
+mkdir -p "$SCRATCH/sqlite"
+
+mkdir -p bench-out
+log "running dlock bench (about 20 minutes for six stores)"
+"$CARGO_TARGET_DIR/release/dlock" bench --plot --out bench-out \
+  --url "sqlite://$SCRATCH/sqlite/locks.db" \
+  --url "${DLOCK_BENCH_REDIS:-redis://127.0.0.1:6379/}" \
+  --url "redlock://$REDLOCK" \
+  --url "${DLOCK_BENCH_POSTGRES:-postgres://postgres@127.0.0.1:5432/test}" \
+  --url "${DLOCK_BENCH_MYSQL:-mysql://root@127.0.0.1:3306/test}" \
+  --url "zk://$ZK/dlockbench" \
+  "$@"
