@@ -34,20 +34,23 @@
 //! # Transactions and clock
 //!
 //! `acquire` is one transaction that serializes every grant of a name across all clients on a
-//! row lock of the name's fence row, then reads the **database clock** (`clock_timestamp()` on
-//! PostgreSQL — not `now()`, the transaction's start, which lies before the lock wait — and
-//! `NOW(6)` on MySQL). PostgreSQL does both in one statement (`INSERT … ON CONFLICT (name) DO
-//! UPDATE SET fence = fence RETURNING fence, clock`: the `RETURNING` runs once the lock is held);
-//! MySQL, whose `NOW(6)` is the statement's start, uses `INSERT … ON DUPLICATE KEY UPDATE fence =
-//! fence`, `SELECT … FOR UPDATE`, then `SELECT NOW(6)`. Then the name's holds and queue are read
-//! in one `UNION ALL` (expired rows are deleted only when there are any), `decide`, apply,
-//! commit: on PostgreSQL a free mutex costs `BEGIN`, the lock, the read, the fence update, the
-//! insert and `COMMIT`. MySQL sessions run at `READ COMMITTED`. Deadlocks and serialization
-//! failures are retried. `release` is one `DELETE` comparing the owner token (on PostgreSQL the
-//! same statement sends the `NOTIFY`); `extend` of many holds is one set-based `UPDATE … WHERE
-//! expires_at_ms > now AND (name, owner) IN (…)` per 500 holds of one lease length
-//! (autocommitted; a second `SELECT` reads back which were live only when fewer rows changed than
-//! were asked for). Expiries are milliseconds on the database clock, so client clocks do not
+//! row lock of the name's fence row, and reads the **database clock** with that lock.
+//! PostgreSQL does both in one statement (`INSERT … ON CONFLICT (name) DO UPDATE SET fence =
+//! fence RETURNING fence, clock`, with `clock_timestamp()`, read once the lock is held); MySQL
+//! makes sure the row exists (`INSERT … ON DUPLICATE KEY UPDATE fence = fence`) and then runs
+//! `SELECT fence, NOW(6) … FOR UPDATE`, whose clock is the statement's start, before any lock
+//! wait. A clock read early is safe: it can only judge a hold that expired during the wait as
+//! live (a refusal), and the new hold's lease still ends no earlier than `sent + lease`, which is
+//! what the client counts from. Then the name's holds and queue are read in one `UNION ALL`
+//! (expired rows are deleted only when there are any), `decide`, apply, and `COMMIT` — or
+//! `ROLLBACK` when the attempt was refused and changed nothing, so a waiter that loses the race
+//! for a released lock costs no commit flush. On PostgreSQL a free mutex costs `BEGIN`, the
+//! lock, the read, the fence update, the insert and `COMMIT` (MySQL: one statement more).
+//! MySQL sessions run at `READ COMMITTED`. Deadlocks and serialization failures are retried.
+//! `release` is one `DELETE` comparing the owner token (on PostgreSQL the same statement sends
+//! the `NOTIFY`); `extend` of many holds is one set-based `UPDATE … WHERE expires_at_ms > now AND
+//! (name, owner) IN (…)` per 500 holds of one lease length (autocommitted; a second `SELECT`
+//! reads back which were live only when fewer rows changed than were asked for). Expiries are milliseconds on the database clock, so client clocks do not
 //! matter; only the database's clock stepping changes lease lengths.
 //!
 //! # Wake-ups
@@ -218,7 +221,7 @@ struct Stmts {
     now: String,
     ensure_fence: String,
     lock_fence: String,
-    lock_fence_now: Option<String>,
+    lock_fence_now: String,
     load_all: String,
     set_fence: String,
     bump_fence: String,
@@ -262,17 +265,23 @@ impl Stmts {
             lock_fence: s(format!(
                 "SELECT fence FROM {t}_fences WHERE name = ? FOR UPDATE"
             )),
-            // PostgreSQL: create-or-lock the fence row and read the clock in one statement
-            // (`RETURNING` runs once the row lock is ours; `clock_timestamp()` is read then).
-            // MySQL's NOW(6) is the statement's start, before any lock wait: it keeps three.
-            lock_fence_now: match d {
-                Dialect::Postgres => Some(s(format!(
+            // Lock the fence row and read the clock in one statement. PostgreSQL creates the row
+            // too (`RETURNING` runs once the row lock is ours; `clock_timestamp()` is read then);
+            // MySQL needs the row to exist first (`ensure_fence`), and its `NOW(6)` is the
+            // statement's start, before any lock wait. An early clock is safe: it can only judge
+            // a hold that expired during the wait as still live (a refusal), and it ends the new
+            // hold's lease no earlier than the request was sent, which is what the client counts
+            // from.
+            lock_fence_now: s(match d {
+                Dialect::Postgres => format!(
                     "INSERT INTO {t}_fences (name, fence) VALUES (?, 0) \
                      ON CONFLICT (name) DO UPDATE SET fence = {t}_fences.fence \
                      RETURNING fence, {now}"
-                ))),
-                Dialect::MySql => None,
-            },
+                ),
+                Dialect::MySql => {
+                    format!("SELECT fence, {now} FROM {t}_fences WHERE name = ? FOR UPDATE")
+                }
+            }),
             // Every row of the name, holds ('h', by fence) then queue ('q', by seq), live or
             // expired: one round trip; expired rows are deleted only when there are any.
             load_all: s(format!(
@@ -869,14 +878,15 @@ impl SqlBackend {
     }
 
     /// The live state of `name` at `now`, in one round trip. Deletes the name's expired rows
-    /// when there are any and `cleanup` is set (inside a grant transaction).
+    /// when there are any and `cleanup` is set (inside a grant transaction); the flag says
+    /// whether it did.
     async fn load_state(
         &self,
         conn: &mut AnyConnection,
         name: &str,
         now: i64,
         cleanup: bool,
-    ) -> std::result::Result<NameState, TxError> {
+    ) -> std::result::Result<(NameState, bool), TxError> {
         let rows: Vec<StateRow> = sqlx::query_as(&self.st.load_all)
             .bind(name)
             .bind(name)
@@ -892,7 +902,7 @@ impl SqlBackend {
                     .await?;
             }
         }
-        Ok(state)
+        Ok((state, expired && cleanup))
     }
 
     /// `true` if `req` would still be refused now (read-only; for `wait`).
@@ -908,7 +918,8 @@ impl SqlBackend {
             .map_err(|e| match e {
                 TxError::Sql(e) => self.err(e),
                 TxError::Dlock(e) => e,
-            })?;
+            })?
+            .0;
         Ok(state.still_busy(req, now))
     }
 
@@ -932,31 +943,25 @@ impl SqlBackend {
         let name = req.name.as_str();
         let st = &self.st;
         let mut tx = self.pool.begin().await?;
-        // Lock the name: every grant of it passes through this row lock. Read the clock only
-        // once the lock is ours.
-        let (stored, now) = match &st.lock_fence_now {
-            Some(stmt) => {
-                let row = sqlx::query(stmt).bind(name).fetch_one(&mut *tx).await?;
-                (row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)
-            }
-            None => {
-                sqlx::query(&st.ensure_fence)
-                    .bind(name)
-                    .execute(&mut *tx)
-                    .await?;
-                let stored: i64 = sqlx::query(&st.lock_fence)
-                    .bind(name)
-                    .fetch_one(&mut *tx)
-                    .await?
-                    .try_get(0)?;
-                (stored, self.db_now(&mut tx).await?)
-            }
-        };
+        // Lock the name: every grant of it passes through this row lock.
+        if self.dialect == Dialect::MySql {
+            sqlx::query(&st.ensure_fence)
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let row = sqlx::query(&st.lock_fence_now)
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?;
+        let (stored, now): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
         let stored = ROWS.token(stored)?;
-        let state = self.load_state(&mut tx, name, now, true).await?;
+        // Whether the transaction changed anything but the row lock (else it rolls back).
+        let (state, mut wrote) = self.load_state(&mut tx, name, now, true).await?;
         let fence = state.fence(Some(stored));
         let attempt = match state.decide(req, fence, now)? {
             Decision::Regrant { token } => {
+                wrote = true;
                 sqlx::query(&st.regrant)
                     .bind(expiry(now, req.lease))
                     .bind(req.owner)
@@ -969,6 +974,7 @@ impl SqlBackend {
                 })
             }
             Decision::Grant { token } => {
+                wrote = true;
                 let token_i64 = fence_column(name, token)?;
                 sqlx::query(&st.set_fence)
                     .bind(token_i64)
@@ -994,6 +1000,7 @@ impl SqlBackend {
                 match state.queue_place(req.owner, enqueue, now) {
                     QueuePlace::Keep => {}
                     QueuePlace::Refresh { expires_at_ms } => {
+                        wrote = true;
                         sqlx::query(&st.refresh_queue)
                             .bind(expires_at_ms)
                             .bind(name)
@@ -1002,6 +1009,7 @@ impl SqlBackend {
                             .await?;
                     }
                     QueuePlace::Insert { expires_at_ms } => {
+                        wrote = true;
                         bind_waiter(sqlx::query(&st.insert_queue), req, expires_at_ms)
                             .execute(&mut *tx)
                             .await?;
@@ -1010,7 +1018,13 @@ impl SqlBackend {
                 Attempt::Busy(Busy { retry_in })
             }
         };
-        tx.commit().await?;
+        // A refusal that changed nothing ends with ROLLBACK: no commit record to flush to disk,
+        // so the waiters that lose a race for a released lock cost no fsync each.
+        if wrote {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
         Ok(attempt)
     }
 
