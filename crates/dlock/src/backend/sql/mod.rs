@@ -50,8 +50,9 @@
 //! `release` is one `DELETE` comparing the owner token (on PostgreSQL the same statement sends
 //! the `NOTIFY`); `extend` of many holds is one set-based `UPDATE … WHERE expires_at_ms > now AND
 //! (name, owner) IN (…)` per 500 holds of one lease length (autocommitted; a second `SELECT`
-//! reads back which were live only when fewer rows changed than were asked for). Expiries are milliseconds on the database clock, so client clocks do not
-//! matter; only the database's clock stepping changes lease lengths.
+//! reads back which were live only when fewer rows changed than were asked for). Expiries are
+//! milliseconds on the database clock, so client clocks do not matter; only the database's clock
+//! stepping changes lease lengths.
 //!
 //! # Wake-ups
 //!
