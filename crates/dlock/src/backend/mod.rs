@@ -28,6 +28,8 @@ pub mod sql;
 pub(crate) mod sql_common;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "sqlite")]
+mod sqlite_watch;
 #[cfg(test)]
 #[allow(dead_code)] // each store's tests use a different subset
 pub(crate) mod test_support;

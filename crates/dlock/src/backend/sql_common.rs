@@ -23,6 +23,45 @@ pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
 }
 
+/// The most holds one set-based `extend` statement carries (two placeholders each).
+pub(crate) const EXTEND_CHUNK: usize = 500;
+
+/// The groups in which the SQL stores extend `holds`: at most [`EXTEND_CHUNK`] holds of one lease
+/// length (in ms) each, as indexes into `holds`. One `UPDATE … WHERE (name, owner) IN (…)` per
+/// group (usually one group per chunk: a client's holds mostly share a lease).
+pub(crate) fn extend_groups(holds: &[HoldRef<'_>]) -> Vec<(i64, Vec<usize>)> {
+    let mut out = Vec::new();
+    for first in (0..holds.len()).step_by(EXTEND_CHUNK) {
+        let end = (first + EXTEND_CHUNK).min(holds.len());
+        let mut by_lease: std::collections::BTreeMap<i64, Vec<usize>> = Default::default();
+        for (i, h) in holds.iter().enumerate().take(end).skip(first) {
+            by_lease.entry(ms(h.lease)).or_default().push(i);
+        }
+        out.extend(by_lease);
+    }
+    out
+}
+
+/// `(?, ?), (?, ?), …` for `n` (name, owner) pairs.
+pub(crate) fn name_owner_pairs(n: usize) -> String {
+    vec!["(?, ?)"; n].join(", ")
+}
+
+/// The answers of an `extend`: `Held` for the holds whose index `live` says, `Gone` for the rest.
+pub(crate) fn extend_answers(holds: &[HoldRef<'_>], live: &[bool]) -> Vec<Extended> {
+    holds
+        .iter()
+        .zip(live)
+        .map(|(h, &l)| {
+            if l {
+                Extended::Held { valid_for: h.lease }
+            } else {
+                Extended::Gone
+            }
+        })
+        .collect()
+}
+
 /// The expiry of a lease of `d` starting at `now` (milliseconds).
 pub(crate) fn expiry(now: i64, d: Duration) -> i64 {
     now.saturating_add(ms(d))
@@ -435,6 +474,14 @@ pub(crate) struct WaitSources<'a> {
     pub listener: Option<tokio::sync::watch::Receiver<bool>>,
     /// Whether the listener's notifications cover this wait.
     pub listening: bool,
+    /// While listening, still re-read the lock this often (a wake-up source that can miss
+    /// changes); `None` trusts the listener.
+    pub safety_poll: Option<Duration>,
+    /// After a change was reported and the look still found the lock busy, look again after
+    /// each of these delays (a report that can come before the change is visible: SQLite's last
+    /// write to its `-wal` precedes the fsync and the shared-memory index update that publishes
+    /// the commit). Empty when a report means the change is visible (PostgreSQL's NOTIFY).
+    pub settle: &'static [Duration],
 }
 
 /// `Backend::wait` of the SQL stores: returns when `still_busy()` says the request may be granted,
@@ -462,14 +509,25 @@ where
     notified.as_mut().enable();
     let mut listener = src.listener;
     let mut step = 0u32;
+    // How many of `src.settle`'s looks are left since the last reported change.
+    let mut settling: Option<usize> = None;
     loop {
+        // Mark the listener's news as seen *before* the look, so a change reported while the
+        // look runs (a commit whose first write woke us, finishing during the read) wakes the
+        // waiter again instead of being swallowed.
+        let listening = src.listening && listener.as_mut().is_some_and(|l| *l.borrow_and_update());
         if Instant::now() >= until || !still_busy().await? {
             return Ok(());
         }
-        let listening = src.listening && listener.as_mut().is_some_and(|l| *l.borrow_and_update());
         let now = Instant::now();
         let mut wake_at = if listening {
-            until
+            match settling.and_then(|i| src.settle.get(i).map(|d| (i, d))) {
+                Some((i, d)) => {
+                    settling = Some(i + 1);
+                    now + *d
+                }
+                None => src.safety_poll.map_or(until, |p| until.min(now + p)),
+            }
         } else {
             now + poll_interval(step, src.poll.0, src.poll.1)
         };
@@ -488,7 +546,7 @@ where
         };
         tokio::select! {
             _ = &mut notified => return Ok(()),
-            _ = listener_changed => {}
+            _ = listener_changed => settling = Some(0),
             _ = tokio::time::sleep_until(wake_at.into()) => {}
         }
     }

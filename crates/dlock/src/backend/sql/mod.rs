@@ -101,8 +101,9 @@ pub mod config;
 
 use super::logic::Decision;
 use super::sql_common::{
-    bind_hold, bind_waiter, expiry, fence_column, listing, ms, wait_for_change, HoldListing,
-    Loaded, NameState, QueuePlace, Rows, SignalRegistry, StateRow, WaitSources, WaiterListing,
+    bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, listing,
+    name_owner_pairs, wait_for_change, HoldListing, Loaded, NameState, QueuePlace, Rows,
+    SignalRegistry, StateRow, WaitSources, WaiterListing,
 };
 use super::*;
 use crate::error::Error;
@@ -112,7 +113,7 @@ use rand::Rng;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyConnection, AnyPool};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
@@ -134,8 +135,6 @@ const SCHEMA_VERSION: i64 = 1;
 const ROWS: Rows = Rows("the dlock tables");
 /// How often a deadlocked or serialization-failed transaction is tried.
 const TX_TRIES: u32 = 4;
-/// The most holds one set-based `extend` statement carries (two placeholders each).
-const EXTEND_CHUNK: usize = 500;
 
 /// The SQL flavour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -832,7 +831,7 @@ impl SqlBackend {
     async fn extend_group(&self, lease_ms: i64, group: &[&HoldRef<'_>]) -> Result<Vec<bool>> {
         let t = &self.table;
         let now = self.dialect.now_ms();
-        let pairs = vec!["(?, ?)"; group.len()].join(", ");
+        let pairs = name_owner_pairs(group.len());
         let update = self.dialect.sql(&format!(
             "UPDATE {t} SET expires_at_ms = {now} + ? \
              WHERE expires_at_ms > {now} AND (name, owner) IN ({pairs})"
@@ -1525,6 +1524,8 @@ impl Backend for SqlBackend {
             listener: self.listener.as_ref().map(|(s, _)| s.up.subscribe()),
             // A session lock freed by a dying connection sends no NOTIFY: session mode polls.
             listening: self.mode == HoldMode::Lease,
+            safety_poll: None,
+            settle: &[],
         };
         let still_busy = || timed(&self.shown, self.still_busy(req));
         wait_for_change(src, req.name.as_str(), busy, until, still_busy).await
@@ -1625,29 +1626,17 @@ impl Backend for SqlBackend {
             return Ok(out);
         }
         timed(&self.shown, async {
-            let mut out = vec![Extended::Gone; holds.len()];
-            for (first, chunk) in (0..holds.len())
-                .step_by(EXTEND_CHUNK)
-                .map(|i| (i, &holds[i..(i + EXTEND_CHUNK).min(holds.len())]))
-            {
-                // One statement per lease length in the chunk (usually one).
-                let mut by_lease: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
-                for (i, h) in chunk.iter().enumerate() {
-                    by_lease.entry(ms(h.lease)).or_default().push(first + i);
-                }
-                for (lease_ms, idx) in by_lease {
-                    let group: Vec<&HoldRef<'_>> = idx.iter().map(|&i| &holds[i]).collect();
-                    let live = self.extend_group(lease_ms, &group).await?;
-                    for (i, held) in idx.into_iter().zip(live) {
-                        if held {
-                            out[i] = Extended::Held {
-                                valid_for: holds[i].lease,
-                            };
-                        }
-                    }
+            let mut live = vec![false; holds.len()];
+            for (lease_ms, idx) in extend_groups(holds) {
+                let group: Vec<&HoldRef<'_>> = idx.iter().map(|&i| &holds[i]).collect();
+                for (i, l) in idx
+                    .into_iter()
+                    .zip(self.extend_group(lease_ms, &group).await?)
+                {
+                    live[i] = l;
                 }
             }
-            Ok(out)
+            Ok(extend_answers(holds, &live))
         })
         .await
     }

@@ -1,0 +1,154 @@
+//! Cross-process wake-ups for the SQLite store: every commit to a WAL-mode database appends to
+//! its `-wal` file, so a file-system watch on the database's directory (inotify on Linux, kqueue
+//! or FSEvents elsewhere, through the `notify` crate) tells the waiters of this process that
+//! another process may have released a lock. One watch per database file per process, shared
+//! by every backend opened on it; waiters then re-read the lock (a read-only transaction) instead
+//! of polling. If the watch cannot be set up (no inotify instances left, an unsupported file
+//! system) the store polls as before.
+
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use tokio::sync::watch;
+
+/// The watch of one database file: its value is `true` while the watch is up, and every change
+/// of the file is sent (as `true` again) so that receivers' `changed()` fires.
+pub(crate) struct FileWatch {
+    changed: Arc<watch::Sender<bool>>,
+    _watcher: Option<RecommendedWatcher>,
+}
+
+impl std::fmt::Debug for FileWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileWatch")
+            .field("up", &*self.changed.borrow())
+            .finish()
+    }
+}
+
+impl FileWatch {
+    /// Whether changes by other processes are being watched.
+    pub(crate) fn is_up(&self) -> bool {
+        *self.changed.borrow()
+    }
+
+    /// A receiver whose `changed()` fires on every change of the file.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
+        self.changed.subscribe()
+    }
+
+    fn start(db: &Path) -> FileWatch {
+        let changed = Arc::new(watch::channel(false).0);
+        let watcher = match watch_dir(db, changed.clone()) {
+            Ok(w) => {
+                changed.send_replace(true);
+                Some(w)
+            }
+            Err(e) => {
+                tracing::debug!(path = %db.display(), error = %e, "sqlite: no file watch; waiters poll");
+                None
+            }
+        };
+        FileWatch {
+            changed,
+            _watcher: watcher,
+        }
+    }
+}
+
+fn watch_dir(db: &Path, changed: Arc<watch::Sender<bool>>) -> notify::Result<RecommendedWatcher> {
+    let dir = db
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let file = db.file_name().map(OsString::from).unwrap_or_default();
+    let mut wal = file.clone();
+    wal.push("-wal");
+    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        let Ok(ev) = ev else { return };
+        if !matches!(ev.kind, EventKind::Modify(_) | EventKind::Create(_)) {
+            return;
+        }
+        let ours = ev
+            .paths
+            .iter()
+            .any(|p| p.file_name().is_some_and(|n| n == wal || n == file));
+        if ours {
+            changed.send_replace(true);
+        }
+    })?;
+    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    Ok(watcher)
+}
+
+/// The watch of the database at canonical path `key`, started on first use and shared while any
+/// backend of this process uses it.
+pub(crate) fn file_watch_for(key: &Path) -> Arc<FileWatch> {
+    static R: OnceLock<Mutex<HashMap<PathBuf, Weak<FileWatch>>>> = OnceLock::new();
+    let mut map = R
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(w) = map.get(key).and_then(Weak::upgrade) {
+        return w;
+    }
+    map.retain(|_, w| w.strong_count() > 0);
+    let w = Arc::new(FileWatch::start(key));
+    map.insert(key.to_path_buf(), Arc::downgrade(&w));
+    w
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_commit_by_another_connection_is_seen_and_silence_is_silent() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("w.db");
+        let conn = wal_connection(&db, "CREATE TABLE t (x INTEGER)").await;
+        let w = file_watch_for(&std::fs::canonicalize(&db).unwrap());
+        assert!(w.is_up(), "no file watch on {}", db.display());
+        let mut rx = w.subscribe();
+        rx.borrow_and_update();
+        // Nothing written: no change within 300 ms.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), rx.changed())
+                .await
+                .is_err(),
+            "a change was reported while nothing was written"
+        );
+        // A commit through another connection (as another process would) is reported.
+        let mut c = conn;
+        sqlx::query("INSERT INTO t VALUES (1)")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(2), rx.changed())
+            .await
+            .expect("a commit to the database was not reported")
+            .unwrap();
+        // The same registry entry is shared while alive.
+        let again = file_watch_for(&std::fs::canonicalize(&db).unwrap());
+        assert!(Arc::ptr_eq(&w, &again));
+    }
+
+    /// A WAL-mode connection to `db` that has run `sql`.
+    async fn wal_connection(db: &Path, sql: &str) -> sqlx::SqliteConnection {
+        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+        use sqlx::ConnectOptions;
+        let mut c = SqliteConnectOptions::new()
+            .filename(db)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .connect()
+            .await
+            .unwrap();
+        sqlx::query(sql).execute(&mut c).await.unwrap();
+        c
+    }
+}
