@@ -18,10 +18,11 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/dlock-target}"
 
 need_pkg redis-server redis-server
 SCRATCH=$(mktemp -d /tmp/dlock-bench.XXXXXX)
-PIDS=()
+STARTED_PIDS=()
 cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${STARTED_PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
   scripts/zk-ensemble.sh stop "$SCRATCH/zk" >/dev/null 2>&1 || true
+  rm -rf "$SCRATCH"
 }
 trap cleanup EXIT
 
@@ -29,23 +30,8 @@ log "building dlock (release)"
 cargo build --release --locked -p dlock-cli
 
 log "starting three redis-servers for Redlock and a ZooKeeper ensemble"
-REDLOCK=""
-for i in 1 2 3; do
-  port=$(free_port)
-  mkdir -p "$SCRATCH/redis$i"
-  redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
-    --dir "$SCRATCH/redis$i" --daemonize no >"$SCRATCH/redis$i/log" 2>&1 &
-  PIDS+=("$!")
-  REDLOCK="${REDLOCK:+$REDLOCK,}127.0.0.1:$port"
-done
-for i in 1 2 3; do
-  port=$(echo "$REDLOCK" | cut -d, -f"$i" | cut -d: -f2)
-  for _ in $(seq 1 100); do
-    redis-cli -p "$port" ping >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-  redis-cli -p "$port" ping >/dev/null || { log "redis-server on port $port did not start"; exit 1; }
-done
+start_redis_servers 3 "$SCRATCH/redlock"
+REDLOCK=$(IFS=,; echo "${REDIS_HOSTS[*]}")
 ZK=$(scripts/zk-ensemble.sh start "$SCRATCH/zk")
 mkdir -p "$SCRATCH/sqlite"
 

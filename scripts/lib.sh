@@ -25,3 +25,30 @@ need_private_servers() {
   need_pkg mariadbd mariadb-server
   need_pkg mariadb mariadb-client
 }
+
+# start_redis_servers N DIR: N private redis-servers without persistence on free loopback ports,
+# data and logs under DIR/redisI. Appends their pids to STARTED_PIDS (the caller stops them) and
+# sets REDIS_HOSTS to their 127.0.0.1:PORT addresses; fails with the log's tail if one does not
+# answer within 10 s.
+start_redis_servers() {
+  local n=$1 dir=$2 i port h
+  REDIS_HOSTS=()
+  for i in $(seq 1 "$n"); do
+    port=$(free_port)
+    mkdir -p "$dir/redis$i"
+    redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+      --dir "$dir/redis$i" --logfile "$dir/redis$i/redis.log" &
+    STARTED_PIDS+=("$!")
+    REDIS_HOSTS+=("127.0.0.1:$port")
+  done
+  i=0
+  for h in "${REDIS_HOSTS[@]}"; do
+    i=$((i + 1))
+    for _ in $(seq 1 100); do
+      redis-cli -p "${h##*:}" ping >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+    redis-cli -p "${h##*:}" ping >/dev/null 2>&1 || {
+      log "redis-server $h did not start"; tail -20 "$dir/redis$i/redis.log" >&2; return 1; }
+  done
+}

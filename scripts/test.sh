@@ -42,39 +42,15 @@ SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/dlock-test.XXXXXX")
 need_private_servers
 need_pkg openssl openssl
 if [ -z "${DLOCK_TEST_REDIS_URL:-}" ]; then
-  REDIS_PORT=$(free_port)
-  mkdir -p "$SCRATCH/redis"
-  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
-    --dir "$SCRATCH/redis" --logfile "$SCRATCH/redis/redis.log" &
-  STARTED_PIDS+=("$!")
-  for _ in $(seq 1 100); do
-    redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-  redis-cli -p "$REDIS_PORT" ping >/dev/null || { log "redis-server did not start"; cat "$SCRATCH/redis/redis.log"; exit 1; }
-  export DLOCK_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/"
+  start_redis_servers 1 "$SCRATCH/single"
+  export DLOCK_TEST_REDIS_URL="redis://${REDIS_HOSTS[0]}/"
 fi
 log "redis for tests: $DLOCK_TEST_REDIS_URL"
 
 # Redlock: five more independent redis-servers on free loopback ports, no persistence.
 if [ -z "${DLOCK_TEST_REDLOCK_URL:-}" ]; then
-  REDLOCK_HOSTS=()
-  for i in 1 2 3 4 5; do
-    port=$(free_port)
-    mkdir -p "$SCRATCH/redlock$i"
-    redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
-      --dir "$SCRATCH/redlock$i" --logfile "$SCRATCH/redlock$i/redis.log" &
-    STARTED_PIDS+=("$!")
-    REDLOCK_HOSTS+=("127.0.0.1:$port")
-  done
-  for h in "${REDLOCK_HOSTS[@]}"; do
-    for _ in $(seq 1 100); do
-      redis-cli -p "${h##*:}" ping >/dev/null 2>&1 && break
-      sleep 0.1
-    done
-    redis-cli -p "${h##*:}" ping >/dev/null || { log "redis-server $h (redlock) did not start"; exit 1; }
-  done
-  export DLOCK_TEST_REDLOCK_URL="redlock://$(IFS=,; echo "${REDLOCK_HOSTS[*]}")"
+  start_redis_servers 5 "$SCRATCH/redlock"
+  export DLOCK_TEST_REDLOCK_URL="redlock://$(IFS=,; echo "${REDIS_HOSTS[*]}")"
 fi
 log "redlock for tests: $DLOCK_TEST_REDLOCK_URL"
 
