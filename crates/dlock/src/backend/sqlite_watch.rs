@@ -18,6 +18,10 @@ use tokio::sync::watch;
 pub(crate) struct FileWatch {
     changed: Arc<watch::Sender<bool>>,
     _watcher: Option<RecommendedWatcher>,
+    /// `<db>-wake`, written after every commit that may let a waiter in (a release, a cancelled
+    /// queue place, a force-release): its report comes after the commit is visible, unlike the
+    /// `-wal` writes, which come before the commit's fsync and index update.
+    wake_file: Option<std::fs::File>,
 }
 
 impl std::fmt::Debug for FileWatch {
@@ -39,8 +43,30 @@ impl FileWatch {
         self.changed.subscribe()
     }
 
+    /// Tells the waiters of every process that a commit that may let them in is visible now.
+    pub(crate) fn poke(&self) {
+        if let Some(f) = &self.wake_file {
+            #[cfg(unix)]
+            let r = std::os::unix::fs::FileExt::write_at(f, b"w", 0).map(drop);
+            #[cfg(not(unix))]
+            let r = f.set_len(0);
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "sqlite: could not write the wake file");
+            }
+        }
+    }
+
     fn start(db: &Path) -> FileWatch {
         let changed = Arc::new(watch::channel(false).0);
+        let wake_file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(wake_path(db))
+            .map_err(
+                |e| tracing::debug!(error = %e, "sqlite: no wake file; waiters rely on the -wal"),
+            )
+            .ok();
         let watcher = match watch_dir(db, changed.clone()) {
             Ok(w) => {
                 changed.send_replace(true);
@@ -54,6 +80,7 @@ impl FileWatch {
         FileWatch {
             changed,
             _watcher: watcher,
+            wake_file,
         }
     }
 }
@@ -67,21 +94,32 @@ fn watch_dir(db: &Path, changed: Arc<watch::Sender<bool>>) -> notify::Result<Rec
     let file = db.file_name().map(OsString::from).unwrap_or_default();
     let mut wal = file.clone();
     wal.push("-wal");
+    let wake = wake_path(db)
+        .file_name()
+        .map(OsString::from)
+        .unwrap_or_default();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         let Ok(ev) = ev else { return };
         if !matches!(ev.kind, EventKind::Modify(_) | EventKind::Create(_)) {
             return;
         }
-        let ours = ev
-            .paths
-            .iter()
-            .any(|p| p.file_name().is_some_and(|n| n == wal || n == file));
+        let ours = ev.paths.iter().any(|p| {
+            p.file_name()
+                .is_some_and(|n| n == wal || n == file || n == wake)
+        });
         if ours {
             changed.send_replace(true);
         }
     })?;
     watcher.watch(&dir, RecursiveMode::NonRecursive)?;
     Ok(watcher)
+}
+
+/// `<db>-wake`, next to the database.
+pub(crate) fn wake_path(db: &Path) -> PathBuf {
+    let mut p = db.as_os_str().to_owned();
+    p.push("-wake");
+    PathBuf::from(p)
 }
 
 /// The watch of the database at canonical path `key`, started on first use and shared while any
