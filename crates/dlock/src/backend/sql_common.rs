@@ -477,11 +477,6 @@ pub(crate) struct WaitSources<'a> {
     /// While listening, still re-read the lock this often (a wake-up source that can miss
     /// changes); `None` trusts the listener.
     pub safety_poll: Option<Duration>,
-    /// After a change was reported and the look still found the lock busy, look again after
-    /// each of these delays (a report that can come before the change is visible: SQLite's last
-    /// write to its `-wal` precedes the fsync and the shared-memory index update that publishes
-    /// the commit). Empty when a report means the change is visible (PostgreSQL's NOTIFY).
-    pub settle: &'static [Duration],
 }
 
 /// `Backend::wait` of the SQL stores: returns when `still_busy()` says the request may be granted,
@@ -509,25 +504,16 @@ where
     notified.as_mut().enable();
     let mut listener = src.listener;
     let mut step = 0u32;
-    // How many of `src.settle`'s looks are left since the last reported change.
-    let mut settling: Option<usize> = None;
     loop {
         // Mark the listener's news as seen *before* the look, so a change reported while the
-        // look runs (a commit whose first write woke us, finishing during the read) wakes the
-        // waiter again instead of being swallowed.
+        // look runs wakes the waiter again instead of being swallowed.
         let listening = src.listening && listener.as_mut().is_some_and(|l| *l.borrow_and_update());
         if Instant::now() >= until || !still_busy().await? {
             return Ok(());
         }
         let now = Instant::now();
         let mut wake_at = if listening {
-            match settling.and_then(|i| src.settle.get(i).map(|d| (i, d))) {
-                Some((i, d)) => {
-                    settling = Some(i + 1);
-                    now + *d
-                }
-                None => src.safety_poll.map_or(until, |p| until.min(now + p)),
-            }
+            src.safety_poll.map_or(until, |p| until.min(now + p))
         } else {
             now + poll_interval(step, src.poll.0, src.poll.1)
         };
@@ -546,7 +532,7 @@ where
         };
         tokio::select! {
             _ = &mut notified => return Ok(()),
-            _ = listener_changed => settling = Some(0),
+            _ = listener_changed => {}
             _ = tokio::time::sleep_until(wake_at.into()) => {}
         }
     }

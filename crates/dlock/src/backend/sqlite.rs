@@ -41,20 +41,18 @@
 //!
 //! # Wake-ups
 //!
-//! SQLite has no notification of its own, but every commit to a WAL-mode database appends to its
-//! `-wal` file. Each process watches the database's directory (inotify on Linux, kqueue/FSEvents
-//! elsewhere, through the `notify` crate; one watch per file per process, shared by every backend
-//! on it), and every change of the database or its `-wal` file makes the waiters re-read the lock
-//! (a read-only transaction, which in WAL mode never blocks or is blocked by writers); they return
-//! as soon as the grant rule would let them in. The last write a commit makes to the `-wal` comes
-//! before its fsync and the shared-memory index update that makes it visible (neither is
-//! reported), so after every commit that may let a waiter in (release, cancel, force-release)
-//! the backend also writes one byte to `<db>-wake`, a small file next to the database whose
-//! report comes after the commit is visible. A waiter that still finds the lock busy after a
-//! `-wal` report looks again 1, 2, 4, …, 32 ms later (a commit by a dlock without the wake file,
-//! or a change that sends none). A release by another process is thus noticed at once (1.3–1.6 ms
-//! from the start of the release, its own commit included, measured on this machine's disk,
-//! against up to 50 ms of polling), and [`Capabilities::wakeups`] is [`Wakeups::Native`]. A waiter still re-reads every
+//! SQLite has no notification of its own. After every commit that may let a waiter in (release,
+//! cancel, force-release) the backend writes one byte to `<db>-wake`, a small file next to the
+//! database, and each process watches the database's directory for writes to that file (inotify
+//! on Linux, kqueue/FSEvents elsewhere, through the `notify` crate; one watch per file per
+//! process, shared by every backend on it). A report makes the waiters re-read the lock (a
+//! read-only transaction, which in WAL mode never blocks or is blocked by writers); they return as
+//! soon as the grant rule would let them in. The byte is written after the commit, so the report
+//! never comes before the change is visible (a commit's own `-wal` writes would: they precede its
+//! fsync and the WAL index update that publishes it), and other commits (grants, renewals) wake
+//! nobody. A release by another process is thus noticed at once (1.3–1.6 ms from the start of
+//! the release, its own commit included, on this machine's disk, against up to 50 ms of polling),
+//! and [`Capabilities::wakeups`] is [`Wakeups::Native`]. A waiter still re-reads every
 //! [`SAFETY_POLL`] (250 ms) in case a change was not reported. If the watch cannot be set up
 //! (inotify instances exhausted, a file system without change events) the store says
 //! [`Wakeups::Polling`] from [`POLL_MIN`] (5 ms) to [`POLL_MAX`] (50 ms) and polls: a jittered
@@ -103,20 +101,9 @@ use std::sync::{Arc, OnceLock};
 pub const POLL_MIN: Duration = Duration::from_millis(5);
 /// The longest interval between two polls of a waiter (see the module docs).
 pub const POLL_MAX: Duration = Duration::from_millis(50);
-/// With the file watch up, a waiter still re-reads the lock this often (a change the watch
-/// missed, e.g. on a file system that does not report every write).
+/// With the file watch up, a waiter still re-reads the lock this often (a write the watch did not
+/// report).
 pub const SAFETY_POLL: Duration = Duration::from_millis(250);
-/// After a reported change, a waiter that still found the lock busy looks again after each of
-/// these delays: the last write to the `-wal` file comes before the commit's fsync and the
-/// shared-memory index update that makes it visible, and neither is reported.
-const SETTLE: &[Duration] = &[
-    Duration::from_millis(1),
-    Duration::from_millis(2),
-    Duration::from_millis(4),
-    Duration::from_millis(8),
-    Duration::from_millis(16),
-    Duration::from_millis(32),
-];
 /// How long a statement waits for another connection's lock before the store is reported busy.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The schema version this build writes and understands.
@@ -619,7 +606,6 @@ impl Backend for SqliteBackend {
             listener: Some(self.watch.subscribe()),
             listening: true,
             safety_poll: Some(SAFETY_POLL),
-            settle: SETTLE,
         };
         wait_for_change(src, req.name.as_str(), busy, until, || self.still_busy(req)).await
     }
@@ -1280,7 +1266,8 @@ mod tests {
 
     /// A waiter that only the file watch can wake (its backend has its own in-process wake-ups,
     /// as in another process) does not poll: a second of waiting costs a handful of looks (the
-    /// 250 ms safety net), not the ~25 of 5 → 50 ms polling, and a release wakes it at once.
+    /// 250 ms safety net), not the ~25 of 5 → 50 ms polling, and a release (its wake file) wakes
+    /// it at once.
     #[tokio::test(flavor = "multi_thread")]
     async fn another_process_release_wakes_through_the_file_watch() {
         let dir = tempfile::tempdir().unwrap();
@@ -1298,8 +1285,8 @@ mod tests {
         };
         token(a.acquire(&h).await.unwrap());
         let bz = busy(b.acquire(&w).await.unwrap());
-        // Let the reports of those commits pass, then count the looks of a quiet second: one,
-        // four safety looks, at most one settling burst (6); polling would take about 25.
+        // Count the looks of a quiet second: one, four safety looks (and a little slack for a
+        // slow machine); polling would take about 25.
         tokio::time::sleep(Duration::from_millis(200)).await;
         b.looks.store(0, Ordering::Relaxed);
         let started = Instant::now();
@@ -1309,7 +1296,7 @@ mod tests {
         let looks = b.looks.load(Ordering::Relaxed);
         assert!(started.elapsed() >= Duration::from_secs(1));
         assert!(
-            looks <= 12,
+            looks <= 8,
             "{looks} looks in a quiet second: the waiter polled"
         );
         let (woke, released) = tokio::join!(

@@ -1,10 +1,13 @@
-//! Cross-process wake-ups for the SQLite store: every commit to a WAL-mode database appends to
-//! its `-wal` file, so a file-system watch on the database's directory (inotify on Linux, kqueue
-//! or FSEvents elsewhere, through the `notify` crate) tells the waiters of this process that
-//! another process may have released a lock. One watch per database file per process, shared
-//! by every backend opened on it; waiters then re-read the lock (a read-only transaction) instead
-//! of polling. If the watch cannot be set up (no inotify instances left, an unsupported file
-//! system) the store polls as before.
+//! Cross-process wake-ups for the SQLite store. After every commit that may let a waiter in (a
+//! release, a cancelled queue place, a force-release) the backend writes one byte to `<db>-wake`,
+//! a small file next to the database; a file-system watch on the database's directory (inotify on
+//! Linux, kqueue or FSEvents elsewhere, through the `notify` crate) reports that write to the
+//! waiters of every process, which then re-read the lock (a read-only transaction) instead of
+//! polling. The write comes after the commit, so the report never arrives before the change is
+//! visible (the `-wal` writes of a commit would: they precede its fsync and the WAL index update
+//! that publishes it). Other commits (grants, renewals) wake nobody. One watch per database file
+//! per process, shared by every backend opened on it. If the watch or the file cannot be set up
+//! (no inotify instances left, an unsupported file system) the store polls as before.
 
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use std::collections::HashMap;
@@ -13,14 +16,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use tokio::sync::watch;
 
-/// The watch of one database file: its value is `true` while the watch is up, and every change
-/// of the file is sent (as `true` again) so that receivers' `changed()` fires.
+/// The watch of one database file: its value is `true` while the watch is up, and every write to
+/// the wake file is sent (as `true` again) so that receivers' `changed()` fires.
 pub(crate) struct FileWatch {
     changed: Arc<watch::Sender<bool>>,
     _watcher: Option<RecommendedWatcher>,
-    /// `<db>-wake`, written after every commit that may let a waiter in (a release, a cancelled
-    /// queue place, a force-release): its report comes after the commit is visible, unlike the
-    /// `-wal` writes, which come before the commit's fsync and index update.
+    /// `<db>-wake`, written after every commit that may let a waiter in.
     wake_file: Option<std::fs::File>,
 }
 
@@ -38,7 +39,7 @@ impl FileWatch {
         *self.changed.borrow()
     }
 
-    /// A receiver whose `changed()` fires on every change of the file.
+    /// A receiver whose `changed()` fires on every write to the wake file.
     pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
         self.changed.subscribe()
     }
@@ -62,19 +63,21 @@ impl FileWatch {
             .create(true)
             .truncate(false)
             .write(true)
-            .open(wake_path(db))
-            .map_err(
-                |e| tracing::debug!(error = %e, "sqlite: no wake file; waiters rely on the -wal"),
-            )
-            .ok();
-        let watcher = match watch_dir(db, changed.clone()) {
-            Ok(w) => {
-                changed.send_replace(true);
-                Some(w)
-            }
+            .open(wake_path(db));
+        let (watcher, wake_file) = match wake_file {
+            Ok(f) => match watch_dir(db, changed.clone()) {
+                Ok(w) => {
+                    changed.send_replace(true);
+                    (Some(w), Some(f))
+                }
+                Err(e) => {
+                    tracing::debug!(path = %db.display(), error = %e, "sqlite: no file watch; waiters poll");
+                    (None, Some(f))
+                }
+            },
             Err(e) => {
-                tracing::debug!(path = %db.display(), error = %e, "sqlite: no file watch; waiters poll");
-                None
+                tracing::debug!(path = %db.display(), error = %e, "sqlite: no wake file; waiters poll");
+                (None, None)
             }
         };
         FileWatch {
@@ -91,9 +94,6 @@ fn watch_dir(db: &Path, changed: Arc<watch::Sender<bool>>) -> notify::Result<Rec
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."))
         .to_path_buf();
-    let file = db.file_name().map(OsString::from).unwrap_or_default();
-    let mut wal = file.clone();
-    wal.push("-wal");
     let wake = wake_path(db)
         .file_name()
         .map(OsString::from)
@@ -103,11 +103,11 @@ fn watch_dir(db: &Path, changed: Arc<watch::Sender<bool>>) -> notify::Result<Rec
         if !matches!(ev.kind, EventKind::Modify(_) | EventKind::Create(_)) {
             return;
         }
-        let ours = ev.paths.iter().any(|p| {
-            p.file_name()
-                .is_some_and(|n| n == wal || n == file || n == wake)
-        });
-        if ours {
+        if ev
+            .paths
+            .iter()
+            .any(|p| p.file_name().is_some_and(|n| n == wake))
+        {
             changed.send_replace(true);
         }
     })?;
@@ -145,33 +145,36 @@ mod tests {
     use std::time::Duration;
 
     #[tokio::test]
-    async fn a_commit_by_another_connection_is_seen_and_silence_is_silent() {
+    async fn a_poke_from_another_process_is_seen_and_other_commits_are_not() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("w.db");
-        let conn = wal_connection(&db, "CREATE TABLE t (x INTEGER)").await;
-        let w = file_watch_for(&std::fs::canonicalize(&db).unwrap());
+        let mut conn = wal_connection(&db, "CREATE TABLE t (x INTEGER)").await;
+        let key = std::fs::canonicalize(&db).unwrap();
+        let w = file_watch_for(&key);
         assert!(w.is_up(), "no file watch on {}", db.display());
         let mut rx = w.subscribe();
         rx.borrow_and_update();
-        // Nothing written: no change within 300 ms.
+        // A commit that is not a release (a grant, a renewal) wakes nobody.
+        sqlx::query("INSERT INTO t VALUES (1)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
         assert!(
             tokio::time::timeout(Duration::from_millis(300), rx.changed())
                 .await
                 .is_err(),
-            "a change was reported while nothing was written"
+            "a change was reported for a commit that was not a release"
         );
-        // A commit through another connection (as another process would) is reported.
-        let mut c = conn;
-        sqlx::query("INSERT INTO t VALUES (1)")
-            .execute(&mut c)
-            .await
-            .unwrap();
+        // A poke from another process's watch (its own instance, not this registry's).
+        let other = FileWatch::start(&key);
+        other.poke();
         tokio::time::timeout(Duration::from_secs(2), rx.changed())
             .await
-            .expect("a commit to the database was not reported")
+            .expect("a poke of the wake file was not reported")
             .unwrap();
+        assert!(wake_path(&key).exists());
         // The same registry entry is shared while alive.
-        let again = file_watch_for(&std::fs::canonicalize(&db).unwrap());
+        let again = file_watch_for(&key);
         assert!(Arc::ptr_eq(&w, &again));
     }
 

@@ -1525,7 +1525,6 @@ impl Backend for SqlBackend {
             // A session lock freed by a dying connection sends no NOTIFY: session mode polls.
             listening: self.mode == HoldMode::Lease,
             safety_poll: None,
-            settle: &[],
         };
         let still_busy = || timed(&self.shown, self.still_busy(req));
         wait_for_change(src, req.name.as_str(), busy, until, still_busy).await
