@@ -50,7 +50,7 @@
 //! soon as the grant rule would let them in. The byte is written after the commit, so the report
 //! never comes before the change is visible (a commit's own `-wal` writes would: they precede its
 //! fsync and the WAL index update that publishes it), and other commits (grants, renewals) wake
-//! nobody. A release by another process is thus noticed at once (1.3–1.6 ms from the start of
+//! nobody. A release by another process is thus noticed at once (1.3–1.8 ms from the start of
 //! the release, its own commit included, on this machine's disk, against up to 50 ms of polling),
 //! and [`Capabilities::wakeups`] is [`Wakeups::Native`]. A waiter still re-reads every
 //! [`SAFETY_POLL`] (250 ms) in case a change was not reported. If the watch cannot be set up
