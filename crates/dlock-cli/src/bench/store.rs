@@ -889,7 +889,7 @@ impl Probe {
     }
 
     /// Removes what the bench left in the store: Redis keys of this run (the fence counters
-    /// never expire), the bench's SQL tables.
+    /// never expire), the bench's SQL tables and grant routine.
     pub async fn cleanup(&self, t: &Target, run: &str) {
         for c in &self.redis {
             let mut c = c.clone();
@@ -931,6 +931,15 @@ impl Probe {
                     sqlx::query(&format!("DROP TABLE IF EXISTS {BENCH_TABLE}{s}")).execute(pool),
                 )
                 .await;
+            }
+            let dialect = match t.kind {
+                Kind::Postgres => Some(dlock::backend::sql::Dialect::Postgres),
+                Kind::Mysql => Some(dlock::backend::sql::Dialect::MySql),
+                _ => None,
+            };
+            if let Some(d) = dialect {
+                let drop = dlock::backend::sql::fast::drop_sql(d, BENCH_TABLE);
+                let _ = limit("DROP ROUTINE", OP, sqlx::query(&drop).execute(pool)).await;
             }
         }
         if let Some(pool) = &self.sql {

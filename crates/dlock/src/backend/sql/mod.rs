@@ -98,12 +98,13 @@
 //! database is [`Error::Unavailable`] within seconds, never a hang.
 
 pub mod config;
+pub mod fast;
 
 use super::logic::Decision;
 use super::sql_common::{
-    bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, listing,
-    name_owner_pairs, wait_for_change, HoldListing, Loaded, NameState, QueuePlace, Rows,
-    SignalRegistry, StateRow, WaitSources, WaiterListing,
+    bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, kind_columns,
+    listing, ms, name_owner_pairs, wait_for_change, HoldListing, Loaded, NameState, QueuePlace,
+    Rows, SignalRegistry, StateRow, WaitSources, WaiterListing,
 };
 use super::*;
 use crate::error::Error;
@@ -116,6 +117,7 @@ use sqlx::{ConnectOptions, Connection, Executor, Row};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 
 /// The shortest poll interval of a waiter without notification.
@@ -467,6 +469,17 @@ fn db_code(e: &sqlx::Error) -> Option<String> {
     }
 }
 
+/// The grant routine cannot be called: dropped after this backend created or found it, no
+/// `EXECUTE` privilege, a MySQL definer that is gone. The backend then uses the full path.
+fn is_missing_routine(e: &sqlx::Error) -> bool {
+    // PostgreSQL undefined_function, insufficient_privilege; MySQL ER_SP_DOES_NOT_EXIST and
+    // ER_PROCACCESS_DENIED_ERROR (42000), ER_NO_SUCH_USER (HY000).
+    matches!(
+        db_code(e).as_deref(),
+        Some("42883") | Some("42501") | Some("42000") | Some("HY000")
+    ) && e.to_string().contains("acquire_v1")
+}
+
 /// A deadlock or serialization failure: the transaction may simply be tried again.
 fn is_retryable(e: &sqlx::Error) -> bool {
     matches!(
@@ -622,6 +635,12 @@ pub struct SqlBackend {
     signals: Arc<NameSignals>,
     listener: Option<(Arc<ListenerState>, tokio::task::JoinHandle<()>)>,
     sessions: Arc<SessionHolds>,
+    /// Whether the one-round-trip grant routine (`fast.rs`) is there to call.
+    fast: AtomicBool,
+    /// Its call.
+    fast_call: String,
+    /// Answers of the routine: granted, refused, "take the full path".
+    fast_answers: [AtomicU64; 3],
 }
 
 impl Drop for SqlBackend {
@@ -682,6 +701,7 @@ impl SqlBackend {
         let notify =
             (dialect == Dialect::Postgres).then(|| d_sql(dialect, "SELECT pg_notify(?, ?)"));
         #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+        let fast_call = fast::call_sql(dialect, &cfg.table);
         let mut backend = SqlBackend {
             dialect,
             mode: cfg.mode,
@@ -694,6 +714,9 @@ impl SqlBackend {
             signals,
             listener: None,
             sessions: Arc::default(),
+            fast: AtomicBool::new(false),
+            fast_call,
+            fast_answers: Default::default(),
         };
         if let Err(e) = timed(&shown, backend.migrate(&collation)).await {
             backend.pool.close().await;
@@ -780,6 +803,9 @@ impl SqlBackend {
             .fetch_one(&mut *conn)
             .await?
             .try_get(0)?;
+            if v == SCHEMA_VERSION && self.mode == HoldMode::Lease {
+                self.ensure_fast(&mut conn, collation).await;
+            }
             Ok::<i64, sqlx::Error>(v)
         }
         .await;
@@ -799,6 +825,7 @@ impl SqlBackend {
         };
         let v = result.map_err(|e| self.err(e))?;
         unlock.map_err(|e| self.err(e))?;
+
         if v != SCHEMA_VERSION {
             return Err(Error::Unavailable(format!(
                 "{}: table {} has dlock schema version {v}; this dlock understands version \
@@ -807,6 +834,102 @@ impl SqlBackend {
             )));
         }
         Ok(())
+    }
+
+    /// Creates the one-round-trip grant routine when it is missing (under the migration lock)
+    /// and enables it. A failure (no privilege to create routines, say) is logged and leaves
+    /// the full path only: slower, equally correct.
+    async fn ensure_fast(&self, conn: &mut AnyConnection, collation: &str) {
+        let r = async {
+            let have: i64 = sqlx::query(&fast::exists_sql(self.dialect, &self.table))
+                .fetch_one(&mut *conn)
+                .await?
+                .try_get(0)?;
+            if have == 0 {
+                let ddl =
+                    fast::create_sql(self.dialect, &self.table, self.dialect.now_ms(), collation);
+                conn.execute(ddl.as_str()).await?;
+            }
+            Ok::<(), sqlx::Error>(())
+        }
+        .await;
+        match r {
+            Ok(()) => self.fast.store(true, Ordering::Relaxed),
+            Err(e) => tracing::warn!(
+                store = %self.shown,
+                error = %e,
+                "cannot create the grant routine {}; every acquire takes the multi-statement path",
+                fast::routine(&self.table)
+            ),
+        }
+    }
+
+    /// The one-round-trip grant (`fast.rs`) when `req` is one it can answer: `None` means take
+    /// the full path.
+    async fn fast_acquire(
+        &self,
+        req: &Request<'_>,
+    ) -> std::result::Result<Option<Attempt>, sqlx::Error> {
+        let lease_ms = ms(req.lease);
+        let eligible = self.mode == HoldMode::Lease
+            && self.fast.load(Ordering::Relaxed)
+            && !req.takes_queue_place()
+            && !matches!(req.kind, LockKind::Semaphore { permits: 0 })
+            && lease_ms < (1 << 50);
+        if !eligible {
+            return Ok(None);
+        }
+        let (kind, permits) = kind_columns(req.kind);
+        let rows = sqlx::query(&self.fast_call)
+            .bind(req.name.as_str())
+            .bind(req.owner)
+            .bind(kind)
+            .bind(permits)
+            .bind(req.mode.as_str())
+            .bind(lease_ms)
+            .bind(req.meta.client_id.as_str())
+            .bind(req.meta.host.as_str())
+            .bind(i64::from(req.meta.pid))
+            .bind(req.mode == Mode::Exclusive)
+            .fetch_all(&self.pool)
+            .await;
+        let rows = match rows {
+            Err(e) if is_missing_routine(&e) => {
+                self.fast.store(false, Ordering::Relaxed);
+                tracing::warn!(
+                    store = %self.shown,
+                    error = %e,
+                    "the grant routine {} is gone; every acquire takes the multi-statement path",
+                    fast::routine(&self.table)
+                );
+                return Ok(None);
+            }
+            r => r?,
+        };
+        let row = rows.first().ok_or_else(|| {
+            sqlx::Error::Protocol(format!("{} answered no row", fast::routine(&self.table)))
+        })?;
+        let (answer, token, wait_ms): (i64, i64, i64) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        let attempt = match answer {
+            fast::GRANTED => Some(Attempt::Granted(Grant {
+                token: Some(u64::try_from(token).map_err(|_| {
+                    sqlx::Error::Protocol(format!("grant routine answered token {token}"))
+                })?),
+                valid_for: req.lease,
+            })),
+            fast::BUSY => Some(Attempt::Busy(Busy {
+                retry_in: Some(Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0))),
+            })),
+            _ => None,
+        };
+        let slot = match answer {
+            fast::GRANTED => 0,
+            fast::BUSY => 1,
+            _ => 2,
+        };
+        self.fast_answers[slot].fetch_add(1, Ordering::Relaxed);
+        Ok(attempt)
     }
 
     /// Sends the wake-up of `name` to this process's waiters and (PostgreSQL) to every listener.
@@ -924,6 +1047,13 @@ impl SqlBackend {
     }
 
     async fn acquire_tx(&self, req: &Request<'_>) -> Result<Attempt> {
+        match self.fast_acquire(req).await {
+            Ok(Some(a)) => return Ok(a),
+            Ok(None) => {}
+            // A deadlock or serialization failure: the full path retries.
+            Err(e) if is_retryable(&e) => {}
+            Err(e) => return Err(self.err(e)),
+        }
         let mut tries = 0;
         loop {
             tries += 1;

@@ -757,6 +757,149 @@ fn hashes_are_stable() {
     assert_eq!(Dialect::MySql.sql("a = ?"), "a = ?");
 }
 
+/// The routine's answers so far: (granted, refused, full path).
+fn fast_counts(b: &SqlBackend) -> (u64, u64, u64) {
+    let [g, r, f] = &b.fast_answers;
+    (
+        g.load(Ordering::Relaxed),
+        r.load(Ordering::Relaxed),
+        f.load(Ordering::Relaxed),
+    )
+}
+
+/// The one-round-trip grant routine answers a free name and a plain refusal itself, leaves
+/// everything else (re-grants, expired rows, queue places, other kinds, shared requests with
+/// holders, fair waiters) to the full path, and always agrees with it.
+async fn grant_routine_answers_the_common_cases(d: Dialect) {
+    let a = open(d, "dlt_fast").await;
+    let b = open(d, "dlt_fast").await;
+    assert!(a.fast.load(Ordering::Relaxed), "the routine was created");
+    let n = name(&uniq("fast"));
+    let m = meta("m");
+    let ra = rq(&n, "owner-a", &m);
+    let rb = rq(&n, "owner-b", &m);
+    assert_eq!(token(a.acquire(&ra).await.unwrap()), 1);
+    assert_eq!(fast_counts(&a), (1, 0, 0));
+    let retry = busy(b.acquire(&rb).await.unwrap()).retry_in.unwrap();
+    assert!(
+        retry <= LONG && retry > LONG - Duration::from_secs(5),
+        "{retry:?}"
+    );
+    assert_eq!(fast_counts(&b), (0, 1, 0));
+    // the holder again: a re-grant, judged by the full path
+    assert_eq!(token(a.acquire(&ra).await.unwrap()), 1);
+    assert_eq!(fast_counts(&a), (1, 0, 1));
+    // another kind: the full path's error
+    let rw = Request {
+        kind: LockKind::RwLock,
+        ..rq(&n, "owner-c", &m)
+    };
+    assert!(matches!(b.acquire(&rw).await, Err(Error::InvalidConfig(_))));
+    // a fair waiter never calls the routine (it must take a queue place)
+    let fair = Request {
+        fair: true,
+        waiting: true,
+        ..rq(&n, "fair", &m)
+    };
+    busy(b.acquire(&fair).await.unwrap());
+    assert_eq!(fast_counts(&b), (0, 1, 1));
+    assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::Released);
+    // free, but a queue place: the full path refuses the plain request
+    busy(b.acquire(&rb).await.unwrap());
+    assert_eq!(fast_counts(&b), (0, 1, 2));
+    assert_eq!(token(b.acquire(&fair).await.unwrap()), 2);
+    assert_eq!(b.release(&hr(&fair)).await.unwrap(), Released::Released);
+    // an expired hold row: the full path cleans it up and grants
+    let short = Request {
+        lease: Duration::from_millis(100),
+        ..rq(&n, "short", &m)
+    };
+    assert_eq!(token(a.acquire(&short).await.unwrap()), 3);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(token(b.acquire(&rb).await.unwrap()), 4);
+    assert_eq!(fast_counts(&b), (0, 1, 3));
+    assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::Released);
+    // readers: the first by the routine, the second (a live reader there) by the full path
+    let (r1, r2) = (
+        Request {
+            kind: LockKind::RwLock,
+            mode: Mode::Shared,
+            ..rq(&n, "r1", &m)
+        },
+        Request {
+            kind: LockKind::RwLock,
+            mode: Mode::Shared,
+            ..rq(&n, "r2", &m)
+        },
+    );
+    assert_eq!(token(a.acquire(&r1).await.unwrap()), 5);
+    assert_eq!(token(b.acquire(&r2).await.unwrap()), 6);
+    assert_eq!(fast_counts(&b), (0, 1, 4));
+    // the rows the routine wrote are the full path's rows
+    let info = a.describe(n.as_str()).await.unwrap();
+    assert_eq!(info[0].holders.len(), 2);
+    assert_eq!(info[0].holders[0].owner, "r1");
+    assert_eq!(info[0].holders[0].meta.client_id, "m");
+    assert_eq!(info[0].holders[0].meta.host, "testhost");
+    assert_eq!(info[0].holders[0].meta.pid, 42);
+    assert!(info[0].holders[0].lease_left_ms.unwrap() > 25_000);
+    assert_eq!(info[0].holders[0].token, Some(5));
+    for r in [&r1, &r2] {
+        assert_eq!(a.release(&hr(r)).await.unwrap(), Released::Released);
+    }
+    // the lease the routine wrote is the requested one (on the database clock)
+    let lease = Request {
+        lease: Duration::from_millis(150),
+        ..rq(&n, "lease", &m)
+    };
+    assert_eq!(token(a.acquire(&lease).await.unwrap()), 7);
+    assert_eq!(fast_counts(&a), (4, 0, 1));
+    busy(b.acquire(&rb).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(token(b.acquire(&rb).await.unwrap()), 8);
+    assert_eq!(stored_fence(&a, n.as_str()).await, 8);
+}
+
+/// A dropped routine is noticed and the backend carries on with the full path; the next backend
+/// to open the table creates it again.
+async fn missing_grant_routine_falls_back(d: Dialect) {
+    let table = format!(
+        "dlt_fastgone_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let a = open(d, &table).await;
+    assert!(a.fast.load(Ordering::Relaxed));
+    let drop = match d {
+        Dialect::Postgres => format!("DROP FUNCTION {}", fast::routine(&table)),
+        Dialect::MySql => format!("DROP PROCEDURE {}", fast::routine(&table)),
+    };
+    sqlx::query(&drop).execute(&a.pool).await.unwrap();
+    let n = name(&uniq("gone"));
+    let m = meta("m");
+    let r = rq(&n, "o", &m);
+    assert_eq!(token(a.acquire(&r).await.unwrap()), 1);
+    assert!(!a.fast.load(Ordering::Relaxed), "the backend noticed");
+    assert_eq!(fast_counts(&a), (0, 0, 0));
+    assert_eq!(a.release(&hr(&r)).await.unwrap(), Released::Released);
+    let b = open(d, &table).await;
+    assert!(b.fast.load(Ordering::Relaxed), "created again");
+    assert_eq!(token(b.acquire(&r).await.unwrap()), 2);
+    assert_eq!(fast_counts(&b), (1, 0, 0));
+    assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
+    for t in [
+        String::new(),
+        "_queue".into(),
+        "_fences".into(),
+        "_meta".into(),
+    ] {
+        sqlx::query(&format!("DROP TABLE {table}{t}"))
+            .execute(&a.pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query(&drop).execute(&a.pool).await.unwrap();
+}
+
 macro_rules! tests {
     ($d:expr; $($t:ident),* $(,)?) => {
         $(
@@ -784,6 +927,8 @@ mod postgres {
         session_mode_exclusion_and_kill,
         session_mode_lost_fires_on_kill,
         dropped_holder_frees_session_lock,
+        grant_routine_answers_the_common_cases,
+        missing_grant_routine_falls_back,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -808,6 +953,8 @@ mod mysql {
         session_mode_exclusion_and_kill,
         session_mode_lost_fires_on_kill,
         dropped_holder_frees_session_lock,
+        grant_routine_answers_the_common_cases,
+        missing_grant_routine_falls_back,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
