@@ -6,7 +6,7 @@
 use super::logic::{decide, Decision, LiveHold, LiveWaiter};
 use super::*;
 use crate::error::Error;
-use crate::signal::NameSignals;
+use crate::signal::{NameSignal, NameSignals};
 use rand::Rng;
 use std::collections::HashMap;
 use std::future::Future;
@@ -463,6 +463,82 @@ pub(crate) fn poll_interval(step: u32, min: Duration, max: Duration) -> Duration
     Duration::from_micros(us)
 }
 
+/// What a waiting request's attempt knew when it was sent: the count of the name's wake-ups and
+/// the state of the notification source. If neither changed by the time the waiter starts to
+/// wait, the attempt's own look (which the store read after this was noted) is as fresh as a new
+/// one, so `wait_for_change` skips its first look and goes straight to sleep.
+pub(crate) struct Fresh {
+    signal: Arc<NameSignal>,
+    wakes: u64,
+    listener: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl Fresh {
+    /// Notes the moment before an attempt of `name` is sent. `listener` is a new subscription
+    /// to the store's notification source, if it has one.
+    pub(crate) fn note(
+        signals: &NameSignals,
+        name: &str,
+        listener: Option<tokio::sync::watch::Receiver<bool>>,
+    ) -> Fresh {
+        let signal = signals.subscribe(name);
+        let wakes = signal.wakes();
+        Fresh {
+            signal,
+            wakes,
+            listener,
+        }
+    }
+}
+
+/// The [`Fresh`] notes of the busy attempts whose waits have not started, by owner token (one
+/// per waiting request). Bounded: past [`FreshNotes::MAX`] entries (requests that were busy and
+/// then never waited nor cancelled, e.g. dropped futures) it is cleared, which only costs those
+/// waiters one extra look.
+#[derive(Default)]
+pub(crate) struct FreshNotes(StdMutex<HashMap<String, Fresh>>);
+
+impl std::fmt::Debug for FreshNotes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FreshNotes").finish_non_exhaustive()
+    }
+}
+
+impl FreshNotes {
+    const MAX: usize = 4096;
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Fresh>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `note` for the wait of `req` if the attempt was busy, forgets any older note of
+    /// the owner otherwise.
+    pub(crate) fn after_attempt(
+        &self,
+        req: &Request<'_>,
+        note: Option<Fresh>,
+        a: &Result<Attempt>,
+    ) {
+        let mut map = self.map();
+        match (note, a) {
+            (Some(n), Ok(Attempt::Busy(_))) => {
+                if map.len() >= Self::MAX {
+                    map.clear();
+                }
+                map.insert(req.owner.to_owned(), n);
+            }
+            _ => {
+                map.remove(req.owner);
+            }
+        }
+    }
+
+    /// The note of `owner`'s last busy attempt, if any (taken: one wait uses it).
+    pub(crate) fn take(&self, owner: &str) -> Option<Fresh> {
+        self.map().remove(owner)
+    }
+}
+
 /// How a waiter learns of changes besides polling.
 pub(crate) struct WaitSources<'a> {
     /// The in-process wake-ups of the store.
@@ -477,6 +553,9 @@ pub(crate) struct WaitSources<'a> {
     /// While listening, still re-read the lock this often (a wake-up source that can miss
     /// changes); `None` trusts the listener.
     pub safety_poll: Option<Duration>,
+    /// The note of the busy attempt this wait follows (see [`Fresh`]); its listener, when it has
+    /// one, replaces `listener`.
+    pub fresh: Option<Fresh>,
 }
 
 /// `Backend::wait` of the SQL stores: returns when `still_busy()` says the request may be granted,
@@ -503,12 +582,30 @@ where
     // attempt and here is seen either by that look or by the notification.
     notified.as_mut().enable();
     let mut listener = src.listener;
+    // The attempt's look is still fresh when nothing was reported since it was sent: no wake of
+    // the name (counted before it notifies, and `notified` is enabled above) and no news from the
+    // notification source (its receiver was subscribed before the attempt).
+    let mut skip_look = false;
+    if let Some(f) = src.fresh {
+        if f.signal.wakes() != f.wakes {
+            return Ok(());
+        }
+        if let Some(l) = f.listener {
+            skip_look = !l.has_changed().unwrap_or(true);
+            listener = Some(l);
+        } else {
+            skip_look = listener.is_none();
+        }
+    }
     let mut step = 0u32;
     loop {
         // Mark the listener's news as seen *before* the look, so a change reported while the
         // look runs wakes the waiter again instead of being swallowed.
         let listening = src.listening && listener.as_mut().is_some_and(|l| *l.borrow_and_update());
-        if Instant::now() >= until || !still_busy().await? {
+        if Instant::now() >= until {
+            return Ok(());
+        }
+        if !std::mem::take(&mut skip_look) && !still_busy().await? {
             return Ok(());
         }
         let now = Instant::now();

@@ -82,8 +82,8 @@
 use super::logic::Decision;
 use super::sql_common::{
     bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, listing,
-    name_owner_pairs, wait_for_change, HoldListing, Loaded, QueuePlace, Rows, SignalRegistry,
-    StateRow, WaitSources, WaiterListing,
+    name_owner_pairs, wait_for_change, Fresh, FreshNotes, HoldListing, Loaded, QueuePlace, Rows,
+    SignalRegistry, StateRow, WaitSources, WaiterListing,
 };
 use super::sqlite_watch::{file_watch_for, FileWatch};
 use super::*;
@@ -204,6 +204,8 @@ pub struct SqliteBackend {
     /// The path as given, for messages.
     path: PathBuf,
     wakeups: Arc<FileWakeups>,
+    /// What busy attempts knew when sent, for the waits that follow them.
+    fresh: FreshNotes,
     /// Commits by other processes (a watch on the database's files), when it could be set up.
     watch: Arc<FileWatch>,
     /// Read-only looks of waiters (tests count them).
@@ -275,6 +277,7 @@ impl SqliteBackend {
             path: path.to_path_buf(),
             watch: file_watch_for(&key),
             wakeups: wakeups_for(key),
+            fresh: FreshNotes::default(),
             #[cfg(test)]
             looks: Default::default(),
         };
@@ -367,6 +370,22 @@ impl SqliteBackend {
             .map_err(|e| self.err(e))??;
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(loaded.state.still_busy(req, now))
+    }
+    /// `acquire_tx`, with a write lock that stayed taken under a herd answered as busy.
+    async fn acquire_answer(&self, req: &Request<'_>) -> Result<Attempt> {
+        match self.acquire_tx(req).await {
+            // The database's write lock stayed taken for the whole busy timeout: under a herd of
+            // processes that is contention for the lock, not an unreachable store. Answer "busy"
+            // so a waiter keeps waiting (and `try_acquire` reports Busy) instead of failing.
+            Err(Error::Unavailable(why)) if why.contains(BUSY_MARK) => {
+                let retry = Duration::from_millis(rand::thread_rng().gen_range(5..=50));
+                tracing::debug!(%why, "sqlite write lock contended; answering busy");
+                Ok(Attempt::Busy(Busy {
+                    retry_in: Some(retry),
+                }))
+            }
+            other => other,
+        }
     }
 
     async fn acquire_tx(&self, req: &Request<'_>) -> Result<Attempt> {
@@ -584,19 +603,16 @@ impl Backend for SqliteBackend {
     }
 
     async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
-        match self.acquire_tx(req).await {
-            // The database's write lock stayed taken for the whole busy timeout: under a herd of
-            // processes that is contention for the lock, not an unreachable store. Answer "busy"
-            // so a waiter keeps waiting (and `try_acquire` reports Busy) instead of failing.
-            Err(Error::Unavailable(why)) if why.contains(BUSY_MARK) => {
-                let retry = Duration::from_millis(rand::thread_rng().gen_range(5..=50));
-                tracing::debug!(%why, "sqlite write lock contended; answering busy");
-                Ok(Attempt::Busy(Busy {
-                    retry_in: Some(retry),
-                }))
-            }
-            other => other,
-        }
+        let note = req.waiting.then(|| {
+            Fresh::note(
+                &self.wakeups,
+                req.name.as_str(),
+                Some(self.watch.subscribe()),
+            )
+        });
+        let r = self.acquire_answer(req).await;
+        self.fresh.after_attempt(req, note, &r);
+        r
     }
 
     async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
@@ -606,11 +622,13 @@ impl Backend for SqliteBackend {
             listener: Some(self.watch.subscribe()),
             listening: true,
             safety_poll: Some(SAFETY_POLL),
+            fresh: self.fresh.take(req.owner),
         };
         wait_for_change(src, req.name.as_str(), busy, until, || self.still_busy(req)).await
     }
 
     async fn cancel(&self, req: &Request<'_>) -> Result<()> {
+        self.fresh.take(req.owner);
         let name = req.name.as_str();
         let removed = sqlx::query("DELETE FROM dlock_queue WHERE name = ? AND owner = ?")
             .bind(name)

@@ -1,14 +1,16 @@
-//! The one-round-trip grant of lease mode: a stored routine, `<table>_acquire_v1`, that answers
+//! The one-round-trip grant of lease mode: a stored routine, `<table>_grant_v1`, that answers
 //! the two common cases of `acquire` inside the server — a name with no rows at all (grant) and an
 //! exclusive request that does not queue meeting live holds of other owners (refuse) — and says
 //! "take the full path" for everything else. The full path (a transaction around `decide`) stays
 //! the specification; the routine only ever answers what `decide` would answer.
 //!
-//! - PostgreSQL: a PL/pgSQL function, called as one autocommitted `SELECT`. At `READ COMMITTED`
-//!   every statement of a volatile function takes a fresh snapshot, so the look after the fence
-//!   row lock sees every grant committed before the lock was ours.
-//! - MySQL/MariaDB: a procedure that opens and ends its own transaction (`CALL` on an
-//!   autocommitted connection), so a refusal after the lock is a `ROLLBACK` (no commit flush).
+//! - Both are procedures called with `CALL` on an autocommitted connection that end their own
+//!   transaction: `COMMIT` after a grant, `ROLLBACK` when the look under the lock finds the race
+//!   lost, so a waiter that loses costs no commit flush. PostgreSQL (11 or newer): PL/pgSQL with
+//!   `INOUT` parameters for the answer; MySQL/MariaDB: the answer is the procedure's result set.
+//! - Both run at `READ COMMITTED` (PostgreSQL's default; dlock sets it on MySQL sessions): every
+//!   statement takes a fresh snapshot, so the look after the fence row lock sees every grant
+//!   committed before the lock was ours.
 //!
 //! Both first look at the holds and queue without any lock: a refusal or a "full path" answer
 //! costs no write. Only a name that looked empty takes the fence row lock, looks again, and
@@ -21,7 +23,7 @@ use super::Dialect;
 /// The routine's name for table `t` (versioned: a changed routine gets a new name, so clients of
 /// different dlock versions can share a table).
 pub fn routine(t: &str) -> String {
-    format!("{t}_acquire_v1")
+    format!("{t}_grant_v1")
 }
 
 /// `answer` of the routine: take the full path.
@@ -38,7 +40,7 @@ pub(super) fn exists_sql(d: Dialect, t: &str) -> String {
         Dialect::Postgres => format!(
             "SELECT CAST(count(*) AS BIGINT) FROM pg_proc p \
              JOIN pg_namespace n ON n.oid = p.pronamespace \
-             WHERE p.proname = '{r}' AND n.nspname = current_schema()"
+             WHERE p.proname = '{r}' AND p.prokind = 'p' AND n.nspname = current_schema()"
         ),
         Dialect::MySql => format!(
             "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.ROUTINES \
@@ -53,24 +55,23 @@ pub(super) fn exists_sql(d: Dialect, t: &str) -> String {
 pub(super) fn call_sql(d: Dialect, t: &str) -> String {
     let r = routine(t);
     match d {
-        Dialect::Postgres => format!(
-            "SELECT answer, token, wait_ms \
-             FROM {r}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-        ),
+        Dialect::Postgres => {
+            format!("CALL {r}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, NULL, NULL)")
+        }
         Dialect::MySql => format!("CALL {r}(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
     }
 }
 
-/// `DROP FUNCTION` / `DROP PROCEDURE` of the routine, if it exists.
+/// `DROP PROCEDURE` of the routine, if it exists.
 pub fn drop_sql(d: Dialect, t: &str) -> String {
     let r = routine(t);
     match d {
-        Dialect::Postgres => format!("DROP FUNCTION IF EXISTS {r}"),
+        Dialect::Postgres => format!("DROP PROCEDURE IF EXISTS {r}"),
         Dialect::MySql => format!("DROP PROCEDURE IF EXISTS {r}"),
     }
 }
 
-/// `CREATE FUNCTION` / `CREATE PROCEDURE` of the routine. Both run with the caller's
+/// `CREATE PROCEDURE` of the routine. Both run with the caller's
 /// privileges (`SECURITY INVOKER`). `now` is the dialect's millisecond
 /// clock expression; `collation` the MySQL key collation (unused on PostgreSQL).
 pub(super) fn create_sql(d: Dialect, t: &str, now: &str, collation: &str) -> String {
@@ -91,11 +92,11 @@ pub(super) fn create_sql(d: Dialect, t: &str, now: &str, collation: &str) -> Str
                    FROM {t} WHERE name = p_name;"
             );
             format!(
-                "CREATE FUNCTION {r}(
+                "CREATE PROCEDURE {r}(
                     p_name TEXT, p_owner TEXT, p_kind TEXT, p_permits BIGINT, p_mode TEXT,
                     p_lease BIGINT, p_client TEXT, p_host TEXT, p_pid BIGINT, p_busy_ok BOOLEAN,
-                    OUT answer BIGINT, OUT token BIGINT, OUT wait_ms BIGINT)
-                LANGUAGE plpgsql VOLATILE SECURITY INVOKER AS $dlock$
+                    INOUT answer BIGINT, INOUT token BIGINT, INOUT wait_ms BIGINT)
+                LANGUAGE plpgsql SECURITY INVOKER AS $dlock$
                 DECLARE
                     v_now BIGINT := {now};
                     v_live BIGINT;
@@ -122,6 +123,7 @@ pub(super) fn create_sql(d: Dialect, t: &str, now: &str, collation: &str) -> Str
                         WHERE f.fence < 9223372036854775807
                         RETURNING f.fence INTO token;
                     IF token IS NULL THEN
+                        ROLLBACK;
                         token := 0;
                         RETURN;
                     END IF;
@@ -129,7 +131,8 @@ pub(super) fn create_sql(d: Dialect, t: &str, now: &str, collation: &str) -> Str
                     -- A fresh snapshot: every grant committed before the lock is visible.
                     {look}
                     IF v_live > 0 OR v_dead > 0 OR v_queued THEN
-                        UPDATE {t}_fences SET fence = fence - 1 WHERE name = p_name;
+                        -- Lost the race: undo without a commit (no WAL flush).
+                        ROLLBACK;
                         token := 0;
                         IF v_live > 0 AND p_busy_ok AND NOT v_odd THEN
                             answer := {BUSY}; wait_ms := v_min - v_now;
@@ -140,6 +143,7 @@ pub(super) fn create_sql(d: Dialect, t: &str, now: &str, collation: &str) -> Str
                                      acquired_at_ms, client_id, host, pid)
                         VALUES (p_name, p_owner, p_kind, p_permits, p_mode, token,
                                 v_now + p_lease, v_now, p_client, p_host, p_pid);
+                    COMMIT;
                     answer := {GRANTED};
                 END
                 $dlock$"

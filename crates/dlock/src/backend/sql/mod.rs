@@ -103,8 +103,8 @@ pub mod fast;
 use super::logic::Decision;
 use super::sql_common::{
     bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, kind_columns,
-    listing, ms, name_owner_pairs, wait_for_change, HoldListing, Loaded, NameState, QueuePlace,
-    Rows, SignalRegistry, StateRow, WaitSources, WaiterListing,
+    listing, ms, name_owner_pairs, wait_for_change, Fresh, FreshNotes, HoldListing, Loaded,
+    NameState, QueuePlace, Rows, SignalRegistry, StateRow, WaitSources, WaiterListing,
 };
 use super::*;
 use crate::error::Error;
@@ -472,12 +472,13 @@ fn db_code(e: &sqlx::Error) -> Option<String> {
 /// The grant routine cannot be called: dropped after this backend created or found it, no
 /// `EXECUTE` privilege, a MySQL definer that is gone. The backend then uses the full path.
 fn is_missing_routine(e: &sqlx::Error) -> bool {
-    // PostgreSQL undefined_function, insufficient_privilege; MySQL ER_SP_DOES_NOT_EXIST and
+    // PostgreSQL undefined_function (also: a server older than 11, without procedures),
+    // insufficient_privilege; MySQL ER_SP_DOES_NOT_EXIST and
     // ER_PROCACCESS_DENIED_ERROR (42000), ER_NO_SUCH_USER (HY000).
     matches!(
         db_code(e).as_deref(),
         Some("42883") | Some("42501") | Some("42000") | Some("HY000")
-    ) && e.to_string().contains("acquire_v1")
+    ) && e.to_string().contains("grant_v1")
 }
 
 /// A deadlock or serialization failure: the transaction may simply be tried again.
@@ -641,6 +642,8 @@ pub struct SqlBackend {
     fast_call: String,
     /// Answers of the routine: granted, refused, "take the full path".
     fast_answers: [AtomicU64; 3],
+    /// What busy attempts knew when sent, for the waits that follow them.
+    fresh: FreshNotes,
 }
 
 impl Drop for SqlBackend {
@@ -717,6 +720,7 @@ impl SqlBackend {
             fast: AtomicBool::new(false),
             fast_call,
             fast_answers: Default::default(),
+            fresh: FreshNotes::default(),
         };
         if let Err(e) = timed(&shown, backend.migrate(&collation)).await {
             backend.pool.close().await;
@@ -1642,7 +1646,15 @@ impl Backend for SqlBackend {
 
     async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
         match self.mode {
-            HoldMode::Lease => timed(&self.shown, self.acquire_tx(req)).await,
+            HoldMode::Lease => {
+                let note = req.waiting.then(|| {
+                    let listener = self.listener.as_ref().map(|(s, _)| s.up.subscribe());
+                    Fresh::note(&self.signals, req.name.as_str(), listener)
+                });
+                let r = timed(&self.shown, self.acquire_tx(req)).await;
+                self.fresh.after_attempt(req, note, &r);
+                r
+            }
             HoldMode::Session => timed(&self.shown, self.session_acquire(req)).await,
         }
     }
@@ -1655,12 +1667,14 @@ impl Backend for SqlBackend {
             // A session lock freed by a dying connection sends no NOTIFY: session mode polls.
             listening: self.mode == HoldMode::Lease,
             safety_poll: None,
+            fresh: self.fresh.take(req.owner),
         };
         let still_busy = || timed(&self.shown, self.still_busy(req));
         wait_for_change(src, req.name.as_str(), busy, until, still_busy).await
     }
 
     async fn cancel(&self, req: &Request<'_>) -> Result<()> {
+        self.fresh.take(req.owner);
         if self.mode == HoldMode::Session {
             return Ok(());
         }

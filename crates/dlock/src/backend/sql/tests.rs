@@ -870,7 +870,7 @@ async fn missing_grant_routine_falls_back(d: Dialect) {
     let a = open(d, &table).await;
     assert!(a.fast.load(Ordering::Relaxed));
     let drop = match d {
-        Dialect::Postgres => format!("DROP FUNCTION {}", fast::routine(&table)),
+        Dialect::Postgres => format!("DROP PROCEDURE {}", fast::routine(&table)),
         Dialect::MySql => format!("DROP PROCEDURE {}", fast::routine(&table)),
     };
     sqlx::query(&drop).execute(&a.pool).await.unwrap();
