@@ -644,6 +644,8 @@ pub struct SqlBackend {
     fast_answers: [AtomicU64; 3],
     /// What busy attempts knew when sent, for the waits that follow them.
     fresh: FreshNotes,
+    /// Looks of waiters (`still_busy`) so far.
+    looks: AtomicU64,
 }
 
 impl Drop for SqlBackend {
@@ -721,6 +723,7 @@ impl SqlBackend {
             fast_call,
             fast_answers: Default::default(),
             fresh: FreshNotes::default(),
+            looks: AtomicU64::new(0),
         };
         if let Err(e) = timed(&shown, backend.migrate(&collation)).await {
             backend.pool.close().await;
@@ -1034,6 +1037,7 @@ impl SqlBackend {
 
     /// `true` if `req` would still be refused now (read-only; for `wait`).
     async fn still_busy(&self, req: &Request<'_>) -> Result<bool> {
+        self.looks.fetch_add(1, Ordering::Relaxed);
         if self.mode == HoldMode::Session {
             return self.session_still_busy(req.name.as_str()).await;
         }

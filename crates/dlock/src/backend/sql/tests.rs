@@ -900,6 +900,81 @@ async fn missing_grant_routine_falls_back(d: Dialect) {
     sqlx::query(&drop).execute(&a.pool).await.unwrap();
 }
 
+/// A wait that follows a busy attempt does not repeat the attempt's look when nothing was
+/// reported since it was sent, and still sees a release that happened in between.
+async fn wait_after_a_busy_attempt_skips_the_repeat_look(d: Dialect) {
+    let a = open_isolated(d, "dlt_fresh").await;
+    let other = open_isolated(d, "dlt_fresh").await;
+    let n = name(&uniq("fresh"));
+    let m = meta("m");
+    let holder = rq(&n, "holder", &m);
+    token(other.acquire(&holder).await.unwrap());
+    let w = Request {
+        waiting: true,
+        ..rq(&n, "waiter", &m)
+    };
+    // Nothing happens: PostgreSQL trusts its listener and never looks; MySQL polls, but not at
+    // once.
+    let b = busy(a.acquire(&w).await.unwrap());
+    let looks = a.looks.load(Ordering::Relaxed);
+    let t = Instant::now();
+    a.wait(&w, &b, t + Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(290),
+        "{:?}",
+        t.elapsed()
+    );
+    let looked = a.looks.load(Ordering::Relaxed) - looks;
+    match d {
+        Dialect::Postgres => assert_eq!(looked, 0),
+        Dialect::MySql => assert!((1..=15).contains(&looked), "{looked}"),
+    }
+    // A release in another process between the attempt and the wait.
+    let b = busy(a.acquire(&w).await.unwrap());
+    assert_eq!(
+        other.release(&hr(&holder)).await.unwrap(),
+        Released::Released
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t = Instant::now();
+    a.wait(&w, &b, t + Duration::from_secs(5)).await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    token(a.acquire(&w).await.unwrap());
+    // A release in this process between the attempt and the wait: the wake count moved.
+    let same = open(d, "dlt_fresh").await;
+    let same_holder = open(d, "dlt_fresh").await;
+    let n2 = name(&uniq("fresh"));
+    let h2 = rq(&n2, "holder", &m);
+    token(same_holder.acquire(&h2).await.unwrap());
+    let w2 = Request {
+        waiting: true,
+        ..rq(&n2, "waiter", &m)
+    };
+    let b = busy(same.acquire(&w2).await.unwrap());
+    assert_eq!(
+        same_holder.release(&hr(&h2)).await.unwrap(),
+        Released::Released
+    );
+    let looks = same.looks.load(Ordering::Relaxed);
+    let t = Instant::now();
+    same.wait(&w2, &b, t + Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_millis(20), "{:?}", t.elapsed());
+    assert_eq!(
+        same.looks.load(Ordering::Relaxed),
+        looks,
+        "returned without a look"
+    );
+    token(same.acquire(&w2).await.unwrap());
+}
+
 macro_rules! tests {
     ($d:expr; $($t:ident),* $(,)?) => {
         $(
@@ -929,6 +1004,7 @@ mod postgres {
         dropped_holder_frees_session_lock,
         grant_routine_answers_the_common_cases,
         missing_grant_routine_falls_back,
+        wait_after_a_busy_attempt_skips_the_repeat_look,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -955,6 +1031,7 @@ mod mysql {
         dropped_holder_frees_session_lock,
         grant_routine_answers_the_common_cases,
         missing_grant_routine_falls_back,
+        wait_after_a_busy_attempt_skips_the_repeat_look,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
