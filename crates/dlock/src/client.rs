@@ -12,7 +12,7 @@ use crate::name::LockName;
 use crate::signal::NameSignals;
 use rand::Rng;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -361,27 +361,41 @@ impl Drop for Abandon {
 
 /// The waiters of one client for one lock name, in arrival order: (waiter id, its promotion
 /// signal). The front is the head.
-type Line = VecDeque<(u64, Arc<Notify>)>;
+type Line = VecDeque<(u64, Arc<Promotion>)>;
+
+/// How a waiter learns that it is the head of its line now.
+#[derive(Debug, Default)]
+struct Promotion {
+    notify: Notify,
+    /// The head before it left because it was granted the lock exclusively: only that hold's
+    /// release (in this client) can let the new head in, so it waits for that instead of
+    /// attempting at once.
+    after_exclusive_grant: AtomicBool,
+    /// This client's wake count of the name when that head left (a release since then moved it).
+    wakes_at_grant: AtomicU64,
+}
 
 /// A waiter's place in its client's line for one lock name. Only the waiter at the head of the
 /// line waits for the store's wake-up (and this client's own releases); the others wait until
 /// they reach the head or their own wait slice ends. A release thus costs one attempt per
 /// waiting *process*, not one per waiting task (no thundering herd inside a process). Leaving
-/// the line (granted, timed out, failed or dropped) hands the head to the next waiter, which
-/// attempts at once; a reader of a read-write lock that was granted wakes the whole line, since
-/// readers share.
+/// the line (timed out, failed or dropped) hands the head to the next waiter, which attempts at
+/// once; a head granted the lock exclusively hands it to a next waiter that first waits for this
+/// client's release of the name; a reader of a read-write lock that was granted wakes the whole
+/// line, since readers share.
 struct LinePlace {
     client: Arc<Inner>,
     name: String,
     id: u64,
-    promoted: Arc<Notify>,
+    promoted: Arc<Promotion>,
     wake_all: bool,
+    granted_exclusive: bool,
 }
 
 impl LinePlace {
     fn join(client: &Arc<Inner>, name: &str) -> LinePlace {
         let id = client.next_waiter.fetch_add(1, Ordering::Relaxed);
-        let promoted = Arc::new(Notify::new());
+        let promoted = Arc::new(Promotion::default());
         lock(&client.lines)
             .entry(name.to_owned())
             .or_default()
@@ -392,6 +406,7 @@ impl LinePlace {
             id,
             promoted,
             wake_all: false,
+            granted_exclusive: false,
         }
     }
 
@@ -413,11 +428,17 @@ impl Drop for LinePlace {
         line.retain(|(id, _)| *id != self.id);
         if self.wake_all {
             for (_, n) in line.iter() {
-                n.notify_one();
+                n.notify.notify_one();
             }
         } else if was_head {
             if let Some((_, n)) = line.front() {
-                n.notify_one();
+                if self.granted_exclusive {
+                    let wakes = self.client.local.subscribe(&self.name).wakes();
+                    n.wakes_at_grant.store(wakes, Ordering::SeqCst);
+                }
+                n.after_exclusive_grant
+                    .store(self.granted_exclusive, Ordering::SeqCst);
+                n.notify.notify_one();
             }
         }
         if line.is_empty() {
@@ -479,6 +500,7 @@ impl Inner {
                     abandon.armed = false;
                     if let Some(place) = line.as_mut() {
                         place.wake_all = spec.kind == LockKind::RwLock && spec.mode == Mode::Shared;
+                        place.granted_exclusive = spec.mode == Mode::Exclusive;
                     }
                     let deadline = sent + g.valid_for.saturating_sub(margin(g.valid_for));
                     let hold = Hold::new(
@@ -553,8 +575,22 @@ impl Inner {
                 if !place.is_head() {
                     let promoted = place.promoted.clone();
                     tokio::select! {
-                        _ = promoted.notified() => {}
+                        _ = promoted.notify.notified() => {}
                         _ = tokio::time::sleep_until(until.into()) => {}
+                    }
+                    if promoted.after_exclusive_grant.swap(false, Ordering::SeqCst) {
+                        // A task of this client took the lock: an attempt now would be refused.
+                        // Wait for its release (unless the wake count says it happened already);
+                        // a hold lost without a release is covered by the slice's end.
+                        let released = local.notified();
+                        tokio::pin!(released);
+                        released.as_mut().enable();
+                        if local.wakes() == promoted.wakes_at_grant.load(Ordering::SeqCst) {
+                            tokio::select! {
+                                _ = released => {}
+                                _ = tokio::time::sleep_until(until.into()) => {}
+                            }
+                        }
                     }
                     continue;
                 }
