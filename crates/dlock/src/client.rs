@@ -167,6 +167,10 @@ pub(crate) struct Inner {
     lines: StdMutex<HashMap<String, Line>>,
     next_waiter: AtomicU64,
     kick: Arc<Notify>,
+    /// When the watchdog wakes next, as nanoseconds after `epoch` plus one; 0 while it is
+    /// working out its next round (see [`Inner::watchdog_wakes_after`]).
+    watchdog_next: AtomicU64,
+    epoch: Instant,
 }
 
 impl Drop for Inner {
@@ -208,6 +212,8 @@ impl Client {
             lines: StdMutex::new(HashMap::new()),
             next_waiter: AtomicU64::new(0),
             kick: Arc::new(Notify::new()),
+            watchdog_next: AtomicU64::new(0),
+            epoch: Instant::now(),
         });
         rt.spawn(watchdog(Arc::downgrade(&inner), inner.kick.clone()));
         Ok(Client { inner })
@@ -448,6 +454,27 @@ impl Drop for LinePlace {
 }
 
 impl Inner {
+    /// Whether the watchdog's next wake-up comes after `t` (or is being worked out). A hold
+    /// registered before this is asked is always seen: the watchdog marks "working out" before
+    /// it reads the holds and publishes its next wake-up after, so either its read includes the
+    /// hold, or this sees the mark or a wake-up computed without the hold (then `t` decides).
+    fn watchdog_wakes_after(&self, t: Instant) -> bool {
+        match self.watchdog_next.load(Ordering::SeqCst) {
+            0 => true,
+            n => t < self.epoch + Duration::from_nanos(n - 1),
+        }
+    }
+
+    /// Publishes the watchdog's next wake-up (`None`: working it out).
+    fn publish_watchdog_next(&self, next: Option<Instant>) {
+        let v = next.map_or(0, |t| {
+            u64::try_from(t.saturating_duration_since(self.epoch).as_nanos())
+                .unwrap_or(u64::MAX - 1)
+                .saturating_add(1)
+        });
+        self.watchdog_next.store(v, Ordering::SeqCst);
+    }
+
     /// Wakes this client's tasks waiting on `name` (after a release by this client).
     pub(crate) fn wake_local(&self, name: &str) {
         self.local.wake(name);
@@ -512,7 +539,11 @@ impl Inner {
                         sent + g.valid_for / 3,
                     );
                     lock(&self.holds).insert(owner.clone(), Arc::downgrade(&hold));
-                    self.kick.notify_one();
+                    // Wake the watchdog only if it would otherwise sleep past this hold's first
+                    // renewal (each grant of an uncontended loop would wake it for nothing).
+                    if self.watchdog_wakes_after((sent + g.valid_for / 3).min(deadline)) {
+                        self.kick.notify_one();
+                    }
                     metrics::counter!("dlock_acquire_total", "backend" => self.backend.name(), "result" => "granted").increment(1);
                     metrics::histogram!("dlock_acquire_wait_seconds", "backend" => self.backend.name())
                         .record(started.elapsed().as_secs_f64());
@@ -616,7 +647,9 @@ async fn watchdog(client: Weak<Inner>, kick: Arc<Notify>) {
         let Some(inner) = client.upgrade() else {
             return;
         };
+        inner.publish_watchdog_next(None);
         let next = renew_due(&inner).await;
+        inner.publish_watchdog_next(Some(next));
         drop(inner);
         tokio::select! {
             _ = tokio::time::sleep_until(next.into()) => {}
