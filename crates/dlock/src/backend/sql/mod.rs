@@ -26,6 +26,13 @@
 //! | `<table>_fences` | `name` primary key, `fence`: the last fencing token per name; **rows are never deleted** |
 //! | `<table>_meta` | `meta_key` primary key, `meta_value` |
 //!
+//! and the stored procedure `<table>_grant_v1`, the one-round-trip grant (see
+//! [`fast`]). It is created when missing, which needs the `CREATE ROUTINE` privilege
+//! on MySQL/MariaDB (PostgreSQL: `CREATE` on the schema, as for the tables) and PostgreSQL 11 or
+//! newer; without it (or without `EXECUTE` on it) the backend logs a warning once and every
+//! `acquire` takes the multi-statement path below, which is slower and equally correct. To
+//! remove dlock from a database, drop the four tables and [`fast::drop_sql`]'s procedure.
+//!
 //! MySQL stores names and owners as `VARCHAR(255) CHARACTER SET utf8mb4` with a binary **no-pad**
 //! collation (`utf8mb4_nopad_bin` on MariaDB, `utf8mb4_0900_bin` on MySQL 8), so names that
 //! differ by case or by trailing spaces are different locks (the plain `utf8mb4_bin` pads). Names
@@ -33,8 +40,16 @@
 //!
 //! # Transactions and clock
 //!
-//! `acquire` is one transaction that serializes every grant of a name across all clients on a
-//! row lock of the name's fence row, and reads the **database clock** with that lock.
+//! A lease-mode `acquire` first calls the grant routine (one `CALL`): it grants a name that has
+//! no rows at all, and refuses a non-queueing exclusive request that meets live holds of other
+//! owners, inside the server; it answers "full path" for everything else (a re-grant, expired
+//! rows, queue places, another kind, a shared request beside holders) and is never called for
+//! requests that take a queue place (fair waiters, waiting rwlock writers). It follows the same
+//! rule as below: the fence row lock, the clock read under it, a look that sees every grant
+//! committed before the lock, `COMMIT` after a grant and `ROLLBACK` after a lost race.
+//!
+//! The full path is one transaction that serializes every grant of a name across all clients on
+//! a row lock of the name's fence row, and reads the **database clock** with that lock.
 //! PostgreSQL does both in one statement (`INSERT … ON CONFLICT (name) DO UPDATE SET fence =
 //! fence RETURNING fence, clock`, with `clock_timestamp()`, read once the lock is held); MySQL
 //! makes sure the row exists (`INSERT … ON DUPLICATE KEY UPDATE fence = fence`) and then runs
@@ -44,8 +59,9 @@
 //! what the client counts from. Then the name's holds and queue are read in one `UNION ALL`
 //! (expired rows are deleted only when there are any), `decide`, apply, and `COMMIT` — or
 //! `ROLLBACK` when the attempt was refused and changed nothing, so a waiter that loses the race
-//! for a released lock costs no commit flush. On PostgreSQL a free mutex costs `BEGIN`, the
-//! lock, the read, the fence update, the insert and `COMMIT` (MySQL: one statement more).
+//! for a released lock costs no commit flush. On this path PostgreSQL's free mutex costs
+//! `BEGIN`, the lock, the read, the fence update, the insert and `COMMIT` (MySQL: one statement
+//! more); through the routine it is one round trip.
 //! MySQL sessions run at `READ COMMITTED`. Deadlocks and serialization failures are retried.
 //! `release` is one `DELETE` comparing the owner token (on PostgreSQL the same statement sends
 //! the `NOTIFY`); `extend` of many holds is one set-based `UPDATE … WHERE expires_at_ms > now AND
@@ -63,7 +79,9 @@
 //! backoff) waiters poll as on MySQL. MySQL/MariaDB have no notification: waiters poll with a
 //! jittered interval from [`POLL_MIN`] to [`POLL_MAX`], bounded by the blocking holder's remaining
 //! lease. On both, waiters in the **same process** (any backend on the same URL and table) are
-//! woken at once by an in-process signal.
+//! woken at once by an in-process signal. A waiting attempt notes the name's wake count and
+//! subscribes to the listener's state before it is sent; when neither moved by the time its wait
+//! starts, the wait does not re-read the lock (the attempt just did) and goes straight to sleep.
 //!
 //! # Session mode (`?mode=session`)
 //!
@@ -705,8 +723,8 @@ impl SqlBackend {
         };
         let notify =
             (dialect == Dialect::Postgres).then(|| d_sql(dialect, "SELECT pg_notify(?, ?)"));
-        #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
         let fast_call = fast::call_sql(dialect, &cfg.table);
+        #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
         let mut backend = SqlBackend {
             dialect,
             mode: cfg.mode,
