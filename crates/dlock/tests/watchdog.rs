@@ -116,3 +116,55 @@ async fn thousands_of_holds_are_renewed_in_calls_of_at_most_500() {
         "the 1 700 holds were not renewed in full calls of 500: {batches:?}"
     );
 }
+
+/// A grant wakes the watchdog only when the new hold's first renewal comes before the
+/// watchdog's next round: a long-lease hold first (the watchdog sleeps towards its renewal), then
+/// a short-lease hold that must be renewed long before that. Without the wake-up the short hold
+/// would run out; with a wake-up per grant it would be renewed too, so this checks that the
+/// skipped wake-ups never include a needed one (and the long hold is still renewed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_is_due_before_the_watchdog_wakes_it() {
+    let backend = counting("watchdog-kick");
+    let client = Client::with_backend(
+        backend.clone(),
+        "mem://watchdog-kick",
+        ClientOptions::default(),
+    )
+    .unwrap();
+    let long = client
+        .mutex("long")
+        .unwrap()
+        .lease(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    // Let the watchdog go to sleep towards the long hold's renewal (~1 s away).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let short = client
+        .mutex("short")
+        .unwrap()
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    // A hold of the same length as the last one is due no earlier than the watchdog's next
+    // round: no wake-up needed, and it must be renewed all the same.
+    let short2 = client
+        .mutex("short2")
+        .unwrap()
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let t = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        short.is_held(),
+        "the short hold ran out: no renewal in time"
+    );
+    assert!(short2.is_held(), "the second short hold ran out");
+    assert!(long.is_held());
+    let renewed: usize = backend.batches.lock().unwrap().iter().sum();
+    // short and short2: renewed every ~100 ms for 1.5 s; long at least once.
+    assert!(renewed >= 20, "{renewed} renewals in {:?}", t.elapsed());
+}
