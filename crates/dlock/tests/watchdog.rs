@@ -134,16 +134,16 @@ async fn a_grant_that_is_due_before_the_watchdog_wakes_it() {
     let long = client
         .mutex("long")
         .unwrap()
-        .lease(Duration::from_secs(3))
+        .lease(Duration::from_secs(6))
         .acquire()
         .await
         .unwrap();
-    // Let the watchdog go to sleep towards the long hold's renewal (~1 s away).
+    // Let the watchdog go to sleep towards the long hold's renewal (~2 s away).
     tokio::time::sleep(Duration::from_millis(50)).await;
     let short = client
         .mutex("short")
         .unwrap()
-        .lease(Duration::from_millis(300))
+        .lease(Duration::from_millis(600))
         .acquire()
         .await
         .unwrap();
@@ -152,7 +152,7 @@ async fn a_grant_that_is_due_before_the_watchdog_wakes_it() {
     let short2 = client
         .mutex("short2")
         .unwrap()
-        .lease(Duration::from_millis(300))
+        .lease(Duration::from_millis(600))
         .acquire()
         .await
         .unwrap();
@@ -165,6 +165,6 @@ async fn a_grant_that_is_due_before_the_watchdog_wakes_it() {
     assert!(short2.is_held(), "the second short hold ran out");
     assert!(long.is_held());
     let renewed: usize = backend.batches.lock().unwrap().iter().sum();
-    // short and short2: renewed every ~100 ms for 1.5 s; long at least once.
-    assert!(renewed >= 20, "{renewed} renewals in {:?}", t.elapsed());
+    // short and short2: renewed every ~200 ms for 1.5 s.
+    assert!(renewed >= 10, "{renewed} renewals in {:?}", t.elapsed());
 }
