@@ -496,7 +496,10 @@ fn is_missing_routine(e: &sqlx::Error) -> bool {
     matches!(
         db_code(e).as_deref(),
         Some("42883") | Some("42501") | Some("42000") | Some("HY000")
-    ) && e.to_string().contains("grant_v1")
+    ) && {
+        let m = e.to_string();
+        m.contains("grant_v1") || m.contains("as a definer")
+    }
 }
 
 /// A deadlock or serialization failure: the transaction may simply be tried again.

@@ -975,6 +975,71 @@ async fn wait_after_a_busy_attempt_skips_the_repeat_look(d: Dialect) {
     token(same.acquire(&w2).await.unwrap());
 }
 
+/// A MySQL account without `CREATE ROUTINE` (and without rights on a routine another account
+/// created) still gets working locks, through the multi-statement path.
+async fn mysql_without_routine_privileges_falls_back() {
+    let root = open(Dialect::MySql, "dlt_priv_shared").await;
+    for host in ["%", "localhost", "127.0.0.1"] {
+        for stmt in [
+            format!("CREATE USER IF NOT EXISTS 'dlt_noroutine'@'{host}'"),
+            format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, INDEX, ALTER, DROP \
+                 ON test.* TO 'dlt_noroutine'@'{host}'"
+            ),
+        ] {
+            sqlx::query(&stmt).execute(&root.pool).await.unwrap();
+        }
+    }
+    let mut u = url::Url::parse(&base(Dialect::MySql)).unwrap();
+    u.set_username("dlt_noroutine").unwrap();
+    u.set_password(None).unwrap();
+    let restricted = |table: &str| {
+        let mut v = u.clone();
+        v.query_pairs_mut().append_pair("table", table);
+        v.to_string()
+    };
+    // A table of its own: the routine cannot be created.
+    let table = format!(
+        "dlt_priv_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let b = SqlBackend::open(&restricted(&table)).await.unwrap();
+    assert!(
+        !b.fast.load(Ordering::Relaxed),
+        "no routine without CREATE ROUTINE"
+    );
+    let n = name(&uniq("priv"));
+    let m = meta("m");
+    let (r1, r2) = (rq(&n, "one", &m), rq(&n, "two", &m));
+    assert_eq!(token(b.acquire(&r1).await.unwrap()), 1);
+    busy(b.acquire(&r2).await.unwrap());
+    assert_eq!(b.release(&hr(&r1)).await.unwrap(), Released::Released);
+    assert_eq!(token(b.acquire(&r2).await.unwrap()), 2);
+    assert_eq!(fast_counts(&b), (0, 0, 0));
+    // A table whose routine another account created: this account cannot see it (MySQL lists
+    // only routines one may use), cannot create it, and locks through the full path.
+    let shared = SqlBackend::open(&restricted("dlt_priv_shared"))
+        .await
+        .unwrap();
+    assert!(!shared.fast.load(Ordering::Relaxed));
+    let n2 = name(&uniq("priv"));
+    let r3 = rq(&n2, "three", &m);
+    assert!(token(shared.acquire(&r3).await.unwrap()) >= 1);
+    assert_eq!(shared.release(&hr(&r3)).await.unwrap(), Released::Released);
+    assert_eq!(fast_counts(&shared), (0, 0, 0));
+    for t in [
+        String::new(),
+        "_queue".into(),
+        "_fences".into(),
+        "_meta".into(),
+    ] {
+        sqlx::query(&format!("DROP TABLE {table}{t}"))
+            .execute(&root.pool)
+            .await
+            .unwrap();
+    }
+}
+
 macro_rules! tests {
     ($d:expr; $($t:ident),* $(,)?) => {
         $(
@@ -1037,5 +1102,10 @@ mod mysql {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn polls_and_respects_until() {
         super::mysql_polls_and_respects_until().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_routine_privileges_falls_back() {
+        super::mysql_without_routine_privileges_falls_back().await
     }
 }
