@@ -626,8 +626,14 @@ impl Inner {
                     continue;
                 }
             }
+            // This client's own releases wake its waiters at once, except on a session store
+            // with native wake-ups: there each waiter watches its predecessor, and the store
+            // wakes exactly the one whose turn it is (a local wake would send every waiter of
+            // this client back to the store for nothing).
+            let local_wakes =
+                !(self.caps.validity == Validity::Session && self.caps.wakeups == Wakeups::Native);
             tokio::select! {
-                _ = &mut notified => {}
+                _ = &mut notified, if local_wakes => {}
                 r = self.backend.wait(&req, &busy, until) => {
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "store wait failed; trying again");

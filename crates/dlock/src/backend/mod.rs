@@ -223,7 +223,9 @@ pub enum Validity {
     Lease,
     /// A session kept alive by the store client's heartbeats; `extend` only confirms it. Queue
     /// places (waiter nodes) live as long as the session, so the core does not repeat a waiting
-    /// attempt just to keep its place.
+    /// attempt just to keep its place. With [`Wakeups::Native`] the core also leaves the waking
+    /// of its waiters to [`Backend::wait`] alone (no wake on the client's own releases): such a
+    /// store wakes exactly the waiter whose turn it is.
     Session,
 }
 
