@@ -757,6 +757,16 @@ fn hashes_are_stable() {
     assert_eq!(Dialect::MySql.sql("a = ?"), "a = ?");
 }
 
+/// Drops the four tables of `table` (a test's own table).
+async fn drop_tables(b: &SqlBackend, table: &str) {
+    for t in ["", "_queue", "_fences", "_meta"] {
+        sqlx::query(&format!("DROP TABLE {table}{t}"))
+            .execute(&b.pool)
+            .await
+            .unwrap();
+    }
+}
+
 /// The routine's answers so far: (granted, refused, full path).
 fn fast_counts(b: &SqlBackend) -> (u64, u64, u64) {
     let [g, r, f] = &b.fast_answers;
@@ -886,17 +896,7 @@ async fn missing_grant_routine_falls_back(d: Dialect) {
     assert_eq!(token(b.acquire(&r).await.unwrap()), 2);
     assert_eq!(fast_counts(&b), (1, 0, 0));
     assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
-    for t in [
-        String::new(),
-        "_queue".into(),
-        "_fences".into(),
-        "_meta".into(),
-    ] {
-        sqlx::query(&format!("DROP TABLE {table}{t}"))
-            .execute(&a.pool)
-            .await
-            .unwrap();
-    }
+    drop_tables(&a, &table).await;
     sqlx::query(&drop).execute(&a.pool).await.unwrap();
 }
 
@@ -1027,17 +1027,7 @@ async fn mysql_without_routine_privileges_falls_back() {
     assert!(token(shared.acquire(&r3).await.unwrap()) >= 1);
     assert_eq!(shared.release(&hr(&r3)).await.unwrap(), Released::Released);
     assert_eq!(fast_counts(&shared), (0, 0, 0));
-    for t in [
-        String::new(),
-        "_queue".into(),
-        "_fences".into(),
-        "_meta".into(),
-    ] {
-        sqlx::query(&format!("DROP TABLE {table}{t}"))
-            .execute(&root.pool)
-            .await
-            .unwrap();
-    }
+    drop_tables(&root, &table).await;
 }
 
 macro_rules! tests {
