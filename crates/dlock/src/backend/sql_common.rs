@@ -519,6 +519,10 @@ impl FreshNotes {
         note: Option<Fresh>,
         a: &Result<Attempt>,
     ) {
+        // Only waiting attempts take notes; an attempt without one has nothing to keep or forget.
+        if note.is_none() && !req.waiting {
+            return;
+        }
         let mut map = self.map();
         match (note, a) {
             (Some(n), Ok(Attempt::Busy(_))) => {

@@ -1,7 +1,8 @@
 //! The one-round-trip grant of lease mode: a stored routine, `<table>_grant_v1`, that answers
-//! the two common cases of `acquire` inside the server — a name with no rows at all (grant) and an
-//! exclusive request that does not queue meeting live holds of other owners (refuse) — and says
-//! "take the full path" for everything else. The full path (a transaction around `decide`) stays
+//! the two common cases of an exclusive `acquire` that takes no queue place inside the server — a
+//! name with no rows at all (grant) and live holds of other owners (refuse) — and says "take the
+//! full path" for everything else. The backend calls it for no other requests (`p_busy_ok` stays
+//! in the signature: the routine may refuse). The full path (a transaction around `decide`) stays
 //! the specification; the routine only ever answers what `decide` would answer.
 //!
 //! - Both are procedures called with `CALL` on an autocommitted connection that end their own

@@ -40,11 +40,12 @@
 //!
 //! # Transactions and clock
 //!
-//! A lease-mode `acquire` first calls the grant routine (one `CALL`): it grants a name that has
-//! no rows at all, and refuses a non-queueing exclusive request that meets live holds of other
-//! owners, inside the server; it answers "full path" for everything else (a re-grant, expired
-//! rows, queue places, another kind, a shared request beside holders) and is never called for
-//! requests that take a queue place (fair waiters, waiting rwlock writers). It follows the same
+//! A lease-mode exclusive `acquire` that takes no queue place (a plain mutex, a `try_write`)
+//! first calls the grant routine (one `CALL`): it grants a name that has no rows at all, and
+//! refuses a request that meets live holds of other owners, inside the server; it answers "full
+//! path" for everything else (a re-grant, expired rows, queue places, another kind). Shared
+//! requests (readers, semaphore permits) and requests that take a queue place (fair waiters,
+//! waiting rwlock writers) go straight to the full path. It follows the same
 //! rule as below: the fence row lock, the clock read under it, a look that sees every grant
 //! committed before the lock, `COMMIT` after a grant and `ROLLBACK` after a lost race.
 //!
@@ -899,10 +900,13 @@ impl SqlBackend {
         req: &Request<'_>,
     ) -> std::result::Result<Option<Attempt>, sqlx::Error> {
         let lease_ms = ms(req.lease);
+        // Exclusive requests that take no queue place only: the routine answers shared ones
+        // only on a free name, and everywhere else (a reader beside readers, a semaphore permit
+        // beside permits) they would pay its round trip and then the full transaction.
         let eligible = self.mode == HoldMode::Lease
             && self.fast.load(Ordering::Relaxed)
+            && req.mode == Mode::Exclusive
             && !req.takes_queue_place()
-            && !matches!(req.kind, LockKind::Semaphore { permits: 0 })
             && lease_ms < (1 << 50);
         if !eligible {
             return Ok(None);
@@ -918,7 +922,7 @@ impl SqlBackend {
             .bind(req.meta.client_id.as_str())
             .bind(req.meta.host.as_str())
             .bind(i64::from(req.meta.pid))
-            .bind(req.mode == Mode::Exclusive)
+            .bind(true)
             .fetch_all(&self.pool)
             .await;
         let rows = match rows {
@@ -939,22 +943,23 @@ impl SqlBackend {
         })?;
         let (answer, token, wait_ms): (i64, i64, i64) =
             (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-        let attempt = match answer {
-            fast::GRANTED => Some(Attempt::Granted(Grant {
-                token: Some(u64::try_from(token).map_err(|_| {
-                    sqlx::Error::Protocol(format!("grant routine answered token {token}"))
-                })?),
-                valid_for: req.lease,
-            })),
-            fast::BUSY => Some(Attempt::Busy(Busy {
-                retry_in: Some(Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0))),
-            })),
-            _ => None,
-        };
-        let slot = match answer {
-            fast::GRANTED => 0,
-            fast::BUSY => 1,
-            _ => 2,
+        let (slot, attempt) = match answer {
+            fast::GRANTED => (
+                0,
+                Some(Attempt::Granted(Grant {
+                    token: Some(u64::try_from(token).map_err(|_| {
+                        sqlx::Error::Protocol(format!("grant routine answered token {token}"))
+                    })?),
+                    valid_for: req.lease,
+                })),
+            ),
+            fast::BUSY => (
+                1,
+                Some(Attempt::Busy(Busy {
+                    retry_in: Some(Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0))),
+                })),
+            ),
+            _ => (2, None),
         };
         self.fast_answers[slot].fetch_add(1, Ordering::Relaxed);
         Ok(attempt)

@@ -777,9 +777,10 @@ fn fast_counts(b: &SqlBackend) -> (u64, u64, u64) {
     )
 }
 
-/// The one-round-trip grant routine answers a free name and a plain refusal itself, leaves
-/// everything else (re-grants, expired rows, queue places, other kinds, shared requests with
-/// holders, fair waiters) to the full path, and always agrees with it.
+/// The one-round-trip grant routine answers a free name and a plain refusal of an exclusive
+/// request itself, leaves everything else (re-grants, expired rows, queue places, other kinds)
+/// to the full path, is not called for shared requests or fair waiters, and always agrees with
+/// the full path.
 async fn grant_routine_answers_the_common_cases(d: Dialect) {
     let a = open(d, "dlt_fast").await;
     let b = open(d, "dlt_fast").await;
@@ -829,7 +830,7 @@ async fn grant_routine_answers_the_common_cases(d: Dialect) {
     assert_eq!(token(b.acquire(&rb).await.unwrap()), 4);
     assert_eq!(fast_counts(&b), (0, 1, 3));
     assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::Released);
-    // readers: the first by the routine, the second (a live reader there) by the full path
+    // readers and semaphore permits never call the routine
     let (r1, r2) = (
         Request {
             kind: LockKind::RwLock,
@@ -844,26 +845,30 @@ async fn grant_routine_answers_the_common_cases(d: Dialect) {
     );
     assert_eq!(token(a.acquire(&r1).await.unwrap()), 5);
     assert_eq!(token(b.acquire(&r2).await.unwrap()), 6);
-    assert_eq!(fast_counts(&b), (0, 1, 4));
-    // the rows the routine wrote are the full path's rows
-    let info = a.describe(n.as_str()).await.unwrap();
-    assert_eq!(info[0].holders.len(), 2);
-    assert_eq!(info[0].holders[0].owner, "r1");
-    assert_eq!(info[0].holders[0].meta.client_id, "m");
-    assert_eq!(info[0].holders[0].meta.host, "testhost");
-    assert_eq!(info[0].holders[0].meta.pid, 42);
-    assert!(info[0].holders[0].lease_left_ms.unwrap() > 25_000);
-    assert_eq!(info[0].holders[0].token, Some(5));
+    assert_eq!(fast_counts(&a), (2, 0, 1));
+    assert_eq!(fast_counts(&b), (0, 1, 3));
     for r in [&r1, &r2] {
         assert_eq!(a.release(&hr(r)).await.unwrap(), Released::Released);
     }
-    // the lease the routine wrote is the requested one (on the database clock)
+    // the row the routine wrote is the full path's row, its lease the requested one (on the
+    // database clock)
     let lease = Request {
         lease: Duration::from_millis(150),
         ..rq(&n, "lease", &m)
     };
     assert_eq!(token(a.acquire(&lease).await.unwrap()), 7);
-    assert_eq!(fast_counts(&a), (4, 0, 1));
+    assert_eq!(fast_counts(&a), (3, 0, 1));
+    let info = a.describe(n.as_str()).await.unwrap();
+    assert_eq!(info[0].kind, LockKind::Mutex);
+    assert_eq!(info[0].holders.len(), 1);
+    let h = &info[0].holders[0];
+    assert_eq!(h.owner, "lease");
+    assert_eq!(h.mode, Mode::Exclusive);
+    assert_eq!(h.meta.client_id, "m");
+    assert_eq!(h.meta.host, "testhost");
+    assert_eq!(h.meta.pid, 42);
+    assert_eq!(h.token, Some(7));
+    assert!(h.lease_left_ms.unwrap() <= 150, "{:?}", h.lease_left_ms);
     busy(b.acquire(&rb).await.unwrap());
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(token(b.acquire(&rb).await.unwrap()), 8);
