@@ -10,7 +10,7 @@ use crate::signal::{NameSignal, NameSignals};
 use rand::Rng;
 use std::collections::HashMap;
 use std::future::Future;
-use std::hash::Hash;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 
 /// A queue place is rewritten by a repeated `acquire` only once it is at least this old, so a
@@ -281,6 +281,24 @@ pub(crate) enum QueuePlace {
     Keep,
 }
 
+/// What a waiter's look (`wait`'s re-read of a name) found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Look {
+    /// The request may be granted now: attempt.
+    Free,
+    /// Still refused. `state` is a fingerprint of what stands in the way (the holds, and the
+    /// waiters ahead in the fair queue): when it differs between two looks the lock changed
+    /// hands, and the poll interval starts again from its shortest, so a waiter of a lock that
+    /// moves often keeps looking often (a fair queue's next head would otherwise find its turn
+    /// only after a backed-off poll), and one behind a long hold backs off.
+    Busy {
+        /// The fingerprint; 0 where the store tells nothing more (session locks).
+        state: u64,
+        /// The request's place in the fair queue (0: next), if it has one.
+        place: Option<usize>,
+    },
+}
+
 /// The live state of one name.
 pub(crate) struct NameState {
     pub holds: Vec<HoldRow>,
@@ -344,10 +362,24 @@ impl NameState {
         decide(req, &holds, &queue, fence)
     }
 
-    /// `true` if `req` would be refused at `now` (for `wait`; the fence only matters for the token
-    /// of a grant, not for whether it would be granted).
-    pub(crate) fn still_busy(&self, req: &Request<'_>, now: i64) -> bool {
-        matches!(self.decide(req, 0, now), Ok(Decision::Busy { .. }))
+    /// A waiter's look at `now` (for `wait`; the fence only matters for the token of a grant,
+    /// not for whether it would be granted).
+    pub(crate) fn look(&self, req: &Request<'_>, now: i64) -> Look {
+        if !matches!(self.decide(req, 0, now), Ok(Decision::Busy { .. })) {
+            return Look::Free;
+        }
+        // What moves when the lock changes hands: the holders' tokens (a new grant has a new
+        // one) and the waiters ahead of `req` (a fair queue advancing).
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for hold in &self.holds {
+            hold.token.hash(&mut h);
+        }
+        let place = self.queue.iter().position(|w| w.owner == req.owner);
+        place.hash(&mut h);
+        Look::Busy {
+            state: h.finish(),
+            place,
+        }
     }
 
     /// The fencing counter to grant from: the stored fence, or higher if a live hold already
@@ -562,7 +594,8 @@ pub(crate) struct WaitSources<'a> {
     pub fresh: Option<Fresh>,
 }
 
-/// `Backend::wait` of the SQL stores: returns when `still_busy()` says the request may be granted,
+/// `Backend::wait` of the SQL stores: returns when `still_busy()` looks and finds the request may
+/// be granted,
 /// when an in-process wake-up of the name arrives, or at `until`. Between looks it sleeps for a
 /// jittered poll interval (or, while a listener is up, until a wake-up), never past the end of the
 /// blocking lease (`busy.retry_in`) or `until`.
@@ -575,7 +608,7 @@ pub(crate) async fn wait_for_change<F, Fut>(
 ) -> Result<()>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<bool>>,
+    Fut: Future<Output = Result<Look>>,
 {
     let started = Instant::now();
     let lease_end = busy.retry_in.and_then(|r| started.checked_add(r));
@@ -602,6 +635,8 @@ where
         }
     }
     let mut step = 0u32;
+    let mut seen: Option<u64> = None;
+    let mut poll_min = src.poll.0;
     loop {
         // Mark the listener's news as seen *before* the look, so a change reported while the
         // look runs wakes the waiter again instead of being swallowed.
@@ -609,14 +644,33 @@ where
         if Instant::now() >= until {
             return Ok(());
         }
-        if !std::mem::take(&mut skip_look) && !still_busy().await? {
-            return Ok(());
+        if !std::mem::take(&mut skip_look) {
+            match still_busy().await? {
+                Look::Free => return Ok(()),
+                Look::Busy { state, place } => {
+                    if seen.is_some_and(|s| s != state) {
+                        step = 0;
+                    }
+                    seen = Some(state);
+                    // A fair waiter near the front of the queue polls sooner: the next head
+                    // starts at a quarter of the shortest interval, the one behind it at half,
+                    // and so on (the waiter at place k at (k + 1) / 4 of it, never above it).
+                    poll_min = match place {
+                        Some(k) => src
+                            .poll
+                            .0
+                            .mul_f64(((k as f64 + 1.0) / 4.0).min(1.0))
+                            .max(Duration::from_millis(1)),
+                        None => src.poll.0,
+                    };
+                }
+            }
         }
         let now = Instant::now();
         let mut wake_at = if listening {
             src.safety_poll.map_or(until, |p| until.min(now + p))
         } else {
-            now + poll_interval(step, src.poll.0, src.poll.1)
+            now + poll_interval(step, poll_min, src.poll.1)
         };
         step = step.saturating_add(1);
         if let Some(t) = lease_end.filter(|t| *t > now) {
@@ -636,5 +690,78 @@ where
             _ = listener_changed => {}
             _ = tokio::time::sleep_until(wake_at.into()) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// How many looks a waiter makes in `window` when every look answers busy with what `look`
+    /// gives for the look's number.
+    async fn looks_in(window: Duration, look: impl Fn(u64) -> Look) -> u64 {
+        let signals = NameSignals::default();
+        let n = AtomicU64::new(0);
+        let src = WaitSources {
+            signals: &signals,
+            poll: (Duration::from_millis(10), Duration::from_millis(100)),
+            listener: None,
+            listening: false,
+            safety_poll: None,
+            fresh: None,
+        };
+        let busy = Busy { retry_in: None };
+        let until = Instant::now() + window;
+        wait_for_change(src, "n", &busy, until, || {
+            let i = n.fetch_add(1, Ordering::SeqCst);
+            let l = look(i);
+            async move { Ok(l) }
+        })
+        .await
+        .unwrap();
+        n.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_lock_that_changes_hands_keeps_its_waiters_looking_often() {
+        let window = Duration::from_millis(500);
+        // Nothing moves: the interval backs off towards 100 ms.
+        let still = looks_in(window, |_| Look::Busy {
+            state: 7,
+            place: None,
+        })
+        .await;
+        // The lock changes hands between every two looks: the interval stays at its shortest.
+        let moving = looks_in(window, |i| Look::Busy {
+            state: i,
+            place: None,
+        })
+        .await;
+        assert!(still <= 12, "{still} looks of a lock that did not move");
+        assert!(
+            moving >= 2 * still,
+            "{moving} looks of a moving lock, {still} of a still one"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_next_fair_waiter_looks_sooner_than_those_behind_it() {
+        let window = Duration::from_millis(500);
+        let moving_at = |place: usize| {
+            looks_in(window, move |i| Look::Busy {
+                state: i,
+                place: Some(place),
+            })
+        };
+        let head = moving_at(0).await;
+        let back = moving_at(7).await;
+        // The head polls every 2.5–5 ms (100–200 looks), place 7 (like everyone from place 3
+        // on) every 10–20 ms (25–50 looks).
+        assert!(head >= 60, "{head} looks of the next fair waiter");
+        assert!(
+            head >= 2 * back,
+            "{head} looks of the next fair waiter, {back} of the eighth"
+        );
     }
 }

@@ -82,8 +82,8 @@
 use super::logic::Decision;
 use super::sql_common::{
     bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, listing,
-    name_owner_pairs, wait_for_change, Fresh, FreshNotes, HoldListing, Loaded, QueuePlace, Rows,
-    SignalRegistry, StateRow, WaitSources, WaiterListing,
+    name_owner_pairs, wait_for_change, Fresh, FreshNotes, HoldListing, Loaded, Look, QueuePlace,
+    Rows, SignalRegistry, StateRow, WaitSources, WaiterListing,
 };
 use super::sqlite_watch::{file_watch_for, FileWatch};
 use super::*;
@@ -358,8 +358,8 @@ impl SqliteBackend {
         tx.commit().await.map_err(|e| self.err(e))
     }
 
-    /// `true` if `req` would still be refused now (read-only; used by [`Backend::wait`]).
-    async fn still_busy(&self, req: &Request<'_>) -> Result<bool> {
+    /// Whether `req` would still be refused now (read-only; used by [`Backend::wait`]).
+    async fn still_busy(&self, req: &Request<'_>) -> Result<Look> {
         #[cfg(test)]
         self.looks
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -369,7 +369,7 @@ impl SqliteBackend {
             .await
             .map_err(|e| self.err(e))??;
         tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(loaded.state.still_busy(req, now))
+        Ok(loaded.state.look(req, now))
     }
     /// `acquire_tx`, with a write lock that stayed taken under a herd answered as busy.
     async fn acquire_answer(&self, req: &Request<'_>) -> Result<Attempt> {

@@ -79,7 +79,12 @@
 //! the lock, so a release is never missed. While the listener is down (it reconnects with
 //! backoff) waiters poll as on MySQL. MySQL/MariaDB have no notification: waiters poll with a
 //! jittered interval from [`POLL_MIN`] to [`POLL_MAX`], bounded by the blocking holder's remaining
-//! lease. On both, waiters in the **same process** (any backend on the same URL and table) are
+//! lease. The interval doubles while the lock stays as it was and starts again from its shortest
+//! whenever a look finds it changed hands (or the fair queue moved), so waiters of a lock that
+//! moves often keep looking often and those behind a long hold back off. A fair waiter near the
+//! front of the queue starts shorter still: the next one at a quarter of [`POLL_MIN`], the one
+//! behind it at half, the third at three quarters (MariaDB, 8 fair waiters in 4 processes with a
+//! 1 ms hold: 30–36 → 105–126 acquisitions/s). On both, waiters in the **same process** (any backend on the same URL and table) are
 //! woken at once by an in-process signal. A waiting attempt notes the name's wake count and
 //! subscribes to the listener's state before it is sent; when neither moved by the time its wait
 //! starts, the wait does not re-read the lock (the attempt just did) and goes straight to sleep.
@@ -122,7 +127,7 @@ pub mod fast;
 use super::logic::Decision;
 use super::sql_common::{
     bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, kind_columns,
-    listing, ms, name_owner_pairs, wait_for_change, Fresh, FreshNotes, HoldListing, Loaded,
+    listing, ms, name_owner_pairs, wait_for_change, Fresh, FreshNotes, HoldListing, Loaded, Look,
     NameState, QueuePlace, Rows, SignalRegistry, StateRow, WaitSources, WaiterListing,
 };
 use super::*;
@@ -1062,10 +1067,18 @@ impl SqlBackend {
     }
 
     /// `true` if `req` would still be refused now (read-only; for `wait`).
-    async fn still_busy(&self, req: &Request<'_>) -> Result<bool> {
+    async fn still_busy(&self, req: &Request<'_>) -> Result<Look> {
         self.looks.fetch_add(1, Ordering::Relaxed);
         if self.mode == HoldMode::Session {
-            return self.session_still_busy(req.name.as_str()).await;
+            let busy = self.session_still_busy(req.name.as_str()).await?;
+            return Ok(if busy {
+                Look::Busy {
+                    state: 0,
+                    place: None,
+                }
+            } else {
+                Look::Free
+            });
         }
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         let now = self.db_now(&mut conn).await.map_err(|e| self.err(e))?;
@@ -1077,7 +1090,7 @@ impl SqlBackend {
                 TxError::Dlock(e) => e,
             })?
             .0;
-        Ok(state.still_busy(req, now))
+        Ok(state.look(req, now))
     }
 
     async fn acquire_tx(&self, req: &Request<'_>) -> Result<Attempt> {

@@ -1035,6 +1035,56 @@ async fn mysql_without_routine_privileges_falls_back() {
     drop_tables(&root, &table).await;
 }
 
+/// A waiter's look on the real store: a fair waiter learns its place in the queue, and the
+/// fingerprint of what stands in its way changes when the lock changes hands (what `wait`'s
+/// polling uses to look often while a fair queue moves and to back off behind a long hold).
+async fn a_look_tells_a_fair_waiter_its_place(d: Dialect) {
+    let a = open_isolated(d, "dlt_look").await;
+    let other = open_isolated(d, "dlt_look").await;
+    let n = name(&uniq("look"));
+    let m = meta("m");
+    let holder = rq(&n, "holder", &m);
+    token(other.acquire(&holder).await.unwrap());
+    let fair = |owner| Request {
+        fair: true,
+        waiting: true,
+        ..rq(&n, owner, &m)
+    };
+    let (w0, w1, w2) = (fair("w0"), fair("w1"), fair("w2"));
+    for w in [&w0, &w1, &w2] {
+        busy(a.acquire(w).await.unwrap());
+    }
+    let look = |l: Look| match l {
+        Look::Busy { state, place } => (state, place),
+        Look::Free => panic!("free"),
+    };
+    let (s0, p0) = look(a.still_busy(&w0).await.unwrap());
+    let (s1, p1) = look(a.still_busy(&w1).await.unwrap());
+    let (_, p2) = look(a.still_busy(&w2).await.unwrap());
+    assert_eq!((p0, p1, p2), (Some(0), Some(1), Some(2)));
+    // Looking again with nothing changed gives the same fingerprint.
+    assert_eq!(look(a.still_busy(&w0).await.unwrap()), (s0, p0));
+    // A plain waiter has no place.
+    let plain = Request {
+        waiting: true,
+        ..rq(&n, "plain", &m)
+    };
+    assert_eq!(look(a.still_busy(&plain).await.unwrap()).1, None);
+    // The holder releases: the head may go; the others still wait, and see the change only
+    // once the head has the lock.
+    other.release(&hr(&holder)).await.unwrap();
+    assert_eq!(a.still_busy(&w0).await.unwrap(), Look::Free);
+    assert_eq!(look(a.still_busy(&w1).await.unwrap()).1, Some(1));
+    token(other.acquire(&w0).await.unwrap());
+    let (s1b, p1b) = look(a.still_busy(&w1).await.unwrap());
+    assert_eq!(p1b, Some(0));
+    assert_ne!(s1b, s1);
+    other.release(&hr(&w0)).await.unwrap();
+    for w in [&w1, &w2, &plain] {
+        a.cancel(w).await.unwrap();
+    }
+}
+
 macro_rules! tests {
     ($d:expr; $($t:ident),* $(,)?) => {
         $(
@@ -1065,6 +1115,7 @@ mod postgres {
         grant_routine_answers_the_common_cases,
         missing_grant_routine_falls_back,
         wait_after_a_busy_attempt_skips_the_repeat_look,
+        a_look_tells_a_fair_waiter_its_place,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1092,6 +1143,7 @@ mod mysql {
         grant_routine_answers_the_common_cases,
         missing_grant_routine_falls_back,
         wait_after_a_busy_attempt_skips_the_repeat_look,
+        a_look_tells_a_fair_waiter_its_place,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
