@@ -514,13 +514,40 @@ impl Inner {
             mode: spec.mode,
             owner: owner.clone(),
             meta: self.meta.clone(),
-            armed: true,
+            // Armed once an attempt goes out (a waiter dropped before it asked nothing).
+            armed: false,
         };
         let mut line: Option<LinePlace> = None;
+        // A waiting mutex request of a client that already has waiters of the name joins their
+        // line before its first attempt: while a task of this client waits, that task's attempt
+        // (made at once on this client's own release, and on the store's wake-up) is the
+        // client's one attempt; a second would only race it — the same grant, twice the store
+        // work, and the loser's round trip spent beside the winner's. (Readers and permits
+        // share, so they attempt at once.)
+        let mut first_in_line = false;
+        if spec.kind == LockKind::Mutex
+            && !matches!(wait, Wait::No)
+            && !req.takes_queue_place()
+            && self.caps.validity == Validity::Lease
+        {
+            let place = LinePlace::join(self, spec.name.as_str());
+            first_in_line = !place.is_head();
+            line = Some(place);
+        }
         loop {
+            if std::mem::take(&mut first_in_line) {
+                if let Some(place) = line.as_ref() {
+                    let mut until = Instant::now() + MAX_NATIVE_SLICE;
+                    if let Wait::Until(d) = wait {
+                        until = until.min(d);
+                    }
+                    wait_in_line(place, &local, until).await;
+                }
+            }
             let notified = local.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            abandon.armed = true;
             let sent = Instant::now();
             let busy = match self.backend.acquire(&req).await {
                 Ok(Attempt::Granted(g)) => {
@@ -604,25 +631,7 @@ impl Inner {
             if !req.takes_queue_place() && self.caps.validity == Validity::Lease {
                 let place = line.get_or_insert_with(|| LinePlace::join(self, spec.name.as_str()));
                 if !place.is_head() {
-                    let promoted = place.promoted.clone();
-                    tokio::select! {
-                        _ = promoted.notify.notified() => {}
-                        _ = tokio::time::sleep_until(until.into()) => {}
-                    }
-                    if promoted.after_exclusive_grant.swap(false, Ordering::SeqCst) {
-                        // A task of this client took the lock: an attempt now would be refused.
-                        // Wait for its release (unless the wake count says it happened already);
-                        // a hold lost without a release is covered by the slice's end.
-                        let released = local.notified();
-                        tokio::pin!(released);
-                        released.as_mut().enable();
-                        if local.wakes() == promoted.wakes_at_grant.load(Ordering::SeqCst) {
-                            tokio::select! {
-                                _ = released => {}
-                                _ = tokio::time::sleep_until(until.into()) => {}
-                            }
-                        }
-                    }
+                    wait_in_line(place, &local, until).await;
                     continue;
                 }
             }
@@ -640,6 +649,30 @@ impl Inner {
                         tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(50)).into()).await;
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Waits, behind the head of this client's line, until this waiter is the head (or `until`).
+/// Promoted right after the head was granted the lock exclusively, it then also waits for that
+/// hold's release by this client: an attempt before it would be refused.
+async fn wait_in_line(place: &LinePlace, local: &crate::signal::NameSignal, until: Instant) {
+    let promoted = place.promoted.clone();
+    tokio::select! {
+        _ = promoted.notify.notified() => {}
+        _ = tokio::time::sleep_until(until.into()) => {}
+    }
+    if promoted.after_exclusive_grant.swap(false, Ordering::SeqCst) {
+        // Unless the wake count says the release happened already; a hold lost without a
+        // release is covered by `until`.
+        let released = local.notified();
+        tokio::pin!(released);
+        released.as_mut().enable();
+        if local.wakes() == promoted.wakes_at_grant.load(Ordering::SeqCst) {
+            tokio::select! {
+                _ = released => {}
+                _ = tokio::time::sleep_until(until.into()) => {}
             }
         }
     }

@@ -1,5 +1,6 @@
 //! Waiters of one client line up per lock name: a release costs one store attempt per waiting
-//! client (process), not one per waiting task, and nobody is left behind: readers that may
+//! client (process), not one per waiting task (and a task that asks again right after its
+//! release queues behind its client's waiters instead of racing them), and nobody is left behind: readers that may
 //! share all get in, semaphore permits are all used, timed-out waiters hand on their turn.
 
 mod common;
@@ -52,16 +53,22 @@ async fn attempts_per_acquisition(store: &str, clients: usize, tasks: usize, rou
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_client_sixteen_waiters_make_about_two_attempts_per_acquisition() {
+async fn one_client_sixteen_waiters_make_one_attempt_per_acquisition() {
     // Without the line every release woke all 15 other waiters: ~16 attempts per acquisition.
+    // With a line that a task joins only after a refused attempt, the releasing task's next
+    // request raced the head's attempt: ~1.9. A task joins the client's line before its first
+    // attempt when the client already has waiters of the name: 1.0.
     let per = attempts_per_acquisition("line-one", 1, 16, 10).await;
-    assert!(per <= 3.0, "{per:.2} store attempts per acquisition");
+    assert!(per <= 1.3, "{per:.2} store attempts per acquisition");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_clients_sixteen_waiters_cost_about_one_attempt_per_client() {
+    // One attempt per waiting client at most (the releasing client's next waiter, and each
+    // other client's head woken by the store): ~3.7; ~5.0 when each releasing task's next
+    // request also raced its client's head.
     let per = attempts_per_acquisition("line-four", 4, 16, 10).await;
-    assert!(per <= 8.0, "{per:.2} store attempts per acquisition");
+    assert!(per <= 4.4, "{per:.2} store attempts per acquisition");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
