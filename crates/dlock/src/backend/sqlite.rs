@@ -67,7 +67,10 @@
 //! The file is opened (created if missing) in WAL journal mode with `synchronous=FULL`, so a
 //! committed grant — and with it the fencing counter — survives a crash or power loss: tokens never
 //! go backwards. The busy timeout is [`BUSY_TIMEOUT`] (5 s); a write lock not obtained in that
-//! time is [`Error::Unavailable`]. Each backend keeps a pool of at most 4 connections.
+//! time is [`Error::Unavailable`]. While it waits for a lock another process holds, a
+//! connection retries after 25 µs, doubling to at most 2 ms (dlock's own busy handler; SQLite's
+//! default sleeps up to 100 ms at a time, so a release or grant that met another process's
+//! brief write went through up to 100 ms after the lock was free). Each backend keeps a pool of at most 4 connections.
 //!
 //! # What breaks it
 //!
@@ -253,6 +256,7 @@ impl SqliteBackend {
         let mut backoff = Duration::from_millis(2);
         let pool = loop {
             let attempt = SqlitePoolOptions::new()
+                .after_connect(|conn, _| Box::pin(set_busy_handler(conn)))
                 .max_connections(MAX_CONNECTIONS)
                 .min_connections(0)
                 .acquire_timeout(POOL_ACQUIRE_TIMEOUT)
@@ -528,6 +532,56 @@ fn sqlite_code(e: &sqlx::Error) -> Option<i32> {
 }
 
 /// SQLITE_BUSY or SQLITE_LOCKED.
+/// The pause before the `n`-th retry (from 0) of a lock that another connection holds: 25 µs,
+/// doubling to at most 2 ms. SQLite's own handler (what `busy_timeout` installs) sleeps 1, 2, 5,
+/// 10, 15, 20, 25, 25, 25, 50, 50 and then 100 ms: a release or grant that met another
+/// process's brief write transaction (a waiter's look-and-refuse takes ~50 µs) lost a whole
+/// millisecond or more, the hand-off of a contended lock several.
+fn busy_pause(n: u32) -> Duration {
+    Duration::from_micros(25u64 << n.min(7)).min(Duration::from_millis(2))
+}
+
+/// The time the first `n` retries have slept (lower bound: a sleep lasts at least its pause).
+fn busy_waited(n: u32) -> Duration {
+    let steps = n.min(7);
+    let doubling: Duration = (0..steps).map(busy_pause).sum();
+    doubling + busy_pause(7) * (n - steps)
+}
+
+/// SQLite's busy handler for every connection: called (on the connection's own worker thread)
+/// when a lock it needs is held by another connection, with the number of times it was called
+/// for this lock; returns 1 to retry after a short sleep, 0 to give up (`SQLITE_BUSY`) after
+/// [`BUSY_TIMEOUT`].
+extern "C" fn busy_handler(_: *mut std::ffi::c_void, n: std::ffi::c_int) -> std::ffi::c_int {
+    let n = u32::try_from(n).unwrap_or(0);
+    if busy_waited(n) >= BUSY_TIMEOUT {
+        return 0;
+    }
+    std::thread::sleep(busy_pause(n));
+    1
+}
+
+/// Installs [`busy_handler`] on a new connection (replacing the `busy_timeout` handler, which
+/// covered the connection's opening).
+async fn set_busy_handler(
+    conn: &mut sqlx::SqliteConnection,
+) -> std::result::Result<(), sqlx::Error> {
+    let mut handle = conn.lock_handle().await?;
+    let db = handle.as_raw_handle();
+    // SAFETY: `db` is this connection's open handle, locked for the call; the handler is a plain
+    // function without state (a null argument), valid for the life of the program.
+    let rc = unsafe {
+        libsqlite3_sys::sqlite3_busy_handler(db.as_ptr(), Some(busy_handler), std::ptr::null_mut())
+    };
+    if rc == libsqlite3_sys::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(sqlx::Error::Protocol(format!(
+            "sqlite3_busy_handler failed with code {rc}"
+        )))
+    }
+}
+
 fn is_busy(e: &sqlx::Error) -> bool {
     matches!(sqlite_code(e), Some(5 | 6))
 }
@@ -1398,6 +1452,50 @@ mod tests {
         assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
         assert!(e.to_string().contains("busy"), "{e}");
         blocker.rollback().await.unwrap();
+    }
+
+    #[test]
+    fn the_busy_handler_pauses_briefly_and_gives_up_at_the_busy_timeout() {
+        assert_eq!(busy_pause(0), Duration::from_micros(25));
+        assert!((0..10_000).all(|n| busy_pause(n) <= Duration::from_millis(2)));
+        assert_eq!(busy_waited(0), Duration::ZERO);
+        assert_eq!(busy_waited(3), Duration::from_micros(25 + 50 + 100));
+        let gives_up = (0..10_000u32)
+            .find(|n| busy_waited(*n) >= BUSY_TIMEOUT)
+            .unwrap();
+        // 5 s at 2 ms per retry after the first 3.2 ms.
+        assert!((2_490..=2_510).contains(&gives_up), "{gives_up}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_write_that_waited_for_the_lock_goes_soon_after_it_is_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let a = open(&path).await;
+        let b = open(&path).await;
+        let mut blocker = a.pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        sqlx::query("SELECT 1")
+            .execute(&mut *blocker)
+            .await
+            .unwrap();
+        let n = name("busy");
+        let m = meta("m");
+        let waiting = tokio::spawn(async move {
+            let r = rq(&n, "owner", &m);
+            b.acquire(&r).await.unwrap();
+            Instant::now()
+        });
+        // SQLite's own handler would be asleep for 100 ms at this point (its pauses reach
+        // 100 ms after 228 ms) and take the lock ~100 ms late.
+        tokio::time::sleep(Duration::from_millis(230)).await;
+        blocker.rollback().await.unwrap();
+        let freed = Instant::now();
+        let got = waiting.await.unwrap();
+        let late = got.saturating_duration_since(freed);
+        assert!(
+            late < Duration::from_millis(40),
+            "granted {late:?} after the lock was free"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread")]
