@@ -323,3 +323,61 @@ async fn redlock_py_and_dlock_exclude_each_other() {
     g.release().await.unwrap();
     assert_eq!(run(), "locked");
 }
+
+/// The server a name's repeat attempts ask first (documented in `backend/redlock.rs`: FNV-1a
+/// of the name over the servers in URL order).
+fn lead(name: &str, servers: usize) -> usize {
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (h % servers as u64) as usize
+}
+
+/// A release that reached every server but the name's lead (where a waiter's repeat attempts go
+/// first) leaves a key there until it expires; the waiter must still get the lock from the free
+/// majority soon, not when that key runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_left_on_the_lead_server_does_not_keep_a_waiter_out() {
+    let s = five();
+    let url = url(&s);
+    let lease = Duration::from_secs(30);
+    let (a, b) = (client(&url, lease).await, client(&url, lease).await);
+    let name = unique("stale-lead");
+    let held = a.mutex(name.as_str()).unwrap().acquire().await.unwrap();
+    let m = b.mutex(name.as_str()).unwrap();
+    let waiter = tokio::spawn(async move {
+        let g = m.acquire_timeout(Duration::from_secs(20)).await;
+        (Instant::now(), g)
+    });
+    // The waiter is refused; then wake-ups (as a release of another holder would send) make it
+    // try again, which it does at the lead server alone, and wait on the lead alone.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let lead = lead(&name, s.len());
+    let channel = format!("{}:released", key(&name));
+    for _ in 0..3 {
+        s[lead].cli(&["PUBLISH", &channel, "released"]);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let (mut freed, mut deleted) = (None, 0);
+    for (i, srv) in s.iter().enumerate().filter(|(i, _)| *i != lead) {
+        assert_eq!(srv.cli(&["DEL", &key(&name)]), "1", "server {i}");
+        deleted += 1;
+        if deleted == 3 {
+            // A majority (3 of 5) is free from here on.
+            freed = Some(Instant::now());
+        }
+    }
+    let freed = freed.unwrap();
+    let (at, g) = waiter.await.unwrap();
+    let g = g.expect("the waiter never got the lock from the free majority");
+    let late = at.saturating_duration_since(freed);
+    eprintln!("granted {late:?} after a majority was free");
+    assert!(
+        late < Duration::from_millis(1500),
+        "granted {late:?} after a majority was free"
+    );
+    assert_eq!(s[lead].cli(&["EXISTS", &key(&name)]), "1");
+    g.release().await.unwrap();
+    // The first holder's guard is gone from a majority: its release says so.
+    assert!(held.release().await.is_err());
+}

@@ -20,6 +20,17 @@
 //!   anyone, and the attempt is `Busy`: after a split vote or unreachable servers a random
 //!   5–50 ms, else when enough of the blocking keys expire (at most 1 s). A repeat attempt of an
 //!   owner that holds is an idempotent re-grant on each server.
+//! - **Repeat attempts of a waiter** (its last attempt was refused) ask the name's **lead server**
+//!   first — the same for every client: FNV-1a of the name, modulo the number of servers, in URL
+//!   order — and the others only once the lead granted it. The waiters woken by a release race
+//!   for the lock; asking every server at once they now and then split the votes (nobody gets a
+//!   majority and everyone backs off while the lock stays free), whereas here the lead decides the
+//!   race and its losers stop there (bench C1 with 4 processes: 200 → 110 commands per
+//!   acquisition, +7–10 % acquisitions/s; a lone waiter's hand-off costs one more round trip).
+//!   A waiter refused by the lead alone waits for the lead's wake-up (every release reaches it),
+//!   and asks every server again at least every 250 ms, so a key the lead kept by mistake (a
+//!   release that did not reach it) cannot keep the lock from a free majority. If the lead is not
+//!   connected or does not answer, the attempt asks every server.
 //! - **Renewal**: the compare-and-pexpire script on all N servers in parallel, all holds of a
 //!   renewal batch (at most 500, see the core's watchdog) in one pipeline per server, each server
 //!   given the per-server timeout plus 100 µs per hold (at most a third of the lease). A hold
@@ -96,6 +107,9 @@ const MIN_OP_TIMEOUT: Duration = Duration::from_millis(10);
 const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 /// The longest `retry_in` of a refused attempt (waiters are woken by releases anyway).
 const MAX_RETRY: Duration = Duration::from_secs(1);
+/// A waiter whose repeat attempts go to the lead server alone asks every server at least this
+/// often (see `acquire`).
+const ASK_ALL_EVERY: Duration = Duration::from_millis(250);
 
 /// A parsed `redlock://` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -293,6 +307,8 @@ impl Slot {
 /// algorithm, the missing fencing token and what breaks it.
 pub struct RedlockBackend {
     slots: Vec<Arc<Slot>>,
+    /// Waiting owners whose last attempt was refused, and how (see [`Refused`]).
+    refused: StdMutex<HashMap<String, Refused>>,
     quorum: usize,
     drift_ppm: u32,
     timeout: Duration,
@@ -364,6 +380,7 @@ impl RedlockBackend {
             .max()
             .unwrap_or(DEFAULT_TIMEOUT);
         Ok(RedlockBackend {
+            refused: StdMutex::default(),
             slots,
             quorum,
             drift_ppm: config.drift_ppm,
@@ -394,7 +411,22 @@ impl RedlockBackend {
         F: Fn(Arc<RedisBackend>) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let futs = self.slots.iter().map(|s| {
+        self.on_all_but(None, timeout, f).await
+    }
+
+    /// [`Self::on_all`] without the `skip`-th server (its answer left out).
+    async fn on_all_but<T, F, Fut>(
+        &self,
+        skip: Option<usize>,
+        timeout: Duration,
+        f: F,
+    ) -> Vec<Result<T>>
+    where
+        F: Fn(Arc<RedisBackend>) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let slots = self.slots.iter().enumerate();
+        let futs = slots.filter(|(i, _)| Some(*i) != skip).map(|(_, s)| {
             let fut = s.get().map(&f);
             let shown = s.target.shown.clone();
             async move {
@@ -425,13 +457,37 @@ impl RedlockBackend {
         .count()
     }
 
+    /// The name's lead server (the same for every client: FNV-1a of the name over the servers
+    /// in URL order) with its index, if it is connected.
+    fn lead(&self, name: &LockName) -> Option<(usize, Arc<RedisBackend>)> {
+        let n = u64::try_from(self.slots.len()).ok().filter(|n| *n > 0)?;
+        let h = name
+            .as_str()
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        let i = usize::try_from(h % n).ok()?;
+        Some((i, self.slots.get(i)?.get()?))
+    }
+
     fn forget_waiter(&self, owner: &str) {
+        lock(&self.refused).remove(owner);
         for s in &self.slots {
             if let Some(b) = lock(&s.conn).as_ref() {
                 b.forget_waiter(owner);
             }
         }
     }
+}
+
+/// How a waiting owner's last attempt was refused.
+#[derive(Debug, Clone, Copy)]
+struct Refused {
+    /// By the lead server alone (its index): the other servers were not asked.
+    lead_only: Option<usize>,
+    /// When the owner's last attempt that asked every server started.
+    asked_all: Instant,
 }
 
 fn jitter(lo_ms: u64, hi_ms: u64) -> Duration {
@@ -468,11 +524,57 @@ impl Backend for RedlockBackend {
             ));
         }
         let start = Instant::now();
-        let answers = self
-            .on_all(self.op_timeout(req.lease), |b| async move {
-                b.acquire(req).await
-            })
-            .await;
+        let timeout = self.op_timeout(req.lease);
+        let before = if req.waiting {
+            lock(&self.refused).get(req.owner).copied()
+        } else {
+            None
+        };
+        let answers = match (before, self.lead(req.name)) {
+            // A repeat attempt (the lock was taken: it is probably contended) asks the name's
+            // lead server first, and the others only once the lead granted it. The waiters woken
+            // by a release all race for the lock; asking every server at once, they now and then
+            // split the votes (nobody gets a majority, and everyone backs off 5–50 ms while the
+            // lock stays free). Here one server decides the race and its losers stop there.
+            // At least every ASK_ALL_EVERY a waiter asks all servers: a key the lead kept by
+            // mistake (a release that did not reach it) must not keep the lock from a majority
+            // that is free.
+            (Some(r), Some((i, lead))) if start < r.asked_all + ASK_ALL_EVERY => {
+                match tokio::time::timeout(timeout, lead.acquire(req)).await {
+                    Ok(Ok(Attempt::Busy(b))) => {
+                        lock(&self.refused).insert(
+                            req.owner.to_owned(),
+                            Refused {
+                                lead_only: Some(i),
+                                ..r
+                            },
+                        );
+                        let ask_all =
+                            (r.asked_all + ASK_ALL_EVERY).saturating_duration_since(start);
+                        let retry = b.retry_in.unwrap_or(MAX_RETRY).min(MAX_RETRY);
+                        return Ok(Attempt::Busy(Busy {
+                            retry_in: Some(retry.min(ask_all)),
+                        }));
+                    }
+                    Ok(Ok(granted @ Attempt::Granted(_))) => {
+                        let mut rest = self
+                            .on_all_but(Some(i), timeout, |b| async move { b.acquire(req).await })
+                            .await;
+                        rest.insert(i, Ok(granted));
+                        rest
+                    }
+                    // The lead answered an error or nothing: ask everyone as usual.
+                    _ => {
+                        self.on_all(timeout, |b| async move { b.acquire(req).await })
+                            .await
+                    }
+                }
+            }
+            _ => {
+                self.on_all(timeout, |b| async move { b.acquire(req).await })
+                    .await
+            }
+        };
         let elapsed = start.elapsed();
         let n = self.slots.len();
         let (mut granted, mut errors) = (0, 0);
@@ -528,6 +630,15 @@ impl Backend for RedlockBackend {
                 .unwrap_or(MAX_RETRY)
                 .min(MAX_RETRY)
         };
+        if req.waiting {
+            lock(&self.refused).insert(
+                req.owner.to_owned(),
+                Refused {
+                    lead_only: None,
+                    asked_all: start,
+                },
+            );
+        }
         Ok(Attempt::Busy(Busy {
             retry_in: Some(retry_in),
         }))
@@ -549,6 +660,19 @@ impl Backend for RedlockBackend {
         if live.is_empty() {
             let r = busy.retry_in.unwrap_or(MAX_RETRY).min(MAX_RETRY);
             tokio::time::sleep_until(until.min(Instant::now() + r).into()).await;
+            return Ok(());
+        }
+        // Refused by the lead alone: only the lead's wait knows what that attempt saw (the other
+        // servers were not asked, so theirs would answer "try again" at once). Every release
+        // reaches the lead too.
+        let lead_only = lock(&self.refused).get(req.owner).and_then(|r| r.lead_only);
+        if let Some(b) = lead_only
+            .and_then(|i| self.slots.get(i))
+            .and_then(|s| s.get())
+        {
+            if let Err(e) = b.wait(req, busy, until).await {
+                tracing::debug!(error = %e, "redlock: the lead server's wait failed");
+            }
             return Ok(());
         }
         let waits = live.iter().map(|b| Box::pin(b.wait(req, busy, until)));
@@ -781,6 +905,7 @@ mod tests {
     #[test]
     fn drift_is_one_percent_plus_two_ms() {
         let b = RedlockBackend {
+            refused: StdMutex::default(),
             slots: Vec::new(),
             quorum: 3,
             drift_ppm: 10_000,
