@@ -324,15 +324,6 @@ async fn redlock_py_and_dlock_exclude_each_other() {
     assert_eq!(run(), "locked");
 }
 
-/// The server a name's repeat attempts ask first (documented in `backend/redlock.rs`: FNV-1a
-/// of the name over the servers in URL order).
-fn lead(name: &str, servers: usize) -> usize {
-    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    (h % servers as u64) as usize
-}
-
 /// A release that reached every server but the name's lead (where a waiter's repeat attempts go
 /// first) leaves a key there until it expires; the waiter must still get the lock from the free
 /// majority soon, not when that key runs out.
@@ -352,7 +343,7 @@ async fn a_key_left_on_the_lead_server_does_not_keep_a_waiter_out() {
     // The waiter is refused; then wake-ups (as a release of another holder would send) make it
     // try again, which it does at the lead server alone, and wait on the lead alone.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let lead = lead(&name, s.len());
+    let lead = dlock::backend::redlock::lead_server(&name, s.len()).unwrap();
     let channel = format!("{}:released", key(&name));
     for _ in 0..3 {
         s[lead].cli(&["PUBLISH", &channel, "released"]);

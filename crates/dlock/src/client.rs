@@ -399,21 +399,26 @@ struct LinePlace {
 }
 
 impl LinePlace {
-    fn join(client: &Arc<Inner>, name: &str) -> LinePlace {
+    /// Joins the back of the client's line for `name`; `true` with it if the line was empty
+    /// (this waiter is the head).
+    fn join(client: &Arc<Inner>, name: &str) -> (LinePlace, bool) {
         let id = client.next_waiter.fetch_add(1, Ordering::Relaxed);
         let promoted = Arc::new(Promotion::default());
-        lock(&client.lines)
-            .entry(name.to_owned())
-            .or_default()
-            .push_back((id, promoted.clone()));
-        LinePlace {
+        let head = {
+            let mut lines = lock(&client.lines);
+            let line = lines.entry(name.to_owned()).or_default();
+            line.push_back((id, promoted.clone()));
+            line.len() == 1
+        };
+        let place = LinePlace {
             client: client.clone(),
             name: name.to_owned(),
             id,
             promoted,
             wake_all: false,
             granted_exclusive: false,
-        }
+        };
+        (place, head)
     }
 
     fn is_head(&self) -> bool {
@@ -530,8 +535,8 @@ impl Inner {
             && !req.takes_queue_place()
             && self.caps.validity == Validity::Lease
         {
-            let place = LinePlace::join(self, spec.name.as_str());
-            first_in_line = !place.is_head();
+            let (place, head) = LinePlace::join(self, spec.name.as_str());
+            first_in_line = !head;
             line = Some(place);
         }
         loop {
@@ -629,7 +634,7 @@ impl Inner {
             // Waiters that keep a place in the store's queue wait each for themselves: their order
             // is the store's. So do session stores, whose waiters each watch their predecessor.
             if !req.takes_queue_place() && self.caps.validity == Validity::Lease {
-                let place = line.get_or_insert_with(|| LinePlace::join(self, spec.name.as_str()));
+                let place = line.get_or_insert_with(|| LinePlace::join(self, spec.name.as_str()).0);
                 if !place.is_head() {
                     wait_in_line(place, &local, until).await;
                     continue;

@@ -457,17 +457,9 @@ impl RedlockBackend {
         .count()
     }
 
-    /// The name's lead server (the same for every client: FNV-1a of the name over the servers
-    /// in URL order) with its index, if it is connected.
+    /// The name's lead server with its index, if it is connected (see [`lead_server`]).
     fn lead(&self, name: &LockName) -> Option<(usize, Arc<RedisBackend>)> {
-        let n = u64::try_from(self.slots.len()).ok().filter(|n| *n > 0)?;
-        let h = name
-            .as_str()
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-            });
-        let i = usize::try_from(h % n).ok()?;
+        let i = lead_server(name.as_str(), self.slots.len())?;
         Some((i, self.slots.get(i)?.get()?))
     }
 
@@ -479,6 +471,14 @@ impl RedlockBackend {
             }
         }
     }
+}
+
+/// The index (in URL order) of the server that a waiter's repeat attempts on lock `name` ask
+/// first, among `servers` servers: FNV-1a 64 of the name's UTF-8 bytes, modulo `servers`. Every
+/// client computes the same one, whatever its language. `None` for no servers.
+pub fn lead_server(name: &str, servers: usize) -> Option<usize> {
+    let n = u64::try_from(servers).ok().filter(|n| *n > 0)?;
+    usize::try_from(super::fnv1a64_bytes(name.bytes()) % n).ok()
 }
 
 /// How a waiting owner's last attempt was refused.
@@ -530,6 +530,8 @@ impl Backend for RedlockBackend {
         } else {
             None
         };
+        // The grant script on every server (but `skip`), concurrently.
+        let ask = |skip| self.on_all_but(skip, timeout, |b| async move { b.acquire(req).await });
         let answers = match (before, self.lead(req.name)) {
             // A repeat attempt (the lock was taken: it is probably contended) asks the name's
             // lead server first, and the others only once the lead granted it. The waiters woken
@@ -557,23 +559,15 @@ impl Backend for RedlockBackend {
                         }));
                     }
                     Ok(Ok(granted @ Attempt::Granted(_))) => {
-                        let mut rest = self
-                            .on_all_but(Some(i), timeout, |b| async move { b.acquire(req).await })
-                            .await;
+                        let mut rest = ask(Some(i)).await;
                         rest.insert(i, Ok(granted));
                         rest
                     }
                     // The lead answered an error or nothing: ask everyone as usual.
-                    _ => {
-                        self.on_all(timeout, |b| async move { b.acquire(req).await })
-                            .await
-                    }
+                    _ => ask(None).await,
                 }
             }
-            _ => {
-                self.on_all(timeout, |b| async move { b.acquire(req).await })
-                    .await
-            }
+            _ => ask(None).await,
         };
         let elapsed = start.elapsed();
         let n = self.slots.len();

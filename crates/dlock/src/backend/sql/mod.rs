@@ -213,12 +213,7 @@ impl Dialect {
 /// FNV-1a, 64 bits, over `table`, a NUL byte and `name`: the session-mode key. Offset basis
 /// `0xcbf29ce484222325`, prime `0x100000001b3`.
 pub fn fnv1a64(table: &str, name: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in table.bytes().chain([0u8]).chain(name.bytes()) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    super::fnv1a64_bytes(table.bytes().chain([0u8]).chain(name.bytes()))
 }
 
 /// The PostgreSQL advisory-lock key of `name` in session mode: [`fnv1a64`] as a signed 64-bit
