@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite of dlock, from a fresh machine: installs what is missing, starts every
-# server the suite needs on loopback ports (Redis, PostgreSQL, MariaDB, a ZooKeeper ensemble;
-# mem:// and sqlite:// need none), runs formatting
+# server the suite needs on loopback ports (Redis, PostgreSQL, MariaDB, a ZooKeeper ensemble, an
+# sshfs mount for the network-file-system test; mem:// and sqlite:// need none), runs formatting
 # and lint checks, every test (unit, conformance, CLI, fault, doctests), and stops what it started.
 #
 #   scripts/test.sh            # everything
@@ -31,6 +31,8 @@ cleanup() {
     [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
   done
   [ -n "${ZK_DIR:-}" ] && scripts/zk-ensemble.sh stop "$ZK_DIR" >/dev/null 2>&1 || true
+  # Unmounted before the scratch directory (which holds the mount point) is removed.
+  [ -n "${NETFS_DIR:-}" ] && scripts/netfs.sh stop "$NETFS_DIR" >/dev/null 2>&1 || true
   [ -n "${SCRATCH:-}" ] && rm -rf "$SCRATCH"
 }
 trap cleanup EXIT
@@ -96,6 +98,17 @@ if ! ls /usr/share/java/curator-recipes*.jar >/dev/null 2>&1; then
   apt_get="apt-get"; [ "$(id -u)" = 0 ] || apt_get="sudo apt-get"
   $apt_get update -qq && DEBIAN_FRONTEND=noninteractive $apt_get install -y -qq libcurator-recipes-java libcurator-framework-java >/dev/null
 fi
+
+# A network file system (sshfs over a private sshd on loopback): the SQLite store must refuse it.
+if [ -z "${DLOCK_TEST_NETFS_DIR:-}" ]; then
+  NETFS_DIR="$SCRATCH/netfs"
+  mkdir -p "$NETFS_DIR"
+  DLOCK_TEST_NETFS_DIR=$(scripts/netfs.sh start "$NETFS_DIR")
+  export DLOCK_TEST_NETFS_DIR
+fi
+log "network file system for tests: $DLOCK_TEST_NETFS_DIR"
+# faketime: processes whose wall clock is off (the SQLite store's leases must not follow it).
+need_pkg faketime faketime
 
 python3 -c 'import redis' 2>/dev/null || { log "installing redis-py (PyPI)"; python3 -m pip install --quiet 'redis>=5,<6'; }
 python3 -c 'import redlock' 2>/dev/null || { log "installing redlock-py (PyPI)"; python3 -m pip install --quiet 'redlock-py==1.0.8'; }

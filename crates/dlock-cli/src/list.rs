@@ -38,7 +38,7 @@ pub fn table(infos: &[dlock::LockInfo]) -> String {
                 cell(&info.name),
                 info.kind.to_string(),
                 h.mode.as_str().to_string(),
-                "held".to_string(),
+                h.status.as_str().to_string(),
                 short(&h.owner),
                 cell(&h.meta.host),
                 h.meta.pid.to_string(),
@@ -107,25 +107,58 @@ pub async fn list(url: Option<&str>, json: bool, prefix: &str) -> CliResult {
     Ok(exit::OK)
 }
 
-/// Runs `dlock unlock`.
-pub async fn unlock(url: Option<&str>, name: &str, force: bool) -> CliResult {
+/// Runs `dlock unlock`: revokes the holds of `name` (`--force`), or removes them at once
+/// (`--break`).
+pub async fn unlock(url: Option<&str>, name: &str, force: bool, brk: bool) -> CliResult {
     dlock::LockName::new(name).map_err(|e| Failure::usage(e.to_string()))?;
-    if !force {
+    if !force && !brk {
         return Err(Failure::usage(format!(
-            "refusing to remove the holds of {name:?} without --force (its holders will lose the lock while they may still be working)"
+            "refusing to unlock {name:?} without --force (revoke: its holders are told to stop, \
+             and nobody else gets it before they have) or --break (remove the holds now, while \
+             their holders may still be working)"
         )));
     }
+    let how = if brk {
+        dlock::Force::Break
+    } else {
+        dlock::Force::Revoke
+    };
     let url = store::resolve(url)?;
     let client = store::connect(&url).await?;
-    let n = client.force_release(name).await.map_err(|e| {
+    let done = client.force_release(name, how).await.map_err(|e| {
         Failure::new(
             exit::for_error(&e),
             format!("cannot unlock {name:?} on {}: {e}", client.url()),
         )
     })?;
-    let s = if n == 1 { "" } else { "s" };
-    println!("removed {n} hold{s} of lock {name:?}");
+    println!("{}", unlock_report(name, &done, client.session_timeout()));
     Ok(exit::OK)
+}
+
+fn holds(n: u64) -> String {
+    format!("{n} hold{}", if n == 1 { "" } else { "s" })
+}
+
+/// What `dlock unlock` did, in one or two sentences.
+fn unlock_report(name: &str, done: &dlock::Forced, session: Option<Duration>) -> String {
+    let mut out = format!("lock {name:?}: removed {}", holds(done.removed));
+    if done.revoked > 0 {
+        let until = match (done.revoked_lease_left_ms, session) {
+            (Some(left), _) => format!("its lease runs out (at most {})", ms(Some(left))),
+            (None, Some(t)) => format!(
+                "its holder's session ends (a dead holder's within {})",
+                humantime::format_duration(t)
+            ),
+            (None, None) => "its holder's session ends".to_string(),
+        };
+        out.push_str(&format!(
+            ", revoked {}: each holder learns it at its next renewal and stops; nobody else \
+             gets the lock until the holder has let go or {until}. `dlock unlock --break` \
+             removes the holds now",
+            holds(done.revoked)
+        ));
+    }
+    out
 }
 
 /// What `dlock info --json` prints.
@@ -208,6 +241,35 @@ mod tests {
         assert!(t.contains(&std::process::id().to_string()), "{t}");
         assert_eq!(t.lines().count(), 2, "{t}");
         g.release().await.expect("release");
+    }
+
+    #[test]
+    fn reports_what_an_unlock_did() {
+        let broke = dlock::Forced {
+            removed: 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            unlock_report("a", &broke, None),
+            "lock \"a\": removed 1 hold"
+        );
+        let revoked = dlock::Forced {
+            removed: 0,
+            revoked: 2,
+            revoked_lease_left_ms: Some(29_000),
+        };
+        let r = unlock_report("a", &revoked, None);
+        assert!(
+            r.starts_with("lock \"a\": removed 0 holds, revoked 2 holds"),
+            "{r}"
+        );
+        assert!(r.contains("at most 29s"), "{r}");
+        let zk = dlock::Forced {
+            revoked: 1,
+            ..Default::default()
+        };
+        let r = unlock_report("a", &zk, Some(Duration::from_secs(4)));
+        assert!(r.contains("within 4s"), "{r}");
     }
 
     #[test]

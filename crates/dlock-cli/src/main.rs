@@ -2,13 +2,16 @@
 //! sale oversell without a lock and not with one.
 
 mod bench;
+mod child;
 mod demo;
 mod exit;
+mod hold;
 mod list;
 mod run;
 mod signals;
 mod store;
 mod table;
+mod take;
 
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
@@ -22,8 +25,8 @@ process only). Without --url, $DLOCK_URL is used, else the SQLite file in your s
 (see `dlock info`).
 
 Exit codes: 0 ok (run: the command's own status), 64 usage error, 69 store unreachable or store \
-error, 75 lock not acquired, 76 lock lost while the command ran, 126/127 command not executable / \
-not found, 128+N command killed by signal N.";
+error, 75 lock not acquired (or -E N), 76 lock lost while the command ran, 126/127 command not \
+executable / not found, 128+N command killed by signal N.";
 
 /// Distributed locks from the command line.
 #[derive(Debug, Parser)]
@@ -43,6 +46,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     Run(RunArgs),
+    Hold(HoldArgs),
     List(ListArgs),
     Info(InfoArgs),
     Unlock(UnlockArgs),
@@ -52,53 +56,142 @@ enum Cmd {
     Bench(bench::BenchArgs),
     #[command(hide = true)]
     BenchWorker(bench::WorkerArgs),
+    #[command(hide = true)]
+    ReapGroup(ReapArgs),
 }
 
-/// Run a command while holding the mutex NAME.
+/// How `dlock run` and `dlock hold` take the lock.
+#[derive(Debug, Args)]
+struct LockArgs {
+    /// Store URL [default: $DLOCK_URL, else the SQLite file in your state directory]
+    #[arg(long, value_name = "URL")]
+    url: Option<String>,
+    /// How long a dlock that dies (killed, or its machine gone) keeps others out: the lease,
+    /// renewed while dlock lives. On ZooKeeper the session timeout, which dlock asks for (the
+    /// server may bound it; dlock warns then); in PostgreSQL/MySQL session mode a killed
+    /// dlock's lock ends at once and one whose machine is gone after this long
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_ttl, allow_hyphen_values = true)]
+    ttl: Duration,
+    /// Wait at most DUR for the lock, then exit 75 [default: wait forever]
+    #[arg(long, short = 'w', value_name = "DUR", value_parser = parse_duration, conflicts_with = "no_wait", allow_hyphen_values = true)]
+    wait: Option<Duration>,
+    /// Do not wait: exit 75 at once if the lock is held
+    #[arg(long, short = 'n')]
+    no_wait: bool,
+    /// Grant the lock to waiters in arrival order
+    #[arg(long)]
+    fair: bool,
+    /// Take a shared (read) lock of the read-write lock NAME: readers share, a writer (-x)
+    /// excludes them
+    #[arg(long, short = 's', conflicts_with_all = ["exclusive", "permits"])]
+    shared: bool,
+    /// Take the exclusive (write) lock of the read-write lock NAME, excluding readers (-s)
+    /// [default without -s/-x/--permits: the mutex NAME]
+    #[arg(long, short = 'x', conflicts_with = "permits")]
+    exclusive: bool,
+    /// Take one permit of the semaphore NAME of N permits (every user of NAME must say the same N)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
+    /// The exit code when the lock is not acquired (busy with --no-wait, or --wait ran out)
+    #[arg(long, short = 'E', value_name = "N", default_value_t = exit::NOT_GRANTED, value_parser = clap::value_parser!(i32).range(0..=255))]
+    conflict_exit_code: i32,
+    /// Say on stderr what was taken, how long it took, the fencing token and the store
+    #[arg(long, short = 'v')]
+    verbose: bool,
+    /// The lock name (1 to 255 bytes)
+    #[arg(value_name = "NAME")]
+    name: String,
+}
+
+impl LockArgs {
+    fn into_opts(self) -> take::TakeOpts {
+        let kind = match (self.shared, self.exclusive, self.permits) {
+            (true, _, _) => take::Kind::Read,
+            (_, true, _) => take::Kind::Write,
+            (_, _, Some(n)) => take::Kind::Permit(n),
+            _ => take::Kind::Mutex,
+        };
+        take::TakeOpts {
+            url: self.url,
+            ttl: self.ttl,
+            wait: self.wait,
+            no_wait: self.no_wait,
+            fair: self.fair,
+            kind,
+            conflict_exit: self.conflict_exit_code,
+            verbose: self.verbose,
+            name: self.name,
+        }
+    }
+}
+
+/// Run a command while holding the lock NAME.
 ///
 /// Waits for the lock (forever unless --wait or --no-wait), runs CMD with DLOCK_NAME and
 /// DLOCK_TOKEN (the fencing token) in its environment, renews the lease while CMD runs, and
 /// releases the lock when CMD ends. dlock exits with CMD's status (128+N if a signal N killed
 /// it). SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to dlock are passed on to
-/// CMD (a terminal's Ctrl-C reaches CMD directly, once).
+/// CMD's process group (a terminal's Ctrl-C reaches CMD directly, once).
 ///
-/// If the lock is not acquired, CMD is not run and dlock exits 75. If the lock is lost while
-/// CMD runs (the store dropped the hold, or it could not be renewed in time), CMD gets SIGTERM,
-/// SIGKILL after --kill-after, and dlock exits 76.
+/// CMD runs in a process group of its own and dies with dlock: if dlock is killed (even with
+/// SIGKILL), CMD and everything it started in its group are killed at once. Processes CMD
+/// leaves running in its group when it exits are stopped (SIGTERM, SIGKILL after --kill-after)
+/// before the lock is let go.
+///
+/// If the lock is not acquired, CMD is not run and dlock exits 75 (or -E N). If the lock is lost
+/// while CMD runs (the store dropped the hold, an administrator revoked it, or it could not be
+/// renewed in time), CMD's group gets SIGTERM, SIGKILL after --kill-after, and dlock exits 76.
 #[derive(Debug, Args)]
 #[command(
-    override_usage = "dlock run [OPTIONS] <NAME> -- <CMD> [ARGS]...",
-    after_help = "Examples:\n  dlock run backups/nightly -- /usr/local/bin/backup --full\n  dlock run --no-wait --hold-at-least 1h reports/hourly -- ./report.sh\n\nExit codes: CMD's own, or 75 not acquired, 76 lock lost, 64 usage, 69 store error, 126/127 CMD not executable / not found."
+    override_usage = "dlock run [OPTIONS] <NAME> -- <CMD> [ARGS]...\n       dlock run [OPTIONS] <NAME> -c <STRING>",
+    after_help = "Examples:\n  dlock run backups/nightly -- /usr/local/bin/backup --full\n  dlock run --no-wait --hold-at-least 1h reports/hourly -- ./report.sh\n  dlock run -s cache -c 'cat /srv/cache/*'      # readers share; `dlock run -x cache -- ./rebuild` excludes them\n\nExit codes: CMD's own, or 75 not acquired (-E N), 76 lock lost, 64 usage, 69 store error, 126/127 CMD not executable / not found."
 )]
 struct RunArgs {
-    /// Store URL [default: $DLOCK_URL, else the SQLite file in your state directory]
-    #[arg(long, value_name = "URL")]
-    url: Option<String>,
-    /// Lease of the lock, renewed while CMD runs (how long a crashed dlock blocks others)
-    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_ttl, allow_hyphen_values = true)]
-    ttl: Duration,
-    /// Wait at most DUR for the lock, then exit 75 [default: wait forever]
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with = "no_wait", allow_hyphen_values = true)]
-    wait: Option<Duration>,
-    /// Do not wait: exit 75 at once if the lock is held
-    #[arg(long)]
-    no_wait: bool,
-    /// Keep the lock until DUR after it was granted, even if CMD ends sooner (dlock exits at once;
-    /// the store's lease ends the hold)
+    #[command(flatten)]
+    lock: LockArgs,
+    /// Keep the lock until DUR after it was granted, even if CMD ends sooner (on a lease store
+    /// dlock exits at once and the store's lease ends the hold; on ZooKeeper and in SQL session
+    /// mode dlock stays, holding it)
     #[arg(long, value_name = "DUR", value_parser = parse_duration, allow_hyphen_values = true)]
     hold_at_least: Option<Duration>,
-    /// Grant the lock to waiters in arrival order
-    #[arg(long)]
-    fair: bool,
     /// After a lost lock, how long CMD has between SIGTERM and SIGKILL
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     kill_after: Duration,
-    /// The lock name (1 to 255 bytes)
-    #[arg(value_name = "NAME")]
-    name: String,
+    /// Run STRING with `sh -c` instead of CMD
+    #[arg(short = 'c', value_name = "STRING", conflicts_with = "cmd")]
+    command: Option<OsString>,
     /// The command to run and its arguments (after `--`)
-    #[arg(value_name = "CMD", required = true, trailing_var_arg = true)]
+    #[arg(
+        value_name = "CMD",
+        required_unless_present = "command",
+        trailing_var_arg = true
+    )]
     cmd: Vec<OsString>,
+}
+
+/// Take the lock NAME and hold it, with no command.
+///
+/// Prints the fencing token on stdout (an empty line on a store without tokens) once the lock
+/// is taken, then holds it, renewed, until dlock gets SIGINT, SIGTERM or SIGHUP, until its
+/// standard input ends (a pipe, a FIFO, a socket or the terminal; not /dev/null), or until the
+/// process that started it exits (Linux) — then releases it and exits 0. Exits 76 if the lock is
+/// lost while held, 75 (or -E N) if it was not acquired. For scripts that hold a lock around
+/// several steps:
+///
+///   coproc LOCK { dlock hold --no-wait deploy; }
+///   read -r token <&"${LOCK[0]}" || exit 75     # the lock is ours
+///   ./step1 && ./step2
+///   kill "$LOCK_PID"; wait "$LOCK_PID"          # released
+#[derive(Debug, Args)]
+struct HoldArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+}
+
+/// Kills a process group when stdin closes without a word (internal; see `dlock run`).
+#[derive(Debug, Args)]
+struct ReapArgs {
+    pgid: i32,
 }
 
 /// List the locks held now, with their holders and waiters.
@@ -126,19 +219,28 @@ struct InfoArgs {
     json: bool,
 }
 
-/// Force-release the lock NAME, whoever holds it (administrators only).
+/// Take the lock NAME away from whoever holds it (administrators only).
 ///
-/// Removes every hold and queue place of NAME. The holders are not asked: their `lost()` fires
-/// at their next renewal (a `dlock run` holding it stops its command and exits 76). Fencing
-/// tokens keep increasing. Refuses to act without --force.
+/// --force revokes: each holder's next renewal answers that the lock was revoked, so its
+/// `lost()` fires (a `dlock run` holding it stops its command and exits 76), and nobody else is
+/// granted NAME until every holder has let go or its lease has run out. A hold that nobody
+/// renews any more (the rest of a --hold-at-least window) is removed at once.
+///
+/// --break removes every hold and waiter now: a holder that is still working keeps working
+/// until its next renewal, next to the new holder. For a holder that is gone for good.
+///
+/// Fencing tokens keep increasing either way. Refuses to act without one of the two.
 #[derive(Debug, Args)]
 struct UnlockArgs {
     /// Store URL [default: $DLOCK_URL, else the SQLite file in your state directory]
     #[arg(long, value_name = "URL")]
     url: Option<String>,
-    /// Really remove the holds
+    /// Revoke the holds (see above)
     #[arg(long)]
     force: bool,
+    /// Remove the holds now, while their holders may still be working
+    #[arg(long = "break")]
+    brk: bool,
     /// The lock name
     #[arg(value_name = "NAME")]
     name: String,
@@ -219,7 +321,8 @@ fn parse_ttl(s: &str) -> Result<Duration, String> {
 fn init_logging() {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        // The library's own "lock lost" warning repeats what the command says on stderr.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,dlock::hold=error"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -253,8 +356,11 @@ fn real_main() -> i32 {
             };
         }
     };
+    if let Cmd::ReapGroup(a) = &cli.command {
+        return child::reap_group(a.pgid);
+    }
     init_logging();
-    if !matches!(cli.command, Cmd::Run(_)) {
+    if !matches!(cli.command, Cmd::Run(_) | Cmd::Hold(_)) {
         // Printing commands end quietly when their reader goes away (`dlock list | head`), like
         // other command-line tools. `run` keeps SIGPIPE ignored: it must outlive a closed stderr
         // to stop its command and release the lock (its command gets the default disposition).
@@ -279,21 +385,22 @@ fn real_main() -> i32 {
     let result: exit::CliResult = rt.block_on(async move {
         match cmd {
             Cmd::Run(a) => {
+                let cmd = match a.command {
+                    Some(c) => vec!["sh".into(), "-c".into(), c],
+                    None => a.cmd,
+                };
                 run::run(run::RunOpts {
-                    url: a.url,
-                    ttl: a.ttl,
-                    wait: a.wait,
-                    no_wait: a.no_wait,
+                    take: a.lock.into_opts(),
                     hold_at_least: a.hold_at_least,
-                    fair: a.fair,
                     kill_after: a.kill_after,
-                    name: a.name,
-                    cmd: a.cmd,
+                    cmd,
                 })
                 .await
             }
+            Cmd::Hold(a) => hold::hold(a.lock.into_opts()).await,
+            Cmd::ReapGroup(_) => Ok(exit::SOFTWARE),
             Cmd::List(a) => list::list(a.url.as_deref(), a.json, &a.prefix).await,
-            Cmd::Unlock(a) => list::unlock(a.url.as_deref(), &a.name, a.force).await,
+            Cmd::Unlock(a) => list::unlock(a.url.as_deref(), &a.name, a.force, a.brk).await,
             Cmd::Demo(a) => demo::demo(a.url.as_deref(), a.buyers, a.tickets).await,
             Cmd::DemoBuyer(a) => Ok(demo::buyer(demo::BuyerOpts {
                 dir: a.dir,
@@ -365,13 +472,61 @@ mod tests {
         let Cmd::Run(a) = c.command else {
             panic!("not run")
         };
-        assert_eq!(a.name, "x");
-        assert_eq!(a.ttl, Duration::from_secs(30));
+        assert_eq!(a.lock.name, "x");
+        assert_eq!(a.lock.ttl, Duration::from_secs(30));
         assert_eq!(a.cmd.len(), 3);
         assert!(Cli::try_parse_from(["dlock", "run", "x", "--bogus"]).is_err());
         assert!(
             Cli::try_parse_from(["dlock", "run", "--wait", "1s", "--no-wait", "x", "true"])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn run_and_hold_take_the_lock_flock_and_etcdctl_users_expect() {
+        let run = |args: &[&str]| {
+            let mut v = vec!["dlock", "run"];
+            v.extend_from_slice(args);
+            Cli::try_parse_from(v)
+        };
+        let Cmd::Run(a) = run(&["-s", "-E", "3", "-v", "x", "-c", "echo hi"])
+            .expect("parse")
+            .command
+        else {
+            panic!("not run")
+        };
+        assert_eq!(a.command, Some(OsString::from("echo hi")));
+        assert!(a.cmd.is_empty());
+        let o = a.lock.into_opts();
+        assert_eq!(o.kind, take::Kind::Read);
+        assert_eq!(o.conflict_exit, 3);
+        assert!(o.verbose);
+        let Cmd::Run(a) = run(&["--permits", "3", "x", "--", "true"])
+            .expect("parse")
+            .command
+        else {
+            panic!("not run")
+        };
+        assert_eq!(a.lock.into_opts().kind, take::Kind::Permit(3));
+        let Cmd::Run(a) = run(&["-x", "x", "true"]).expect("parse").command else {
+            panic!("not run")
+        };
+        assert_eq!(a.lock.into_opts().kind, take::Kind::Write);
+        // Conflicting or missing pieces are usage errors.
+        assert!(run(&["-s", "-x", "x", "true"]).is_err());
+        assert!(run(&["-s", "--permits", "2", "x", "true"]).is_err());
+        assert!(run(&["--permits", "0", "x", "true"]).is_err());
+        assert!(run(&["-E", "256", "x", "true"]).is_err());
+        assert!(run(&["x"]).is_err());
+        assert!(run(&["x", "-c", "true", "--", "ls"]).is_err());
+        let c =
+            Cli::try_parse_from(["dlock", "hold", "-n", "--ttl", "2s", "deploy"]).expect("parse");
+        let Cmd::Hold(a) = c.command else {
+            panic!("not hold")
+        };
+        let o = a.lock.into_opts();
+        assert!(o.no_wait);
+        assert_eq!(o.kind, take::Kind::Mutex);
+        assert_eq!(o.conflict_exit, exit::NOT_GRANTED);
     }
 }

@@ -1,12 +1,12 @@
-//! `dlock run`: run a command while holding a mutex.
+//! `dlock run`: run a command while holding a lock.
 
+use crate::child::{Child, Exit};
 use crate::exit::{self, CliResult, Failure};
 use crate::signals::{self, Received};
 use crate::store;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use crate::take::{self, TakeOpts, Taken};
+use nix::sys::signal::Signal;
 use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -16,129 +16,77 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The options of `dlock run`, parsed and validated by clap.
 #[derive(Debug, Clone)]
 pub struct RunOpts {
-    /// `--url`
-    pub url: Option<String>,
-    /// `--ttl`
-    pub ttl: Duration,
-    /// `--wait`
-    pub wait: Option<Duration>,
-    /// `--no-wait`
-    pub no_wait: bool,
+    /// How to take the lock.
+    pub take: TakeOpts,
     /// `--hold-at-least`
     pub hold_at_least: Option<Duration>,
-    /// `--fair`
-    pub fair: bool,
     /// `--kill-after`
     pub kill_after: Duration,
-    /// NAME
-    pub name: String,
-    /// CMD and its arguments (not empty).
+    /// CMD and its arguments (not empty; `sh -c STRING` for `-c STRING`).
     pub cmd: Vec<OsString>,
 }
 
 /// The next signal dlock received (never resolves if the signal thread is gone).
-async fn next_signal(rx: &mut UnboundedReceiver<Received>) -> Received {
+pub async fn next_signal(rx: &mut UnboundedReceiver<Received>) -> Received {
     match rx.recv().await {
         Some(r) => r,
         None => std::future::pending().await,
     }
 }
 
-fn fmt_dur(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
+pub(crate) fn fmt_dur(d: Duration) -> String {
+    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 
-/// Describes who holds `name`, best effort, for the "busy" message.
-async fn holder_of(client: &dlock::Client, name: &str) -> String {
-    let info = tokio::time::timeout(Duration::from_secs(2), client.describe(name)).await;
-    match info {
-        Ok(Ok(Some(info))) => match info.holders.first() {
-            Some(h) => format!(" (held by pid {} on {})", h.meta.pid, h.meta.host),
-            None => String::new(),
-        },
-        _ => String::new(),
-    }
-}
-
-/// Connects and acquires according to the options.
-async fn acquire(o: &RunOpts, url: &str) -> Result<(dlock::Client, dlock::Guard), Failure> {
-    let client = store::connect(url).await?;
-    let mutex = client.mutex(o.name.as_str())?.lease(o.ttl).fair(o.fair);
-    let r = if o.no_wait {
-        mutex.try_acquire().await
-    } else if let Some(w) = o.wait {
-        mutex.acquire_timeout(w).await
-    } else {
-        mutex.acquire().await
-    };
-    match r {
-        Ok(g) => Ok((client, g)),
-        Err(dlock::Error::Busy { .. }) => {
-            let who = holder_of(&client, &o.name).await;
+/// Takes the lock, unless a signal comes first (then nothing runs).
+pub async fn take_or_interrupted(
+    o: &TakeOpts,
+    url: &str,
+    sigs: &mut UnboundedReceiver<Received>,
+) -> Result<Taken, Failure> {
+    tokio::select! {
+        r = take::take(o, url) => r,
+        r = next_signal(sigs) => {
+            // Give the library a moment to withdraw the abandoned request.
+            tokio::time::sleep(Duration::from_millis(50)).await;
             Err(Failure::new(
-                exit::NOT_GRANTED,
-                format!("lock {:?} is busy{who}; command not run", o.name),
+                exit::for_signal(r.signal as i32),
+                format!("interrupted by {} while waiting for lock {:?}; command not run", r.signal.as_str(), o.name),
             ))
         }
-        Err(dlock::Error::Timeout { waited, .. }) => {
-            let who = holder_of(&client, &o.name).await;
-            Err(Failure::new(
-                exit::NOT_GRANTED,
-                format!(
-                    "gave up waiting for lock {:?} after {}{who}; command not run",
-                    o.name,
-                    fmt_dur(Duration::from_millis(waited.as_millis() as u64))
-                ),
-            ))
-        }
-        Err(e) => Err(Failure::new(
-            exit::for_error(&e),
-            format!("cannot acquire lock {:?} on {}: {e}", o.name, client.url()),
-        )),
     }
 }
 
-fn send(pid: Pid, sig: Signal) {
-    if let Err(e) = kill(pid, sig) {
-        tracing::debug!(%pid, ?sig, error = %e, "could not signal the command");
-    }
-}
-
-/// Runs `dlock run`.
-pub async fn run(o: RunOpts) -> CliResult {
-    // Usage errors first, before touching the store.
-    dlock::LockName::new(o.name.as_str()).map_err(|e| Failure::usage(e.to_string()))?;
-    let url = store::resolve(o.url.as_deref())?;
-    let mut sigs = signals::catch().map_err(|e| {
+/// Installs the signal handlers, mapping a failure to exit 70.
+pub fn catch_signals() -> Result<UnboundedReceiver<Received>, Failure> {
+    signals::catch().map_err(|e| {
         Failure::new(
             exit::SOFTWARE,
             format!("cannot install signal handlers: {e}"),
         )
-    })?;
+    })
+}
 
-    // Connecting and waiting can be interrupted: then the command is not run.
-    let (client, guard) = tokio::select! {
-        r = acquire(&o, &url) => r?,
-        r = next_signal(&mut sigs) => {
-            // Give the library a moment to withdraw the abandoned request.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            return Err(Failure::new(
-                exit::for_signal(r.signal as i32),
-                format!("interrupted by {} while waiting for lock {:?}; command not run", r.signal.as_str(), o.name),
-            ));
-        }
-    };
-    let granted = Instant::now();
-    tracing::debug!(name = %o.name, token = ?guard.token(), "lock granted");
+/// Runs `dlock run`. Runs on the main thread (the command is spawned from it: see `child`).
+pub async fn run(o: RunOpts) -> CliResult {
+    // Usage errors first, before touching the store.
+    dlock::LockName::new(o.take.name.as_str()).map_err(|e| Failure::usage(e.to_string()))?;
+    let url = store::resolve(o.take.url.as_deref())?;
+    let mut sigs = catch_signals()?;
+    let Taken {
+        client,
+        guard,
+        granted,
+    } = take_or_interrupted(&o.take, &url, &mut sigs).await?;
+    let name = o.take.name.as_str();
 
     let program = &o.cmd[0];
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(&o.cmd[1..]).env("DLOCK_NAME", &o.name);
-    match guard.token() {
-        Some(t) => cmd.env("DLOCK_TOKEN", t.to_string()),
-        None => cmd.env_remove("DLOCK_TOKEN"),
-    };
-    let mut child = match cmd.spawn() {
+    let token = guard.token().map(|t| t.to_string());
+    let env = [
+        ("DLOCK_NAME", Some(name.to_string())),
+        ("DLOCK_TOKEN", token),
+    ];
+    let mut child = match Child::spawn(program, &o.cmd[1..], &env) {
         Ok(c) => c,
         Err(e) => {
             let (code, what) = match e.kind() {
@@ -157,7 +105,6 @@ pub async fn run(o: RunOpts) -> CliResult {
             ));
         }
     };
-    let pid = Pid::from_raw(child.id().map(|p| p as i32).unwrap_or(-1));
 
     let lost = guard.lost();
     tokio::pin!(lost);
@@ -173,33 +120,46 @@ pub async fn run(o: RunOpts) -> CliResult {
                     exit::one_line(&e.to_string()),
                     fmt_dur(o.kill_after)
                 );
-                send(pid, Signal::SIGTERM);
+                child.signal_group(Signal::SIGTERM);
+                child.signal_group(Signal::SIGCONT);
                 kill_at = Some(Instant::now() + o.kill_after);
             }
             _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now).into()), if kill_at.is_some() => {
                 kill_at = None;
-                send(pid, Signal::SIGKILL);
+                child.signal_group(Signal::SIGKILL);
             }
             r = next_signal(&mut sigs) => {
-                if r.needs_forwarding(pid) {
+                if r.needs_forwarding(child.has_terminal()) {
                     tracing::debug!(signal = r.signal.as_str(), "forwarding");
-                    send(pid, r.signal);
+                    child.signal_group(r.signal);
                 }
             }
         }
     };
     let code = match status {
-        Ok(st) => match (st.code(), st.signal()) {
-            (Some(c), _) => c,
-            (None, Some(s)) => exit::for_signal(s),
-            (None, None) => exit::SOFTWARE,
-        },
+        Ok(Exit::Code(c)) => c,
+        Ok(Exit::Signal(s)) => exit::for_signal(s),
         Err(e) => {
-            send(pid, Signal::SIGKILL);
+            child.signal_group(Signal::SIGKILL);
             eprintln!("dlock: lost track of the command: {e}");
             exit::SOFTWARE
         }
     };
+    // Nothing the command started may run on once the lock is let go.
+    let left = if was_lost {
+        kill_at.map_or(Duration::ZERO, |k| {
+            k.saturating_duration_since(Instant::now())
+        })
+    } else {
+        o.kill_after
+    };
+    if child.end_group(left).await > 0 {
+        eprintln!(
+            "dlock: the command left processes running in its process group; they were stopped \
+             before the lock was let go"
+        );
+    }
+    child.finish();
 
     if was_lost {
         let _ = tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await;
@@ -226,8 +186,9 @@ enum End {
     Lost(dlock::Error),
 }
 
-/// Releases the hold, or with `--hold-at-least` hands it to the store's lease for the rest of the
-/// period. Store errors are reported and otherwise ignored (the lease ends the hold).
+/// Releases the hold, or with `--hold-at-least` keeps it for the rest of the period: handed to
+/// the store's lease, or, on a store whose holds end with the holder's session, by staying alive
+/// holding it. Store errors are reported and otherwise ignored (the lease ends the hold).
 async fn finish(
     o: &RunOpts,
     client: &dlock::Client,
@@ -235,36 +196,62 @@ async fn finish(
     granted: Instant,
     sigs: &mut UnboundedReceiver<Received>,
 ) -> End {
+    let name = o.take.name.as_str();
     let remaining = o
         .hold_at_least
         .map(|d| d.saturating_sub(granted.elapsed()))
         .unwrap_or_default();
     let result = if remaining.is_zero() {
-        bounded(guard.release(), sigs).await
+        released(guard.release(), sigs).await
     } else if client.capabilities().validity == dlock::Validity::Session
         || remaining < dlock::MIN_LEASE
     {
         // A session store cannot keep a hold after its holder lets go, and a lease this short is
         // not worth a round trip: keep the guard (renewed) until the period is over.
+        if o.take.verbose {
+            eprintln!(
+                "dlock: keeping {name:?} for the rest of --hold-at-least ({}) in this process",
+                fmt_dur(remaining)
+            );
+        }
+        let lost = guard.lost();
         tokio::select! {
             _ = tokio::time::sleep(remaining) => {}
-            _ = next_signal(sigs) => {}
+            r = next_signal(sigs) => {
+                eprintln!(
+                    "dlock: {} ended the --hold-at-least period of {name:?} early",
+                    r.signal.as_str()
+                );
+            }
+            e = lost => return End::Lost(e),
         }
-        bounded(guard.release(), sigs).await
+        released(guard.release(), sigs).await
     } else {
         tracing::debug!(remaining = ?remaining, "keeping the lock with the store's lease");
-        match bounded(guard.expire_in(remaining), sigs).await {
-            Ok(()) => return End::Kept,
+        match released(guard.expire_in(remaining), sigs).await {
+            Ok(()) => {
+                if o.take.verbose {
+                    eprintln!(
+                        "dlock: {name:?} stays held by the store's lease for {} (--hold-at-least)",
+                        fmt_dur(remaining)
+                    );
+                }
+                return End::Kept;
+            }
             Err(e) => Err(e),
         }
     };
     match result {
-        Ok(()) => End::Released,
+        Ok(()) => {
+            if o.take.verbose {
+                eprintln!("dlock: released {name:?}");
+            }
+            End::Released
+        }
         Err(e @ (dlock::Error::Lost { .. } | dlock::Error::NotOwner { .. })) => End::Lost(e),
         Err(e) => {
             eprintln!(
-                "dlock: warning: could not release lock {:?} ({}); its lease will end it",
-                o.name,
+                "dlock: warning: could not release lock {name:?} ({}); its lease will end it",
                 exit::one_line(&e.to_string())
             );
             End::Released
@@ -272,22 +259,34 @@ async fn finish(
     }
 }
 
-/// Runs a release-like step, giving up after [`RELEASE_TIMEOUT`] or on a signal.
-async fn bounded(
+/// Runs a release-like step to its end, bounded by [`RELEASE_TIMEOUT`]. A first signal does not
+/// cut it short (a SIGTERM sent to dlock's whole group arrives here after the command ended);
+/// a second one does.
+pub async fn released(
     f: impl std::future::Future<Output = dlock::Result<()>>,
     sigs: &mut UnboundedReceiver<Received>,
 ) -> dlock::Result<()> {
-    tokio::select! {
-        r = tokio::time::timeout(RELEASE_TIMEOUT, f) => match r {
-            Ok(r) => r,
-            Err(_) => Err(dlock::Error::Unavailable(format!(
-                "no answer from the store within {}",
-                fmt_dur(RELEASE_TIMEOUT)
-            ))),
-        },
-        r = next_signal(sigs) => Err(dlock::Error::Unavailable(format!(
-            "interrupted by {}",
-            r.signal.as_str()
-        ))),
+    let deadline = tokio::time::Instant::now() + RELEASE_TIMEOUT;
+    tokio::pin!(f);
+    let mut seen = 0;
+    loop {
+        tokio::select! {
+            r = tokio::time::timeout_at(deadline, &mut f) => return match r {
+                Ok(r) => r,
+                Err(_) => Err(dlock::Error::Unavailable(format!(
+                    "no answer from the store within {}",
+                    fmt_dur(RELEASE_TIMEOUT)
+                ))),
+            },
+            r = next_signal(sigs) => {
+                seen += 1;
+                if seen >= 2 {
+                    return Err(dlock::Error::Unavailable(format!(
+                        "interrupted by a second {} before the store answered",
+                        r.signal.as_str()
+                    )));
+                }
+            }
+        }
     }
 }

@@ -1,15 +1,15 @@
-//! Catching the signals `dlock run` forwards to its command.
+//! Catching the signals `dlock run` passes on to its command (and `dlock hold` answers).
 //!
-//! A plain "forward every signal" would deliver a terminal's Ctrl-C twice: the terminal sends
-//! SIGINT to the whole foreground process group, which contains the command too (it deliberately
-//! stays in dlock's group so job control works as usual). So the handler records whether the kernel
-//! generated the signal (`si_code == SI_KERNEL`, which is how a terminal's Ctrl-C / Ctrl-\ arrive)
-//! and [`Received::needs_forwarding`] skips those when the command shares dlock's process group.
-//! Signals sent with `kill(2)` are always forwarded.
+//! The command runs in a process group of its own (see `child`), so a signal sent to dlock's
+//! group reaches the command only through dlock, once. The handler records whether the kernel
+//! generated the signal (`si_code == SI_KERNEL`: a terminal's Ctrl-C / Ctrl-\ or hangup), and
+//! [`Received::needs_forwarding`] skips those when the command's group has the terminal: the
+//! kernel delivered them to it already. Signals sent with `kill(2)` are passed on, once: the
+//! same signal from the same process again within [`REPEAT_WINDOW`] is one signal
+//! (`timeout(1)` sends its signal to dlock and then to dlock's whole process group).
 
 use nix::libc;
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-use nix::unistd::Pid;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -25,6 +25,9 @@ pub const FORWARDED: [Signal; 6] = [
     Signal::SIGUSR2,
 ];
 
+/// A signal repeated by the same sender within this time is received once.
+pub const REPEAT_WINDOW: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// The write end of the self-pipe, for the handler.
 static PIPE_WR: AtomicI32 = AtomicI32::new(-1);
 
@@ -38,16 +41,15 @@ pub struct Received {
 }
 
 impl Received {
-    /// Whether to send this signal on to `child`: always, unless the terminal already delivered
-    /// it to the child's process group (Ctrl-C / Ctrl-\ on a child that shares dlock's group).
-    pub fn needs_forwarding(&self, child: Pid) -> bool {
-        if !self.from_kernel || !matches!(self.signal, Signal::SIGINT | Signal::SIGQUIT) {
-            return true;
-        }
-        match nix::unistd::getpgid(Some(child)) {
-            Ok(pg) => pg != nix::unistd::getpgrp(),
-            Err(_) => true,
-        }
+    /// Whether to pass this signal on to the command: always, unless the terminal already
+    /// delivered it to the command's group (`command_has_terminal`).
+    pub fn needs_forwarding(&self, command_has_terminal: bool) -> bool {
+        !(self.from_kernel
+            && command_has_terminal
+            && matches!(
+                self.signal,
+                Signal::SIGINT | Signal::SIGQUIT | Signal::SIGHUP
+            ))
     }
 }
 
@@ -62,14 +64,38 @@ fn kernel_generated(_info: *const libc::siginfo_t) -> bool {
     false
 }
 
+/// The pid of the process that sent the signal (0 if unknown).
+#[cfg(target_os = "linux")]
+fn sender(info: *const libc::siginfo_t) -> i32 {
+    if info.is_null() {
+        return 0;
+    }
+    // SAFETY: a valid siginfo_t (checked above); si_pid is meaningful for signals sent by
+    // kill(2), and 0 or the kernel's for the others, which are told apart by si_code.
+    unsafe { (*info).si_pid() }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn sender(_info: *const libc::siginfo_t) -> i32 {
+    0
+}
+
 extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // Only async-signal-safe work here: one write(2) to the self-pipe, errno preserved.
     let saved = nix::errno::Errno::last_raw();
-    let buf = [sig as u8, u8::from(kernel_generated(info))];
+    let pid = sender(info).to_le_bytes();
+    let buf = [
+        sig as u8,
+        u8::from(kernel_generated(info)),
+        pid[0],
+        pid[1],
+        pid[2],
+        pid[3],
+    ];
     let fd = PIPE_WR.load(Ordering::Relaxed);
     if fd >= 0 {
         // SAFETY: `fd` is the self-pipe's write end, open for the life of the process; the buffer
-        // is valid for 2 bytes.
+        // is valid for its length.
         unsafe {
             libc::write(fd, buf.as_ptr().cast(), buf.len());
         }
@@ -99,16 +125,30 @@ pub fn catch() -> std::io::Result<mpsc::UnboundedReceiver<Received>> {
         .spawn(move || {
             // SAFETY: we own `rd`; the File takes it over.
             let mut file = unsafe { std::fs::File::from_raw_fd(rd.into_raw_fd()) };
-            let mut buf = [0u8; 2];
+            let mut buf = [0u8; 6];
+            let mut last: Option<(Signal, i32, std::time::Instant)> = None;
             while file.read_exact(&mut buf).is_ok() {
                 let Ok(signal) = Signal::try_from(i32::from(buf[0])) else {
                     continue;
                 };
-                let r = Received {
-                    signal,
-                    from_kernel: buf[1] != 0,
-                };
-                if tx.send(r).is_err() {
+                let from_kernel = buf[1] != 0;
+                let pid = i32::from_le_bytes([buf[2], buf[3], buf[4], buf[5]]);
+                let now = std::time::Instant::now();
+                if !from_kernel && pid > 0 {
+                    if let Some((s, p, at)) = last {
+                        if s == signal && p == pid && now.duration_since(at) < REPEAT_WINDOW {
+                            continue;
+                        }
+                    }
+                    last = Some((signal, pid, now));
+                }
+                if tx
+                    .send(Received {
+                        signal,
+                        from_kernel,
+                    })
+                    .is_err()
+                {
                     return;
                 }
             }

@@ -468,9 +468,12 @@ async fn hostile_names_on(backend: &str, url: &str, fencing: bool) {
             matches!(e, Error::InvalidName(_)),
             "{backend} {shown:?}: {e:?}"
         );
-        let e = within("force_release", a_client.force_release(&bad))
-            .await
-            .unwrap_err();
+        let e = within(
+            "force_release",
+            a_client.force_release(&bad, dlock::Force::Revoke),
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(e, Error::InvalidName(_)),
             "{backend} {shown:?}: {e:?}"
@@ -1207,7 +1210,9 @@ async fn redis_verbatim_keys_do_not_collide() {
             .unwrap_err();
         assert!(matches!(e, Error::InvalidName(_)), "{n}: {e:?}");
         assert!(e.to_string().contains("hashtag"), "{n}: {e}");
-        let e = within(&n, c.force_release(&n)).await.unwrap_err();
+        let e = within(&n, c.force_release(&n, dlock::Force::Revoke))
+            .await
+            .unwrap_err();
         assert!(matches!(e, Error::InvalidName(_)), "{n}: {e:?}");
     }
     // Names that only look alike are fine.

@@ -4,11 +4,13 @@
 //! test fails half-way, and every command a test runs in a `dlock run` ends by itself within
 //! seconds even if nobody stops it.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+#[path = "support/mod.rs"]
+mod support;
 
-const BIN: &str = env!("CARGO_BIN_EXE_dlock");
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::*;
 
 /// A temporary directory with a SQLite store in it.
 struct Store {
@@ -26,113 +28,6 @@ impl Store {
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
-}
-
-/// The result of one finished `dlock` invocation.
-#[derive(Debug)]
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-    elapsed: Duration,
-}
-
-/// A `dlock` command with a clean environment for the store (no `DLOCK_URL`, default logging).
-fn dlock(args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.args(args).env_remove("DLOCK_URL").env_remove("RUST_LOG");
-    c
-}
-
-/// A process the test started; stopped when dropped if still running.
-struct Proc {
-    child: Child,
-    out: PathBuf,
-    err: PathBuf,
-    started: Instant,
-}
-
-impl Proc {
-    fn spawn(mut cmd: Command, dir: &Path) -> Proc {
-        let tag = format!("{:?}", Instant::now()).replace(|c: char| !c.is_alphanumeric(), "");
-        let out = dir.join(format!("out-{tag}"));
-        let err = dir.join(format!("err-{tag}"));
-        cmd.stdin(Stdio::null())
-            .stdout(std::fs::File::create(&out).expect("stdout file"))
-            .stderr(std::fs::File::create(&err).expect("stderr file"));
-        let started = Instant::now();
-        let child = cmd.spawn().expect("spawn dlock");
-        Proc {
-            child,
-            out,
-            err,
-            started,
-        }
-    }
-
-    fn pid(&self) -> nix::unistd::Pid {
-        nix::unistd::Pid::from_raw(self.child.id() as i32)
-    }
-
-    fn signal(&self, sig: nix::sys::signal::Signal) {
-        nix::sys::signal::kill(self.pid(), sig).expect("kill");
-    }
-
-    /// Waits at most `timeout` for the process to end.
-    fn wait(mut self, timeout: Duration) -> Out {
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(st) = self.child.try_wait().expect("try_wait") {
-                break st;
-            }
-            if Instant::now() >= deadline {
-                let stderr = std::fs::read_to_string(&self.err).unwrap_or_default();
-                panic!("dlock did not finish within {timeout:?}; stderr so far: {stderr}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let elapsed = self.started.elapsed();
-        Out {
-            code: status.code(),
-            stdout: std::fs::read_to_string(&self.out).unwrap_or_default(),
-            stderr: std::fs::read_to_string(&self.err).unwrap_or_default(),
-            elapsed,
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            // SIGTERM first so dlock stops its command too, then SIGKILL.
-            let _ = nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(3);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// Runs `cmd` to completion (at most `timeout`).
-fn exec(cmd: Command, dir: &Path, timeout: Duration) -> Out {
-    Proc::spawn(cmd, dir).wait(timeout)
-}
-
-fn wait_for_file(p: &Path, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if p.exists() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
 }
 
 /// Starts `dlock run` holding `name` with a command that touches `started` and then runs until
@@ -274,7 +169,7 @@ fn lost_lock_terminates_the_command_and_exits_76() {
         Duration::from_secs(20),
     );
     assert_eq!(o.code, Some(0), "{o:?}");
-    assert!(o.stdout.contains("removed 1 hold"), "{o:?}");
+    assert!(o.stdout.contains("revoked 1 hold"), "{o:?}");
     let t0 = Instant::now();
     let o = holder.wait(Duration::from_secs(10));
     assert_eq!(o.code, Some(76), "{o:?}");
@@ -753,4 +648,149 @@ fn signals_ignored_at_start_stay_ignored_for_the_command() {
         .and_then(|m| u64::from_str_radix(m, 16).ok())
         .expect("SigIgn mask");
     assert_eq!(mask & 1, 1, "SIGHUP (bit 0) ignored: {o:?}");
+}
+
+/// The SQLite store refuses a file on a network file system (an sshfs mount that
+/// `scripts/netfs.sh` makes on loopback), says which stores to use instead, and creates nothing
+/// there.
+#[test]
+fn sqlite_refuses_a_file_on_a_network_file_system() {
+    let dir = std::env::var("DLOCK_TEST_NETFS_DIR")
+        .ok()
+        .filter(|d| !d.is_empty())
+        .expect("DLOCK_TEST_NETFS_DIR is not set: run the tests through scripts/test.sh");
+    let db = std::path::Path::new(&dir).join(format!("locks-{}.db", std::process::id()));
+    let url = format!("sqlite://{}", db.display());
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let o = exec(
+        dlock(&["run", "--url", &url, "cron/hourly", "--", "true"]),
+        scratch.path(),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.code, Some(64), "{o:?}");
+    assert!(
+        o.stderr.contains("network file system (fuse.sshfs)"),
+        "{o:?}"
+    );
+    assert!(
+        o.stderr.contains("redis://") && o.stderr.contains("postgres://"),
+        "{o:?}"
+    );
+    assert!(
+        !db.exists(),
+        "a database was created on the network file system"
+    );
+}
+
+/// The SQLite store's leases do not follow a process's wall clock: a process whose wall clock
+/// is 2 minutes ahead or an hour behind (`faketime`, monotonic clocks left alone) neither takes
+/// a live hold nor loses its own, and a short lease still ends on time.
+#[test]
+fn sqlite_leases_ignore_a_process_wall_clock() {
+    let s = Store::new();
+    let faked = |offset: &str, args: &[&str]| {
+        let mut c = Command::new("faketime");
+        c.args(["-f", offset, BIN])
+            .args(args)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .env_remove("DLOCK_URL")
+            .env_remove("RUST_LOG");
+        c
+    };
+    let wall = |offset: &str| -> i64 {
+        let mut c = Command::new("faketime");
+        c.args(["-f", offset, "date", "+%s"])
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        let o = exec(c, s.dir.path(), Duration::from_secs(10));
+        o.stdout.trim().parse().expect("date +%s")
+    };
+    // faketime runs dlock as its child: the holder's pid as its hold records it.
+    let holder_pid = |name: &str| {
+        let o = exec(
+            dlock(&["list", "--url", &s.url, "--json", name]),
+            s.dir.path(),
+            Duration::from_secs(20),
+        );
+        let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("list --json");
+        let pid = v[0]["holders"][0]["pid"]
+            .as_i64()
+            .expect("the holder's pid");
+        nix::unistd::Pid::from_raw(pid as i32)
+    };
+    // faketime shifts the wall clock of what it runs (else this test would prove nothing).
+    let now = wall("+0");
+    assert!((wall("+2m") - now - 120).abs() <= 2);
+    assert!((wall("-1h") - now + 3600).abs() <= 2);
+    for (i, (holder, taker)) in [("+0", "+2m"), ("+0", "-1h"), ("+2m", "+0"), ("-1h", "+0")]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("clock/{i}");
+        let started = s.path(&format!("started-{i}"));
+        let script = format!("touch {}; sleep 20", started.display());
+        let h = Proc::spawn(
+            faked(
+                holder,
+                &[
+                    "run", "--url", &s.url, "--ttl", "30s", &name, "--", "sh", "-c", &script,
+                ],
+            ),
+            s.dir.path(),
+        );
+        assert!(
+            wait_for_file(&started, Duration::from_secs(10)),
+            "holder {holder}"
+        );
+        let o = exec(
+            faked(
+                taker,
+                &["run", "--url", &s.url, "--no-wait", &name, "--", "true"],
+            ),
+            s.dir.path(),
+            Duration::from_secs(20),
+        );
+        assert_eq!(
+            o.code,
+            Some(75),
+            "a process at {taker} took the live 30 s hold of a process at {holder}: {o:?}"
+        );
+        let _ = nix::sys::signal::kill(holder_pid(&name), nix::sys::signal::Signal::SIGTERM);
+        let o = h.wait(Duration::from_secs(10));
+        assert_eq!(
+            o.code,
+            Some(143),
+            "the holder at {holder} ended by SIGTERM: {o:?}"
+        );
+    }
+    // An hour behind, with a 2 s lease and no renewal (SIGSTOP): the lease ends after about
+    // 2 s, not an hour early or late.
+    let started = s.path("started-short");
+    let script = format!("touch {}; sleep 20", started.display());
+    let h = Proc::spawn(
+        faked(
+            "-1h",
+            &[
+                "run", "--url", &s.url, "--ttl", "2s", "short", "--", "sh", "-c", &script,
+            ],
+        ),
+        s.dir.path(),
+    );
+    assert!(wait_for_file(&started, Duration::from_secs(10)));
+    let holder = holder_pid("short");
+    nix::sys::signal::kill(holder, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    let t0 = Instant::now();
+    let o = run_quick(&s, &["--wait", "10s"], "short", &["true"]);
+    assert_eq!(o.code, Some(0), "{o:?}");
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "a 2 s lease of a process an hour behind ended {took:?} after its last renewal"
+    );
+    let _ = nix::sys::signal::kill(holder, nix::sys::signal::Signal::SIGCONT);
+    let o = h.wait(Duration::from_secs(15));
+    assert_eq!(
+        o.code,
+        Some(76),
+        "the paused holder found its lock lost: {o:?}"
+    );
 }

@@ -73,6 +73,7 @@ macro_rules! conformance {
             holder_killed_taken_over,
             renewal_keeps_lock,
             lost_fires_when_store_removes_hold,
+            revoked_hold_keeps_others_out,
             lost_fires_at_deadline_without_renewal,
             fencing_tokens_increase,
             reentrancy_counts,
@@ -96,6 +97,7 @@ macro_rules! conformance {
             holder_killed_taken_over,
             renewal_keeps_lock,
             lost_fires_when_store_removes_hold,
+            revoked_hold_keeps_others_out,
             lost_fires_at_deadline_without_renewal,
             fencing_tokens_increase,
             reentrancy_counts,
@@ -199,5 +201,26 @@ conformance!(
     |_| env_url("DLOCK_TEST_MYSQL_URL"),
     Caps {
         cross_process: true
+    }
+);
+
+// PostgreSQL and MariaDB in session mode (advisory / GET_LOCK session locks on a connection per
+// hold): mutexes only, no fair mode, as the mutex-only arm checks; fencing tokens from the
+// fence table.
+conformance!(
+    postgres_session,
+    |_| env_url("DLOCK_TEST_POSTGRES_URL").map(|u| harness::with_option(&u, "mode=session")),
+    Caps {
+        cross_process: true,
+        mutex_only: true
+    }
+);
+
+conformance!(
+    mysql_session,
+    |_| env_url("DLOCK_TEST_MYSQL_URL").map(|u| harness::with_option(&u, "mode=session")),
+    Caps {
+        cross_process: true,
+        mutex_only: true
     }
 );

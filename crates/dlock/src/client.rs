@@ -2,8 +2,8 @@
 //! acquisition loop, the batched renewal watchdog and the in-process wake-ups.
 
 use crate::backend::{
-    Attempt, Backend, Capabilities, Extended, HoldRef, HolderMeta, LockInfo, LockKind, Mode,
-    Request, Validity, Wakeups, QUEUE_PLACE_TTL,
+    Attempt, Backend, Capabilities, Extended, Force, Forced, HoldRef, HolderMeta, LockInfo,
+    LockKind, Mode, Request, Validity, Wakeups, QUEUE_PLACE_TTL,
 };
 use crate::error::{Error, Result};
 use crate::hold::{Hold, HoldState};
@@ -262,14 +262,44 @@ impl Client {
         self.inner.backend.describe(prefix).await
     }
 
-    /// Removes every hold and queue place of `name`, whoever owns them (an administrator's
-    /// unlock). The holders' `lost()` fires at their next renewal. Returns the number of holds
-    /// removed. Fencing counters are kept, so tokens keep increasing.
-    pub async fn force_release(&self, name: &str) -> Result<u64> {
+    /// An administrator's unlock of `name`, whoever holds it. Fencing counters are kept, so
+    /// tokens keep increasing.
+    ///
+    /// - [`Force::Revoke`] (what `dlock unlock --force` does): each live hold's next renewal
+    ///   answers that it was revoked, so its holder's `lost()` fires; nobody else is granted the
+    ///   name until every revoked holder has released it (dropping or releasing the guard is the
+    ///   acknowledgement) or its lease has run out. A hold that nobody renews any more (after
+    ///   [`crate::Guard::expire_in`]) is removed at once. Waiters keep their places.
+    /// - [`Force::Break`]: every hold and queue place is removed now. A holder that is still
+    ///   working learns of it only at its next renewal, so two holders may work at once until
+    ///   then.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+    /// use dlock::Force;
+    /// let client = dlock::connect("mem://doc-revoke").await?;
+    /// let guard = client.mutex("stuck-job")?.acquire().await?;
+    /// let done = client.force_release("stuck-job", Force::Revoke).await?;
+    /// assert_eq!(done.revoked, 1);
+    /// // Still excluded: the holder has not acknowledged yet.
+    /// assert!(client.mutex("stuck-job")?.try_acquire().await.is_err());
+    /// drop(guard); // the holder lets go: its acknowledgement
+    /// # tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    /// assert!(client.mutex("stuck-job")?.try_acquire().await.is_ok());
+    /// # Ok(()) }
+    /// ```
+    pub async fn force_release(&self, name: &str, how: Force) -> Result<Forced> {
         let name = LockName::new(name)?;
-        let n = self.inner.backend.force_release(&name).await?;
+        let done = self.inner.backend.force_release(&name, how).await?;
         self.inner.wake_local(name.as_str());
-        Ok(n)
+        Ok(done)
+    }
+
+    /// For a store whose holds live with the client's session (ZooKeeper): how long the store
+    /// keeps the holds of a client that died, as the server granted it. `None` where each hold's
+    /// lease decides.
+    pub fn session_timeout(&self) -> Option<Duration> {
+        self.inner.backend.session_timeout()
     }
 
     /// This client's id, stored with every hold it makes.
@@ -533,7 +563,7 @@ impl Inner {
         if spec.kind == LockKind::Mutex
             && !matches!(wait, Wait::No)
             && !req.takes_queue_place()
-            && self.caps.validity == Validity::Lease
+            && !store_queues_waiters(&self.caps)
         {
             let (place, head) = LinePlace::join(self, spec.name.as_str());
             first_in_line = !head;
@@ -632,20 +662,20 @@ impl Inner {
                 until = until.min(d);
             }
             // Waiters that keep a place in the store's queue wait each for themselves: their order
-            // is the store's. So do session stores, whose waiters each watch their predecessor.
-            if !req.takes_queue_place() && self.caps.validity == Validity::Lease {
+            // is the store's. So do the waiters of a store that queues them all (ZooKeeper: each
+            // watches its predecessor).
+            if !req.takes_queue_place() && !store_queues_waiters(&self.caps) {
                 let place = line.get_or_insert_with(|| LinePlace::join(self, spec.name.as_str()).0);
                 if !place.is_head() {
                     wait_in_line(place, &local, until).await;
                     continue;
                 }
             }
-            // This client's own releases wake its waiters at once, except on a session store
-            // with native wake-ups: there each waiter watches its predecessor, and the store
-            // wakes exactly the one whose turn it is (a local wake would send every waiter of
-            // this client back to the store for nothing).
-            let local_wakes =
-                !(self.caps.validity == Validity::Session && self.caps.wakeups == Wakeups::Native);
+            // This client's own releases wake its waiters at once, except where the store queues
+            // them: there each waiter watches its predecessor, and the store wakes exactly the
+            // one whose turn it is (a local wake would send every waiter of this client back to
+            // the store for nothing).
+            let local_wakes = !store_queues_waiters(&self.caps);
             tokio::select! {
                 _ = &mut notified, if local_wakes => {}
                 r = self.backend.wait(&req, &busy, until) => {
@@ -657,6 +687,14 @@ impl Inner {
             }
         }
     }
+}
+
+/// Whether the store queues every waiter itself and wakes exactly the one whose turn it is: a
+/// session store with native wake-ups (ZooKeeper: each waiter a node that watches its
+/// predecessor). Its waiters then wait each for themselves, not in this client's line, and this
+/// client's own releases do not wake them.
+fn store_queues_waiters(caps: &Capabilities) -> bool {
+    caps.validity == Validity::Session && caps.wakeups == Wakeups::Native
 }
 
 /// Waits, behind the head of this client's line, until this waiter is the head (or `until`).
@@ -736,7 +774,17 @@ async fn renew_due(inner: &Arc<Inner>) -> Instant {
                     }
                 }
             }
-            HoldState::Lost(_) | HoldState::Released => inner.forget(&h.owner),
+            // A revoked hold of a session store stays until its guards release it, or until
+            // its lease would have run out: then it is ended here.
+            HoldState::Lost(_) => match h.end_at() {
+                Some(at) if at > now => next = next.min(at),
+                Some(_) => {
+                    h.end_in_background();
+                    inner.forget(&h.owner);
+                }
+                None => inner.forget(&h.owner),
+            },
+            HoldState::Released => inner.forget(&h.owner),
         }
     }
     if !due {
@@ -796,6 +844,26 @@ async fn renew_chunk(inner: &Arc<Inner>, batch: &[Arc<Hold>]) {
                             "the store no longer has this hold (expired, removed or taken over)",
                         );
                         inner.forget(&h.owner);
+                    }
+                    Extended::Revoked => {
+                        // The store keeps others out until this hold is released: the guard's
+                        // release (or drop) is the holder's acknowledgement. A lease store ends
+                        // it at its lease anyway; a session store would keep it while the
+                        // session lives, so the watchdog ends it when the lease would have.
+                        let deadline = match h.state() {
+                            HoldState::Held { deadline, .. } => Some(deadline),
+                            _ => None,
+                        };
+                        h.mark_lost(
+                            "the lock was revoked by a forced unlock; others are kept out until \
+                             this holder lets go or its lease runs out",
+                        );
+                        match deadline {
+                            Some(d) if inner.caps.validity == Validity::Session => {
+                                h.end_at_latest(d + margin(h.lease));
+                            }
+                            _ => inner.forget(&h.owner),
+                        }
                     }
                 }
             }

@@ -37,6 +37,10 @@ pub(crate) struct Hold {
     renew: AtomicBool,
     /// Set by `Guard::expire_in`: dropped guards no longer release the hold.
     detached: AtomicBool,
+    /// A lost hold of a session store that this client must still end: revoked while its
+    /// guards live. The watchdog releases it here, when its lease would have run out, unless
+    /// the guards release it first (a session store keeps a hold as long as the session lives).
+    end_at: std::sync::Mutex<Option<Instant>>,
     state: watch::Sender<HoldState>,
 }
 
@@ -62,6 +66,7 @@ impl Hold {
             guards: AtomicUsize::new(1),
             renew: AtomicBool::new(spec.renew),
             detached: AtomicBool::new(false),
+            end_at: std::sync::Mutex::new(None),
             state,
         })
     }
@@ -171,11 +176,26 @@ impl Hold {
     /// (in the background) — written once here for every session store, instead of a timer per
     /// hold in the backend.
     pub(crate) fn lease_ran_out(&self, reason: &str) {
-        if !self.mark_lost(reason)
-            || self.client.backend.capabilities().validity != Validity::Session
+        if self.mark_lost(reason)
+            && self.client.backend.capabilities().validity == Validity::Session
         {
-            return;
+            self.end_in_background();
         }
+    }
+
+    /// When the watchdog must end this lost hold (see the field), if it must.
+    pub(crate) fn end_at(&self) -> Option<Instant> {
+        *self.end_at.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks the watchdog to end this lost hold at `at` unless its guards release it first.
+    pub(crate) fn end_at_latest(&self, at: Instant) {
+        *self.end_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
+    }
+
+    /// Releases the hold in the store in the background (no runtime: nothing to do).
+    pub(crate) fn end_in_background(&self) {
+        *self.end_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -196,7 +216,7 @@ impl Hold {
                 lease,
             };
             if let Err(e) = backend.release(&hold).await {
-                tracing::debug!(error = %e, "ending a session hold whose lease ran out");
+                tracing::debug!(error = %e, "ending a lost session hold");
             }
         });
     }

@@ -41,8 +41,8 @@ mod name;
 mod signal;
 
 pub use backend::{
-    Capabilities, HolderInfo, HolderMeta, LockInfo, LockKind, Mode, Validity, WaiterInfo, Wakeups,
-    QUEUE_PLACE_TTL,
+    Capabilities, Force, Forced, HoldStatus, HolderInfo, HolderMeta, LockInfo, LockKind, Mode,
+    Validity, WaiterInfo, Wakeups, QUEUE_PLACE_TTL,
 };
 pub use client::{
     connect, connect_with, Client, ClientOptions, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE,

@@ -491,7 +491,7 @@ impl Guard {
         let renewing = hold.renews();
         hold.stop_renewing();
         let sent = Instant::now();
-        let answer = match hold.client.backend.extend(&[hold.as_ref_with(after)]).await {
+        let answer = match hold.client.backend.detach(&hold.as_ref_with(after)).await {
             Ok(a) => a,
             Err(e) => {
                 if renewing {
@@ -500,16 +500,22 @@ impl Guard {
                 return Err(e);
             }
         };
-        match answer.first() {
-            Some(Extended::Held { valid_for }) => {
+        match answer {
+            Extended::Held { valid_for } => {
                 hold.confirmed(
-                    sent + valid_for.saturating_sub(margin(*valid_for)),
-                    sent + *valid_for,
+                    sent + valid_for.saturating_sub(margin(valid_for)),
+                    sent + valid_for,
                 );
                 hold.detach();
                 Ok(())
             }
-            _ => {
+            Extended::Revoked => {
+                hold.mark_lost("the lock was revoked by a forced unlock");
+                Err(Error::NotOwner {
+                    name: hold.name.to_string(),
+                })
+            }
+            Extended::Gone => {
                 hold.mark_lost("the store no longer had the hold when asked to keep it");
                 Err(Error::NotOwner {
                     name: hold.name.to_string(),

@@ -86,6 +86,13 @@ pub fn env_url(var: &str) -> Option<String> {
     std::env::var(var).ok().filter(|s| !s.trim().is_empty())
 }
 
+/// `url` with `key=value` added to its query options.
+#[allow(dead_code)] // used by the session-mode backend lines
+pub fn with_option(url: &str, kv: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{kv}")
+}
+
 /// What a scenario gets: the URL of a store of its own (or a shared server with names of its
 /// own), the backend's [`Caps`], a unique id for lock names and a scratch directory.
 pub struct Store {
@@ -120,6 +127,12 @@ impl Store {
             dlock::connect_with(&self.url, ClientOptions::default().lease(lease)),
         )
         .await
+    }
+
+    /// Whether a hold ends as soon as its holder's connection closes (PostgreSQL and MySQL
+    /// session mode): a killed holder is taken over at once rather than after its lease.
+    pub fn ends_with_connection(&self) -> bool {
+        self.url.contains("mode=session")
     }
 
     /// A lock name unique to this test: `conf/<id>/<what>`.

@@ -20,6 +20,7 @@ struct MemHold {
     expires: Instant,
     acquired_at_ms: u64,
     meta: HolderMeta,
+    status: HoldStatus,
 }
 
 #[derive(Debug)]
@@ -45,6 +46,26 @@ struct State {
 }
 
 impl State {
+    /// Extends `r` to its lease (`detach`: for the last time, see [`Backend::detach`]).
+    fn extend(&mut self, r: &HoldRef<'_>, now: Instant, detach: bool) -> Extended {
+        let found = self.locks.get_mut(r.name.as_str()).and_then(|e| {
+            e.holds
+                .iter_mut()
+                .find(|h| h.owner == r.owner && h.expires > now)
+        });
+        match found {
+            Some(h) if h.status == HoldStatus::Revoked => Extended::Revoked,
+            Some(h) => {
+                h.expires = now + r.lease;
+                if detach {
+                    h.status = HoldStatus::Detached;
+                }
+                Extended::Held { valid_for: r.lease }
+            }
+            None => Extended::Gone,
+        }
+    }
+
     fn prune(&mut self, name: &str, now: Instant) {
         if let Some(e) = self.locks.get_mut(name) {
             e.holds.retain(|h| h.expires > now);
@@ -65,7 +86,12 @@ impl State {
             .iter()
             .filter(|h| h.expires > now)
             .map(|h| LiveHold {
-                owner: &h.owner,
+                // A revoked hold is nobody's any more (no re-grant), yet it keeps others out.
+                owner: if h.status == HoldStatus::Revoked {
+                    ""
+                } else {
+                    &h.owner
+                },
                 kind: h.kind,
                 mode: h.mode,
                 token: Some(h.token),
@@ -174,6 +200,7 @@ impl Backend for MemoryBackend {
                     expires: now + req.lease,
                     acquired_at_ms: unix_ms(),
                     meta: req.meta.clone(),
+                    status: HoldStatus::Held,
                 });
                 Ok(Attempt::Granted(Grant {
                     token: Some(token),
@@ -272,23 +299,11 @@ impl Backend for MemoryBackend {
     async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
         let now = Instant::now();
         let mut st = self.lock();
-        Ok(holds
-            .iter()
-            .map(|r| {
-                let found = st.locks.get_mut(r.name.as_str()).and_then(|e| {
-                    e.holds
-                        .iter_mut()
-                        .find(|h| h.owner == r.owner && h.expires > now)
-                });
-                match found {
-                    Some(h) => {
-                        h.expires = now + r.lease;
-                        Extended::Held { valid_for: r.lease }
-                    }
-                    None => Extended::Gone,
-                }
-            })
-            .collect())
+        Ok(holds.iter().map(|r| st.extend(r, now, false)).collect())
+    }
+
+    async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
+        Ok(self.lock().extend(hold, Instant::now(), true))
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
@@ -313,6 +328,7 @@ impl Backend for MemoryBackend {
                             token: Some(h.token),
                             acquired_at_ms: h.acquired_at_ms,
                             lease_left_ms: Some((h.expires - now).as_millis() as u64),
+                            status: h.status,
                         })
                         .collect(),
                     waiters: e
@@ -334,15 +350,36 @@ impl Backend for MemoryBackend {
         Ok(out)
     }
 
-    async fn force_release(&self, name: &LockName) -> Result<u64> {
+    async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced> {
+        let now = Instant::now();
         let mut st = self.lock();
-        let n = st
-            .locks
-            .remove(name.as_str())
-            .map(|e| e.holds.len() as u64)
-            .unwrap_or(0);
+        st.prune(name.as_str(), now);
+        let mut out = Forced::default();
+        if let Some(e) = st.locks.get_mut(name.as_str()) {
+            let before = e.holds.len() as u64;
+            match how {
+                Force::Break => {
+                    e.holds.clear();
+                    e.queue.clear();
+                }
+                Force::Revoke => {
+                    e.holds.retain(|h| h.status != HoldStatus::Detached);
+                    for h in &mut e.holds {
+                        h.status = HoldStatus::Revoked;
+                    }
+                    out.revoked = e.holds.len() as u64;
+                    out.revoked_lease_left_ms = e
+                        .holds
+                        .iter()
+                        .map(|h| (h.expires - now).as_millis() as u64)
+                        .max();
+                }
+            }
+            out.removed = before - e.holds.len() as u64;
+        }
+        st.prune(name.as_str(), now);
         drop(st);
         self.shared.signals.wake(name.as_str());
-        Ok(n)
+        Ok(out)
     }
 }

@@ -29,6 +29,8 @@ pub(crate) mod sql_common;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(feature = "sqlite")]
+mod sqlite_machine;
+#[cfg(feature = "sqlite")]
 mod sqlite_watch;
 #[cfg(test)]
 #[allow(dead_code)] // each store's tests use a different subset
@@ -201,6 +203,63 @@ pub enum Extended {
     },
     /// The store no longer has this owner's hold (expired, taken over, removed).
     Gone,
+    /// The hold was revoked by a forced release ([`Force::Revoke`]): it is no longer the
+    /// owner's, but the store keeps everyone else out until the owner releases it (its
+    /// acknowledgement) or its lease runs out.
+    Revoked,
+}
+
+/// How a forced release ([`Backend::force_release`]) treats holders that may still be working.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Force {
+    /// Revoke: every live hold's next renewal answers [`Extended::Revoked`], and nobody else is
+    /// granted the name until each revoked holder has released (acknowledged) or its lease has
+    /// run out. Holds that nobody renews any more ([`HoldStatus::Detached`]: the rest of a
+    /// `--hold-at-least` window) are removed at once. Waiters keep their places.
+    Revoke,
+    /// Break: remove every hold and queue place now. A holder still working learns of it only
+    /// at its next renewal, so two holders may work at once until then: for emergencies (a
+    /// holder that is gone for good, with a long lease).
+    Break,
+}
+
+/// What a forced release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Forced {
+    /// Holds removed at once (every live hold with [`Force::Break`]; detached holds with
+    /// [`Force::Revoke`]).
+    pub removed: u64,
+    /// Holds revoked: they end when their holders acknowledge, at the latest when their leases
+    /// run out.
+    pub revoked: u64,
+    /// The longest lease left of the revoked holds (`None` when nothing was revoked or the store
+    /// bounds holds by sessions).
+    pub revoked_lease_left_ms: Option<u64>,
+}
+
+/// Where a hold stands, as listed by [`Backend::describe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HoldStatus {
+    /// Held and renewed by its holder.
+    #[default]
+    Held,
+    /// Kept by its lease alone, renewed by nobody (`Guard::expire_in`, `dlock run
+    /// --hold-at-least` after the command ended).
+    Detached,
+    /// Revoked by a forced release; waiting for its holder's acknowledgement or its lease.
+    Revoked,
+}
+
+impl HoldStatus {
+    /// The stable short name used in listings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldStatus::Held => "held",
+            HoldStatus::Detached => "detached",
+            HoldStatus::Revoked => "revoked",
+        }
+    }
 }
 
 /// The result of a release.
@@ -266,6 +325,9 @@ pub struct HolderInfo {
     pub acquired_at_ms: u64,
     /// Lease left when described, in milliseconds (`None` for session stores).
     pub lease_left_ms: Option<u64>,
+    /// Held, detached or revoked.
+    #[serde(default)]
+    pub status: HoldStatus,
 }
 
 /// A waiter as listed by [`Backend::describe`] (where the store knows its waiters: fair queues,
@@ -329,7 +391,21 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Lists the locks whose name starts with `prefix` (all for ""), with holders and waiters.
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>>;
 
-    /// Removes every hold and queue place of `name` (an administrator's unlock). Returns how many
-    /// holds were removed. Fencing counters are kept.
-    async fn force_release(&self, name: &LockName) -> Result<u64>;
+    /// Extends one hold to `hold.lease` for the last time: nobody renews it after this
+    /// (`Guard::expire_in`), so a forced release ([`Force::Revoke`]) may remove it at once. A
+    /// store that cannot mark it keeps the default, a plain [`Backend::extend`].
+    async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
+        let mut answers = self.extend(std::slice::from_ref(hold)).await?;
+        Ok(answers.pop().unwrap_or(Extended::Gone))
+    }
+
+    /// An administrator's unlock of `name`, as `how` says. Fencing counters are kept.
+    async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced>;
+
+    /// For a store whose holds live with the client's session: how long the store keeps the
+    /// holds of a client that died (ZooKeeper: the session timeout the server granted). `None`
+    /// where a hold's own lease decides.
+    fn session_timeout(&self) -> Option<Duration> {
+        None
+    }
 }

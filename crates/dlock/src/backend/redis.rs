@@ -867,6 +867,42 @@ impl RedisBackend {
         let meta = format!("{base}:meta:{owner}");
         (base, exp, meta)
     }
+
+    /// Extends `holds` in one pipeline (`detach`: marked as renewed by nobody any more).
+    pub(crate) async fn extend_holds(
+        &self,
+        holds: &[HoldRef<'_>],
+        detach: bool,
+    ) -> Result<Vec<Extended>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sh = &self.shared;
+        let flag = if detach { "1" } else { "0" };
+        let calls: Vec<(Vec<String>, Vec<String>)> = holds
+            .iter()
+            .map(|h| {
+                let (base, exp, meta) = self.hold_keys(h.name.as_str(), h.owner);
+                (
+                    vec![base, exp, meta],
+                    vec![h.owner.to_owned(), ms(h.lease).to_string(), flag.to_owned()],
+                )
+            })
+            .collect();
+        let out = sh
+            .eval_pipeline("extend", &sh.scripts.extend, &calls)
+            .await?;
+        holds
+            .iter()
+            .zip(out)
+            .map(|(h, v)| match int(&v) {
+                Some(1) => Ok(Extended::Held { valid_for: h.lease }),
+                Some(0) => Ok(Extended::Gone),
+                Some(2) => Ok(Extended::Revoked),
+                _ => Err(unexpected("extend answer", &v)),
+            })
+            .collect()
+    }
 }
 
 #[async_trait::async_trait]
@@ -1048,32 +1084,12 @@ impl Backend for RedisBackend {
     }
 
     async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
-        if holds.is_empty() {
-            return Ok(Vec::new());
-        }
-        let sh = &self.shared;
-        let calls: Vec<(Vec<String>, Vec<String>)> = holds
-            .iter()
-            .map(|h| {
-                let (base, exp, meta) = self.hold_keys(h.name.as_str(), h.owner);
-                (
-                    vec![base, exp, meta],
-                    vec![h.owner.to_owned(), ms(h.lease).to_string()],
-                )
-            })
-            .collect();
-        let out = sh
-            .eval_pipeline("extend", &sh.scripts.extend, &calls)
-            .await?;
-        holds
-            .iter()
-            .zip(out)
-            .map(|(h, v)| match int(&v) {
-                Some(1) => Ok(Extended::Held { valid_for: h.lease }),
-                Some(0) => Ok(Extended::Gone),
-                _ => Err(unexpected("extend answer", &v)),
-            })
-            .collect()
+        self.extend_holds(holds, false).await
+    }
+
+    async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
+        let mut a = self.extend_holds(std::slice::from_ref(hold), true).await?;
+        Ok(a.pop().unwrap_or(Extended::Gone))
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
@@ -1142,7 +1158,7 @@ impl Backend for RedisBackend {
         Ok(out)
     }
 
-    async fn force_release(&self, name: &LockName) -> Result<u64> {
+    async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced> {
         let sh = &self.shared;
         check_verbatim_name(&sh.target, name.as_str())?;
         let base = sh.base(name.as_str());
@@ -1155,21 +1171,36 @@ impl Backend for RedisBackend {
             format!("{base}:qseq"),
         ];
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mode = match how {
+            Force::Revoke => "revoke",
+            Force::Break => "break",
+        };
         let v = sh
             .eval(
                 "force_release",
                 &sh.scripts.force_release,
                 &key_refs,
-                &[Shared::channel(&base), format!("{base}:meta:")],
+                &[
+                    Shared::channel(&base),
+                    format!("{base}:meta:"),
+                    mode.to_owned(),
+                ],
             )
             .await?;
         let a = array(&v).ok_or_else(|| unexpected("force_release answer", &v))?;
-        match a.first().and_then(int) {
-            Some(-1) => Err(Error::InvalidConfig(format!(
+        let n = |i: usize| a.get(i).and_then(int);
+        match (n(0), n(1), n(2)) {
+            (Some(-1), _, _) => Err(Error::InvalidConfig(format!(
                 "key {base:?} holds a redis {} that is not a dlock lock; it was left alone",
                 a.get(1).and_then(text).unwrap_or_default()
             ))),
-            Some(n) if n >= 0 => Ok(u64::try_from(n).unwrap_or(0)),
+            (Some(removed), Some(revoked), Some(longest)) if removed >= 0 && revoked >= 0 => {
+                Ok(Forced {
+                    removed: u64::try_from(removed).unwrap_or(0),
+                    revoked: u64::try_from(revoked).unwrap_or(0),
+                    revoked_lease_left_ms: u64::try_from(longest).ok(),
+                })
+            }
             _ => Err(unexpected("force_release answer", &v)),
         }
     }
@@ -1194,7 +1225,7 @@ fn parse_describe(name: &str, v: &Value) -> Result<Option<LockInfo>> {
             .iter()
             .map(|x| text(x).unwrap_or_default())
             .collect();
-        if f.len() < 8 {
+        if f.len() < 9 {
             return Err(bad());
         }
         holders.push(HolderInfo {
@@ -1208,6 +1239,11 @@ fn parse_describe(name: &str, v: &Value) -> Result<Option<LockInfo>> {
             token: f[7].parse().ok(),
             acquired_at_ms: f[6].parse().unwrap_or(0),
             lease_left_ms: f[2].parse::<u64>().ok(),
+            status: match f[8].as_str() {
+                "revoked" => HoldStatus::Revoked,
+                "detached" => HoldStatus::Detached,
+                _ => HoldStatus::Held,
+            },
         });
     }
     // Grant order, like the other stores.
@@ -1430,7 +1466,7 @@ mod tests {
         let r2 = rq(&n, "o2", &m);
         let t2 = token(b.acquire(&r2).await.unwrap());
         assert!(t2 > t1);
-        assert_eq!(b.force_release(&n).await.unwrap(), 1);
+        assert_eq!(b.force_release(&n, Force::Break).await.unwrap().removed, 1);
         assert!(b.describe(n.as_str()).await.unwrap().is_empty());
         let r3 = rq(&n, "o3", &m);
         let t3 = token(b.acquire(&r3).await.unwrap());
@@ -1445,7 +1481,7 @@ mod tests {
         };
         let t4 = token(b.acquire(&rw).await.unwrap());
         assert!(t4 > t3);
-        assert_eq!(b.force_release(&n).await.unwrap(), 1);
+        assert_eq!(b.force_release(&n, Force::Break).await.unwrap().removed, 1);
         let mut c = raw().await;
         let key = b.base_key(&n);
         let fence: u64 = c.get(format!("{key}:fence")).await.unwrap();
@@ -1611,7 +1647,7 @@ mod tests {
         let owners: Vec<&str> = info[0].holders.iter().map(|h| h.owner.as_str()).collect();
         assert_eq!(owners, ["p2", "p3"]);
         assert_eq!(a.release(&hr(&dying)).await.unwrap(), Released::NotHeld);
-        assert_eq!(a.force_release(&s).await.unwrap(), 2);
+        assert_eq!(a.force_release(&s, Force::Break).await.unwrap().removed, 2);
         // an rwlock request on a mutex name
         let mx = uniq("mx");
         token(a.acquire(&rq(&mx, "m", &m)).await.unwrap());
@@ -1623,7 +1659,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.to_string().contains("held as mutex"), "{e}");
-        a.force_release(&mx).await.unwrap();
+        a.force_release(&mx, Force::Break).await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -1756,7 +1792,7 @@ mod tests {
         assert!(h.acquired_at_ms > 1_600_000_000_000);
         assert!(h.lease_left_ms.unwrap() > 29_000);
         for n in &names {
-            b.force_release(n).await.unwrap();
+            b.force_release(n, Force::Break).await.unwrap();
         }
         assert!(got(root).await.is_empty());
     }
@@ -1782,7 +1818,7 @@ mod tests {
         let info = b.describe("").await.unwrap();
         assert_eq!(info.len(), 1, "{info:?}");
         assert_eq!(info[0].name, "jobs");
-        b.force_release(&n).await.unwrap();
+        b.force_release(&n, Force::Break).await.unwrap();
         let _: () = c.del(format!("{key}:fence")).await.unwrap();
     }
 
@@ -1796,7 +1832,7 @@ mod tests {
         let m = meta("a");
         let e = b.acquire(&rq(&n, "o", &m)).await.unwrap_err();
         assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
-        assert!(b.force_release(&n).await.is_err());
+        assert!(b.force_release(&n, Force::Break).await.is_err());
         let len: usize = c.llen(&key).await.unwrap();
         assert_eq!(len, 1);
         let _: () = c.del(&key).await.unwrap();

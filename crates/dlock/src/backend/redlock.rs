@@ -447,6 +447,72 @@ impl RedlockBackend {
     }
 
     /// Deletes `owner`'s key on every server without waking waiters; returns how many had it.
+    /// Extends `holds` on every server (`detach`: marked as renewed by nobody any more): held
+    /// where a majority held them in time, revoked where a server says so, gone otherwise.
+    async fn extend_holds(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let shortest = holds.iter().map(|h| h.lease).min().unwrap_or(self.timeout);
+        // A batch of many holds is one pipeline per server: allow it time in proportion (the
+        // validity below subtracts whatever time it took, so waiting longer is safe).
+        let per_hold = Duration::from_micros(100) * u32::try_from(holds.len()).unwrap_or(u32::MAX);
+        let budget = (self.op_timeout(shortest) + per_hold)
+            .min((shortest / 3).max(self.op_timeout(shortest)));
+        let start = Instant::now();
+        let answers = self
+            .on_all(
+                budget,
+                |b| async move { b.extend_holds(holds, detach).await },
+            )
+            .await;
+        let elapsed = start.elapsed();
+        let mut out = Vec::with_capacity(holds.len());
+        let mut gone = Vec::new();
+        for (i, h) in holds.iter().enumerate() {
+            let count = |f: fn(&Extended) -> bool| {
+                answers
+                    .iter()
+                    .filter(|a| matches!(a, Ok(v) if v.get(i).is_some_and(f)))
+                    .count()
+            };
+            let held = count(|e| matches!(e, Extended::Held { .. }));
+            let revoked = count(|e| *e == Extended::Revoked);
+            let validity = h
+                .lease
+                .checked_sub(elapsed + self.drift(h.lease))
+                .filter(|v| !v.is_zero());
+            match validity {
+                Some(valid_for) if held >= self.quorum => out.push(Extended::Held { valid_for }),
+                // Revoked: its keys stay until the owner releases them (the acknowledgement).
+                _ if revoked > 0 => out.push(Extended::Revoked),
+                _ => {
+                    tracing::debug!(name = %h.name, held, quorum = self.quorum, "redlock: renewal did not reach a majority; the hold is lost");
+                    gone.push((h.name.clone(), h.owner.to_owned()));
+                    out.push(Extended::Gone);
+                }
+            }
+        }
+        if !gone.is_empty() {
+            // Best effort: remove what is left of lost holds so they do not block others.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let slots = self.slots.clone();
+                let timeout = self.timeout;
+                rt.spawn(async move {
+                    for (name, owner) in &gone {
+                        for s in &slots {
+                            if let Some(b) = s.get() {
+                                let _ = tokio::time::timeout(timeout, b.release_quiet(name, owner))
+                                    .await;
+                            }
+                        }
+                    }
+                });
+            }
+        }
+        Ok(out)
+    }
+
     async fn release_quietly(&self, name: &LockName, owner: &str) -> usize {
         self.on_all(self.timeout, |b| async move {
             b.release_quiet(name, owner).await
@@ -706,58 +772,12 @@ impl Backend for RedlockBackend {
     }
 
     async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
-        if holds.is_empty() {
-            return Ok(Vec::new());
-        }
-        let shortest = holds.iter().map(|h| h.lease).min().unwrap_or(self.timeout);
-        // A batch of many holds is one pipeline per server: allow it time in proportion (the
-        // validity below subtracts whatever time it took, so waiting longer is safe).
-        let per_hold = Duration::from_micros(100) * u32::try_from(holds.len()).unwrap_or(u32::MAX);
-        let budget = (self.op_timeout(shortest) + per_hold)
-            .min((shortest / 3).max(self.op_timeout(shortest)));
-        let start = Instant::now();
-        let answers = self
-            .on_all(budget, |b| async move { b.extend(holds).await })
-            .await;
-        let elapsed = start.elapsed();
-        let mut out = Vec::with_capacity(holds.len());
-        let mut gone = Vec::new();
-        for (i, h) in holds.iter().enumerate() {
-            let held = answers
-                .iter()
-                .filter(|a| matches!(a, Ok(v) if matches!(v.get(i), Some(Extended::Held { .. }))))
-                .count();
-            let validity = h
-                .lease
-                .checked_sub(elapsed + self.drift(h.lease))
-                .filter(|v| !v.is_zero());
-            match validity {
-                Some(valid_for) if held >= self.quorum => out.push(Extended::Held { valid_for }),
-                _ => {
-                    tracing::debug!(name = %h.name, held, quorum = self.quorum, "redlock: renewal did not reach a majority; the hold is lost");
-                    gone.push((h.name.clone(), h.owner.to_owned()));
-                    out.push(Extended::Gone);
-                }
-            }
-        }
-        if !gone.is_empty() {
-            // Best effort: remove what is left of lost holds so they do not block others.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let slots = self.slots.clone();
-                let timeout = self.timeout;
-                rt.spawn(async move {
-                    for (name, owner) in &gone {
-                        for s in &slots {
-                            if let Some(b) = s.get() {
-                                let _ = tokio::time::timeout(timeout, b.release_quiet(name, owner))
-                                    .await;
-                            }
-                        }
-                    }
-                });
-            }
-        }
-        Ok(out)
+        self.extend_holds(holds, false).await
+    }
+
+    async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
+        let mut a = self.extend_holds(std::slice::from_ref(hold), true).await?;
+        Ok(a.pop().unwrap_or(Extended::Gone))
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
@@ -821,9 +841,12 @@ impl Backend for RedlockBackend {
         Ok(out)
     }
 
-    async fn force_release(&self, name: &LockName) -> Result<u64> {
+    async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced> {
         let answers = self
-            .on_all(self.timeout, |b| async move { b.force_release(name).await })
+            .on_all(
+                self.timeout,
+                |b| async move { b.force_release(name, how).await },
+            )
             .await;
         let ok = answers.iter().filter(|a| a.is_ok()).count();
         if let Some(Err(e @ Error::InvalidConfig(_))) = answers.iter().find(|a| a.is_err()) {
@@ -836,7 +859,13 @@ impl Backend for RedlockBackend {
                 self.shown, self.quorum
             )));
         }
-        Ok(answers.into_iter().flatten().max().unwrap_or(0).min(1))
+        // One hold is a key on each server: report it once.
+        let all: Vec<Forced> = answers.into_iter().flatten().collect();
+        Ok(Forced {
+            removed: all.iter().map(|f| f.removed).max().unwrap_or(0).min(1),
+            revoked: all.iter().map(|f| f.revoked).max().unwrap_or(0).min(1),
+            revoked_lease_left_ms: all.iter().filter_map(|f| f.revoked_lease_left_ms).max(),
+        })
     }
 }
 

@@ -47,17 +47,33 @@ pub(crate) fn name_owner_pairs(n: usize) -> String {
     vec!["(?, ?)"; n].join(", ")
 }
 
-/// The answers of an `extend`: `Held` for the holds whose index `live` says, `Gone` for the rest.
-pub(crate) fn extend_answers(holds: &[HoldRef<'_>], live: &[bool]) -> Vec<Extended> {
+/// What an `extend` found of one hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewed {
+    /// Live and extended.
+    Live,
+    /// Not there (expired, released, broken).
+    Gone,
+    /// Revoked by a forced release (`state` [`STATE_REVOKED`]).
+    Revoked,
+}
+
+/// The `state` column of a hold: renewed by its holder.
+pub(crate) const STATE_HELD: i64 = 0;
+/// The `state` column of a hold that nobody renews any more (`Backend::detach`).
+pub(crate) const STATE_DETACHED: i64 = 1;
+/// The `state` column of a hold revoked by a forced release.
+pub(crate) const STATE_REVOKED: i64 = 2;
+
+/// The answers of an `extend`, one per hold.
+pub(crate) fn extend_answers(holds: &[HoldRef<'_>], found: &[Renewed]) -> Vec<Extended> {
     holds
         .iter()
-        .zip(live)
-        .map(|(h, &l)| {
-            if l {
-                Extended::Held { valid_for: h.lease }
-            } else {
-                Extended::Gone
-            }
+        .zip(found)
+        .map(|(h, f)| match f {
+            Renewed::Live => Extended::Held { valid_for: h.lease },
+            Renewed::Gone => Extended::Gone,
+            Renewed::Revoked => Extended::Revoked,
         })
         .collect()
 }
@@ -90,7 +106,8 @@ pub(crate) fn fence_column(name: &str, token: u64) -> Result<i64> {
 /// A statement's arguments on `DB`.
 type Query<'q, DB> = sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>;
 
-/// Binds the columns of a new hold of `req` with fencing token `token`, granted at `now`, in the
+/// Binds the columns of a new hold of `req` with fencing token `token`, granted at `now` (the
+/// store's clock, which the lease counts on) and shown as granted at `acquired_at_ms`, in the
 /// order `name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms, client_id, host,
 /// pid`.
 pub(crate) fn bind_hold<'q, DB>(
@@ -98,6 +115,7 @@ pub(crate) fn bind_hold<'q, DB>(
     req: &'q Request<'q>,
     token: i64,
     now: i64,
+    acquired_at_ms: i64,
 ) -> Query<'q, DB>
 where
     DB: sqlx::Database,
@@ -112,7 +130,7 @@ where
         .bind(req.mode.as_str())
         .bind(token)
         .bind(expiry(now, req.lease))
-        .bind(now)
+        .bind(acquired_at_ms)
         .bind(req.meta.client_id.as_str())
         .bind(req.meta.host.as_str())
         .bind(i64::from(req.meta.pid))
@@ -177,6 +195,16 @@ impl Rows {
         u64::try_from(fence).map_err(|_| self.corrupt("fencing token", &fence))
     }
 
+    /// The `state` column of a hold.
+    pub(crate) fn status(self, state: i64) -> Result<HoldStatus> {
+        match state {
+            STATE_HELD => Ok(HoldStatus::Held),
+            STATE_DETACHED => Ok(HoldStatus::Detached),
+            STATE_REVOKED => Ok(HoldStatus::Revoked),
+            other => Err(self.corrupt("hold state", &other)),
+        }
+    }
+
     /// The `pid` column.
     fn pid(self, pid: i64) -> Result<u32> {
         u32::try_from(pid).map_err(|_| self.corrupt("pid", &pid))
@@ -198,7 +226,8 @@ pub(crate) type HoldColumns = (String, String, i64, String, i64, i64);
 pub(crate) type WaiterColumns = (String, String, i64);
 /// One row of a name's whole state read in one `UNION ALL`: `part` (`'f'` the fence row, `'h'` a
 /// hold, `'q'` a queue place), `owner, kind, permits, mode`, `ord` (the fence of the fence row
-/// or a hold, the sequence of a queue place) and `expires_at_ms`. Ordered by `part, ord`.
+/// or a hold, the sequence of a queue place) and `expires_at_ms`. Ordered by `part, ord`. A
+/// revoked hold is read with an empty owner: nobody's (no re-grant), yet it keeps others out.
 pub(crate) type StateRow = (String, String, String, i64, String, i64, i64);
 
 /// A name's state as read in one statement.
@@ -236,7 +265,7 @@ impl Loaded {
 }
 
 /// A hold row as listed: `name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
-/// client_id, host, pid`.
+/// client_id, host, pid, state`.
 pub(crate) type HoldListing = (
     String,
     String,
@@ -248,6 +277,7 @@ pub(crate) type HoldListing = (
     i64,
     String,
     String,
+    i64,
     i64,
 );
 /// A queue row as listed: `name, owner, mode, client_id, host, pid`.
@@ -419,7 +449,8 @@ pub(crate) fn listing(
     queue: Vec<WaiterListing>,
 ) -> Result<Vec<LockInfo>> {
     let mut locks: std::collections::BTreeMap<String, LockInfo> = Default::default();
-    for (name, owner, kind, permits, mode, fence, expires, acquired, client_id, host, pid) in holds
+    for (name, owner, kind, permits, mode, fence, expires, acquired, client_id, host, pid, state) in
+        holds
     {
         if !name.starts_with(prefix) {
             continue;
@@ -438,6 +469,7 @@ pub(crate) fn listing(
             token: Some(rows.token(fence)?),
             acquired_at_ms: u64::try_from(acquired).unwrap_or(0),
             lease_left_ms: Some(u64::try_from(expires.saturating_sub(now)).unwrap_or(0)),
+            status: rows.status(state)?,
         });
     }
     for (name, owner, mode, client_id, host, pid) in queue {

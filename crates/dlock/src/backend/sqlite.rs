@@ -9,12 +9,12 @@
 //!
 //! | table | columns | rows |
 //! |---|---|---|
-//! | `dlock_meta` | `key` PK, `value` | `('schema_version', 1)` |
-//! | `dlock_holds` | `name`, `owner` (unique), `kind` (`mutex`/`rwlock`/`semaphore`), `permits` (0 unless semaphore), `mode` (`exclusive`/`shared`), `fence`, `expires_at_ms`, `acquired_at_ms`, `client_id`, `host`, `pid` | one per hold |
-//! | `dlock_queue` | `seq` (`INTEGER PRIMARY KEY AUTOINCREMENT`: arrival order), `name`, `owner`, `mode`, `expires_at_ms`, `client_id`, `host`, `pid` | one per fair waiter |
+//! | `dlock_meta` | `key` PK, `value` | `('schema_version', 2)`, `('boot_id', <the boot the expiries count from>)` |
+//! | `dlock_holds` | `name`, `owner` (unique), `kind` (`mutex`/`rwlock`/`semaphore`), `permits` (0 unless semaphore), `mode` (`exclusive`/`shared`), `fence`, `expires_ms` (the machine clock, see *Clock*), `acquired_at_ms` (wall clock, for listings), `client_id`, `host`, `pid`, `state` (0 held, 1 detached, 2 revoked) | one per hold |
+//! | `dlock_queue` | `seq` (`INTEGER PRIMARY KEY AUTOINCREMENT`: arrival order), `name`, `owner`, `mode`, `expires_ms`, `client_id`, `host`, `pid` | one per fair waiter |
 //! | `dlock_fences` | `name` PK, `fence` | the last fencing token granted per name; **never deleted** |
 //!
-//! Holds and queue places are indexed by name. A row is *live* while `expires_at_ms` is in the
+//! Holds and queue places are indexed by name. A row is *live* while `expires_ms` is in the
 //! future; expired rows are ignored everywhere and deleted lazily (by the next `acquire` of the
 //! name, and for all names when a backend opens the file). Names and tokens are always bound
 //! parameters.
@@ -32,12 +32,26 @@
 //!
 //! # Clock
 //!
-//! Leases are stored as absolute expiry times on the **wall clock** in milliseconds since the Unix
-//! epoch, because that is the clock every process of the machine shares. A wall-clock jump changes
-//! lease lengths: a jump forward by `d` shortens every running lease by `d` (a lock may then be
-//! granted to another process while its holder still trusts it), a jump backward lengthens them.
-//! Keep the clock slewed (NTP), not stepped, on machines that rely on short leases. Times are
-//! rounded to whole milliseconds; the core's safety margin (a tenth of the lease) covers that.
+//! Leases are absolute expiry times in milliseconds on a clock that **every process of the
+//! machine shares and that wall-clock steps do not move**: on Linux `CLOCK_BOOTTIME` (time since
+//! boot, counting suspend), corrected for a process's time namespace. A process whose wall clock
+//! is off by minutes or hours (an NTP step, `date -s`, a container or `faketime` with a shifted
+//! clock) reads the same expiries as every other process. The file records the boot its
+//! expiries count from (`/proc/sys/kernel/random/boot_id`); the first backend that opens it after
+//! a reboot drops every hold and queue place (their processes died with the boot). Only
+//! `acquired_at_ms`, shown by `dlock list`, is wall-clock time.
+//!
+//! On other platforms (macOS, the BSDs) the expiries are on the wall clock: a step forward by `d`
+//! shortens every running lease by `d` (a lock may then be granted to another process while its
+//! holder still trusts it), a step backward lengthens them. Keep the clock slewed (NTP), not
+//! stepped, there. Times are whole milliseconds; the core's safety margin (a tenth of the lease)
+//! covers the rounding.
+//!
+//! A file written by schema version 1 (wall-clock expiries) is upgraded when a backend of this
+//! version opens it: the expiries are moved to the machine clock (keeping what was left of each
+//! lease) and the column is renamed, so a process of an older dlock that still has the file open
+//! fails on its next statement (its holds are then lost and its commands stopped) instead of
+//! misreading the new expiries.
 //!
 //! # Wake-ups
 //!
@@ -72,22 +86,28 @@
 //! default sleeps up to 100 ms at a time, so a release or grant that met another process's
 //! brief write went through up to 100 ms after the lock was free). Each backend keeps a pool of at most 4 connections.
 //!
-//! # What breaks it
+//! # What it is for, and what breaks it
 //!
-//! - **A network filesystem** (NFS, SMB, most FUSE and container bind mounts of them): SQLite's
-//!   file locking and WAL shared memory are unreliable there, so two processes (or two machines)
-//!   may both be granted the lock. Put the file on a local disk; for locks between machines use a
-//!   networked store.
+//! The processes of **one machine**: cron jobs, services and scripts of one host, containers
+//! sharing a local volume of one host. For locks between machines use a store that spans them
+//! (`redis://`, `postgres://`, `mysql://`, `zk://`).
+//!
+//! - **A network file system** (NFS, SMB/CIFS, 9p, Ceph, Lustre, sshfs and other FUSE file
+//!   systems that reach other machines): SQLite's file locks and WAL shared memory do not work
+//!   across machines, and each machine has its own clock, so two processes (or two machines)
+//!   could both be granted the lock. [`SqliteBackend::open`] refuses such a file (found with
+//!   `statfs` and, for FUSE, the mount table) with [`Error::InvalidConfig`].
 //! - Deleting or replacing the file (or its `-wal`/`-shm` companions) while it is in use: holds are
 //!   lost and fencing tokens restart.
-//! - Stepping the wall clock (see *Clock*).
+//! - On platforms other than Linux, stepping the wall clock (see *Clock*).
 
 use super::logic::Decision;
 use super::sql_common::{
     bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, listing,
     name_owner_pairs, wait_for_change, Fresh, FreshNotes, HoldListing, Loaded, Look, QueuePlace,
-    Rows, SignalRegistry, StateRow, WaitSources, WaiterListing,
+    Renewed, Rows, SignalRegistry, StateRow, WaitSources, WaiterListing, STATE_REVOKED,
 };
+use super::sqlite_machine::{self as machine, now_ms};
 use super::sqlite_watch::{file_watch_for, FileWatch};
 use super::*;
 use crate::error::Error;
@@ -110,7 +130,7 @@ pub const SAFETY_POLL: Duration = Duration::from_millis(250);
 /// How long a statement waits for another connection's lock before the store is reported busy.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The schema version this build writes and understands.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 /// Marks the `Unavailable` message of a database whose write lock stayed busy (`acquire` turns it
 /// into a busy answer).
 const BUSY_MARK: &str = "is busy";
@@ -123,8 +143,8 @@ const POOL_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where the rows live, for messages about corrupt rows.
 const ROWS: Rows = Rows("the dlock sqlite database");
 
-/// The schema, version 1. Plain statements so the SQL stores can reuse them.
-const MIGRATION_V1: &[&str] = &[
+/// The schema, version 2, for a new file.
+const SCHEMA: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS dlock_holds (
         name TEXT NOT NULL,
         owner TEXT NOT NULL UNIQUE,
@@ -132,11 +152,12 @@ const MIGRATION_V1: &[&str] = &[
         permits INTEGER NOT NULL,
         mode TEXT NOT NULL,
         fence INTEGER NOT NULL,
-        expires_at_ms INTEGER NOT NULL,
+        expires_ms INTEGER NOT NULL,
         acquired_at_ms INTEGER NOT NULL,
         client_id TEXT NOT NULL,
         host TEXT NOT NULL,
-        pid INTEGER NOT NULL
+        pid INTEGER NOT NULL,
+        state INTEGER NOT NULL DEFAULT 0
     )",
     "CREATE INDEX IF NOT EXISTS dlock_holds_name ON dlock_holds (name)",
     "CREATE TABLE IF NOT EXISTS dlock_queue (
@@ -144,7 +165,7 @@ const MIGRATION_V1: &[&str] = &[
         name TEXT NOT NULL,
         owner TEXT NOT NULL,
         mode TEXT NOT NULL,
-        expires_at_ms INTEGER NOT NULL,
+        expires_ms INTEGER NOT NULL,
         client_id TEXT NOT NULL,
         host TEXT NOT NULL,
         pid INTEGER NOT NULL
@@ -156,6 +177,17 @@ const MIGRATION_V1: &[&str] = &[
     )",
 ];
 
+/// From version 1 (wall-clock `expires_at_ms`) to 2: the expiries move to the machine clock
+/// (`?1`: the wall clock now, `?2`: the machine clock now), the column is renamed (an older
+/// process's statements then fail instead of misreading them), holds get a `state`.
+const V1_TO_V2: &[&str] = &[
+    "UPDATE dlock_holds SET expires_at_ms = expires_at_ms - ?1 + ?2",
+    "UPDATE dlock_queue SET expires_at_ms = expires_at_ms - ?1 + ?2",
+    "ALTER TABLE dlock_holds RENAME COLUMN expires_at_ms TO expires_ms",
+    "ALTER TABLE dlock_queue RENAME COLUMN expires_at_ms TO expires_ms",
+    "ALTER TABLE dlock_holds ADD COLUMN state INTEGER NOT NULL DEFAULT 0",
+];
+
 /// Per-name notifications shared by every backend of this process on one file.
 type FileWakeups = NameSignals;
 
@@ -163,14 +195,6 @@ type FileWakeups = NameSignals;
 fn wakeups_for(key: PathBuf) -> Arc<FileWakeups> {
     static R: OnceLock<SignalRegistry<PathBuf>> = OnceLock::new();
     R.get_or_init(SignalRegistry::new).get(key)
-}
-
-/// Wall-clock milliseconds since the Unix epoch (0 before it).
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 /// Loads the live holds and queue places of `name` at `now` on `conn`.
@@ -182,13 +206,14 @@ async fn load_state(
 ) -> std::result::Result<Result<Loaded>, sqlx::Error> {
     let rows: Vec<StateRow> = sqlx::query_as(
         "SELECT 'f' AS part, '' AS owner, '' AS kind, 0 AS permits, '' AS mode, fence AS ord,
-                0 AS expires_at_ms
+                0 AS expires_ms
          FROM dlock_fences WHERE name = ?1
          UNION ALL
-         SELECT 'h', owner, kind, permits, mode, fence, expires_at_ms
+         SELECT 'h', CASE WHEN state = 2 THEN '' ELSE owner END, kind, permits, mode, fence,
+                expires_ms
          FROM dlock_holds WHERE name = ?1
          UNION ALL
-         SELECT 'q', owner, '', 0, mode, seq, expires_at_ms
+         SELECT 'q', owner, '', 0, mode, seq, expires_ms
          FROM dlock_queue WHERE name = ?1
          ORDER BY part, ord",
     )
@@ -241,6 +266,7 @@ impl SqliteBackend {
                 "cannot open sqlite database {shown}: it is a directory"
             )));
         }
+        machine::check_local(path)?;
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -327,7 +353,7 @@ impl SqliteBackend {
                 })?;
         match version {
             None => {
-                for stmt in MIGRATION_V1 {
+                for stmt in SCHEMA {
                     sqlx::query(stmt)
                         .execute(&mut *tx)
                         .await
@@ -335,6 +361,28 @@ impl SqliteBackend {
                 }
                 sqlx::query("INSERT INTO dlock_meta (key, value) VALUES ('schema_version', ?)")
                     .bind(SCHEMA_VERSION)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+            Some((1,)) => {
+                for stmt in V1_TO_V2 {
+                    let q = sqlx::query(stmt);
+                    let q = if stmt.contains("?1") {
+                        q.bind(machine::wall_ms()).bind(now_ms())
+                    } else {
+                        q
+                    };
+                    q.execute(&mut *tx).await.map_err(|e| self.err(e))?;
+                }
+                sqlx::query("UPDATE dlock_meta SET value = ? WHERE key = 'schema_version'")
+                    .bind(SCHEMA_VERSION)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                // Counted from this boot now.
+                sqlx::query("INSERT OR REPLACE INTO dlock_meta (key, value) VALUES ('boot_id', ?)")
+                    .bind(machine::boot_id()?)
                     .execute(&mut *tx)
                     .await
                     .map_err(|e| self.err(e))?;
@@ -348,10 +396,34 @@ impl SqliteBackend {
                 )));
             }
         }
+        // Expiries count from one boot: after a reboot every hold and queue place belongs to a
+        // process that is gone.
+        let boot = machine::boot_id()?;
+        let recorded: Option<(String,)> =
+            sqlx::query_as("SELECT CAST(value AS TEXT) FROM dlock_meta WHERE key = 'boot_id'")
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+        if recorded.as_ref().map(|(b,)| b.as_str()) != Some(boot.as_str()) {
+            if recorded.is_some() {
+                tracing::info!(path = %self.path.display(), "the machine rebooted since the lock file was last used: its holds are dropped");
+            }
+            for stmt in ["DELETE FROM dlock_holds", "DELETE FROM dlock_queue"] {
+                sqlx::query(stmt)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+            sqlx::query("INSERT OR REPLACE INTO dlock_meta (key, value) VALUES ('boot_id', ?)")
+                .bind(&boot)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
         let now = now_ms();
         for stmt in [
-            "DELETE FROM dlock_holds WHERE expires_at_ms <= ?",
-            "DELETE FROM dlock_queue WHERE expires_at_ms <= ?",
+            "DELETE FROM dlock_holds WHERE expires_ms <= ?",
+            "DELETE FROM dlock_queue WHERE expires_ms <= ?",
         ] {
             sqlx::query(stmt)
                 .bind(now)
@@ -410,8 +482,8 @@ impl SqliteBackend {
             .map_err(|e| self.err(e))??;
         if expired {
             for stmt in [
-                "DELETE FROM dlock_holds WHERE name = ? AND expires_at_ms <= ?",
-                "DELETE FROM dlock_queue WHERE name = ? AND expires_at_ms <= ?",
+                "DELETE FROM dlock_holds WHERE name = ? AND expires_ms <= ?",
+                "DELETE FROM dlock_queue WHERE name = ? AND expires_ms <= ?",
             ] {
                 sqlx::query(stmt)
                     .bind(name)
@@ -428,15 +500,13 @@ impl SqliteBackend {
         let fence = state.fence(stored);
         let attempt = match state.decide(req, fence, now)? {
             Decision::Regrant { token } => {
-                sqlx::query(
-                    "UPDATE dlock_holds SET expires_at_ms = ? WHERE owner = ? AND name = ?",
-                )
-                .bind(expiry(now, req.lease))
-                .bind(req.owner)
-                .bind(name)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
+                sqlx::query("UPDATE dlock_holds SET expires_ms = ? WHERE owner = ? AND name = ?")
+                    .bind(expiry(now, req.lease))
+                    .bind(req.owner)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
                 Attempt::Granted(Grant {
                     token,
                     valid_for: req.lease,
@@ -473,10 +543,10 @@ impl SqliteBackend {
                 }
                 let insert = sqlx::query(
                     "INSERT INTO dlock_holds (name, owner, kind, permits, mode, fence,
-                         expires_at_ms, acquired_at_ms, client_id, host, pid)
+                         expires_ms, acquired_at_ms, client_id, host, pid)
                      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 );
-                bind_hold(insert, req, token_i64, now)
+                bind_hold(insert, req, token_i64, now, machine::wall_ms())
                     .execute(&mut *tx)
                     .await
                     .map_err(|e| self.err(e))?;
@@ -490,7 +560,7 @@ impl SqliteBackend {
                     QueuePlace::Keep => {}
                     QueuePlace::Refresh { expires_at_ms } => {
                         sqlx::query(
-                            "UPDATE dlock_queue SET expires_at_ms = ?
+                            "UPDATE dlock_queue SET expires_ms = ?
                              WHERE name = ? AND owner = ?",
                         )
                         .bind(expires_at_ms)
@@ -502,7 +572,7 @@ impl SqliteBackend {
                     }
                     QueuePlace::Insert { expires_at_ms } => {
                         let insert = sqlx::query(
-                            "INSERT INTO dlock_queue (name, owner, mode, expires_at_ms,
+                            "INSERT INTO dlock_queue (name, owner, mode, expires_ms,
                                  client_id, host, pid)
                              VALUES (?, ?, ?, ?, ?, ?, ?)",
                         );
@@ -517,6 +587,75 @@ impl SqliteBackend {
         };
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(attempt)
+    }
+}
+
+impl SqliteBackend {
+    /// Extends `holds` in one write transaction, one `UPDATE` per group of at most 500 holds of
+    /// one lease; `detach` marks them as renewed by nobody any more (see [`Backend::detach`]).
+    async fn extend_holds(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))?;
+        let now = now_ms();
+        let mut found = vec![Renewed::Gone; holds.len()];
+        let set_state = if detach { ", state = 1" } else { "" };
+        for (lease_ms, idx) in extend_groups(holds) {
+            let pairs = name_owner_pairs(idx.len());
+            let update = format!(
+                "UPDATE dlock_holds SET expires_ms = ?{set_state} \
+                 WHERE expires_ms > ? AND state <> 2 AND (name, owner) IN (VALUES {pairs})"
+            );
+            let mut q = sqlx::query(&update)
+                .persistent(false)
+                .bind(now.saturating_add(lease_ms))
+                .bind(now);
+            for &i in &idx {
+                q = q.bind(holds[i].name.as_str()).bind(holds[i].owner);
+            }
+            let changed = q
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+            if changed >= idx.len() as u64 {
+                idx.iter().for_each(|&i| found[i] = Renewed::Live);
+                continue;
+            }
+            // Some are gone or revoked: the live ones are those the update just pushed out.
+            let select = format!(
+                "SELECT name, owner, state FROM dlock_holds \
+                 WHERE expires_ms > ? AND (name, owner) IN (VALUES {pairs})"
+            );
+            let mut q = sqlx::query_as::<_, (String, String, i64)>(&select)
+                .persistent(false)
+                .bind(now);
+            for &i in &idx {
+                q = q.bind(holds[i].name.as_str()).bind(holds[i].owner);
+            }
+            let rows: std::collections::HashMap<(String, String), i64> = q
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?
+                .into_iter()
+                .map(|(n, o, st)| ((n, o), st))
+                .collect();
+            for &i in &idx {
+                let key = (holds[i].name.as_str().to_owned(), holds[i].owner.to_owned());
+                found[i] = match rows.get(&key) {
+                    Some(&STATE_REVOKED) => Renewed::Revoked,
+                    Some(_) => Renewed::Live,
+                    None => Renewed::Gone,
+                };
+            }
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(extend_answers(holds, &found))
     }
 }
 
@@ -708,7 +847,7 @@ impl Backend for SqliteBackend {
         let removed = loop {
             tries += 1;
             let r = sqlx::query(
-                "DELETE FROM dlock_holds WHERE name = ? AND owner = ? AND expires_at_ms > ?",
+                "DELETE FROM dlock_holds WHERE name = ? AND owner = ? AND expires_ms > ?",
             )
             .bind(name)
             .bind(hold.owner)
@@ -731,63 +870,12 @@ impl Backend for SqliteBackend {
     }
 
     async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
-        if holds.is_empty() {
-            return Ok(Vec::new());
-        }
-        // One write transaction, one `UPDATE` per group of at most 500 holds of one lease.
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| self.err(e))?;
-        let now = now_ms();
-        let mut live = vec![false; holds.len()];
-        for (lease_ms, idx) in extend_groups(holds) {
-            let pairs = name_owner_pairs(idx.len());
-            let update = format!(
-                "UPDATE dlock_holds SET expires_at_ms = ? \
-                 WHERE expires_at_ms > ? AND (name, owner) IN (VALUES {pairs})"
-            );
-            let mut q = sqlx::query(&update)
-                .persistent(false)
-                .bind(now.saturating_add(lease_ms))
-                .bind(now);
-            for &i in &idx {
-                q = q.bind(holds[i].name.as_str()).bind(holds[i].owner);
-            }
-            let changed = q
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?
-                .rows_affected();
-            if changed >= idx.len() as u64 {
-                idx.iter().for_each(|&i| live[i] = true);
-                continue;
-            }
-            // Some are gone: the live ones are those the update just pushed out.
-            let select = format!(
-                "SELECT name, owner FROM dlock_holds \
-                 WHERE expires_at_ms > ? AND (name, owner) IN (VALUES {pairs})"
-            );
-            let mut q = sqlx::query_as::<_, (String, String)>(&select)
-                .persistent(false)
-                .bind(now);
-            for &i in &idx {
-                q = q.bind(holds[i].name.as_str()).bind(holds[i].owner);
-            }
-            let found: std::collections::HashSet<(String, String)> = q
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?
-                .into_iter()
-                .collect();
-            for &i in &idx {
-                live[i] =
-                    found.contains(&(holds[i].name.as_str().to_owned(), holds[i].owner.to_owned()));
-            }
-        }
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(extend_answers(holds, &live))
+        self.extend_holds(holds, false).await
+    }
+
+    async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
+        let mut a = self.extend_holds(std::slice::from_ref(hold), true).await?;
+        Ok(a.pop().unwrap_or(Extended::Gone))
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
@@ -795,10 +883,10 @@ impl Backend for SqliteBackend {
         let now = now_ms();
         // `substr`/`length` rather than LIKE: the prefix may contain `%` and `_`.
         let holds: Vec<HoldListing> = sqlx::query_as(
-            "SELECT name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
-                        client_id, host, pid
+            "SELECT name, owner, kind, permits, mode, fence, expires_ms, acquired_at_ms,
+                        client_id, host, pid, state
                  FROM dlock_holds
-                 WHERE expires_at_ms > ? AND substr(name, 1, length(?)) = ?
+                 WHERE expires_ms > ? AND substr(name, 1, length(?)) = ?
                  ORDER BY name, fence",
         )
         .bind(now)
@@ -810,7 +898,7 @@ impl Backend for SqliteBackend {
         let queue: Vec<WaiterListing> = sqlx::query_as(
             "SELECT name, owner, mode, client_id, host, pid
              FROM dlock_queue
-             WHERE expires_at_ms > ? AND substr(name, 1, length(?)) = ?
+             WHERE expires_ms > ? AND substr(name, 1, length(?)) = ?
              ORDER BY name, seq",
         )
         .bind(now)
@@ -823,7 +911,7 @@ impl Backend for SqliteBackend {
         listing(ROWS, prefix, now, holds, queue)
     }
 
-    async fn force_release(&self, name: &LockName) -> Result<u64> {
+    async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced> {
         let name = name.as_str();
         let mut tx = self
             .pool
@@ -831,19 +919,34 @@ impl Backend for SqliteBackend {
             .await
             .map_err(|e| self.err(e))?;
         let now = now_ms();
-        let live = sqlx::query("DELETE FROM dlock_holds WHERE name = ? AND expires_at_ms > ?")
-            .bind(name)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?
-            .rows_affected();
-        // Expired leftovers and every queue place; the fence row stays.
-        for stmt in [
-            "DELETE FROM dlock_holds WHERE name = ?",
-            "DELETE FROM dlock_queue WHERE name = ?",
+        let run = |sql: &'static str| sqlx::query(sql).bind(name).bind(now);
+        let removed = match how {
+            Force::Break => run("DELETE FROM dlock_holds WHERE name = ? AND expires_ms > ?"),
+            Force::Revoke => {
+                run("DELETE FROM dlock_holds WHERE name = ? AND expires_ms > ? AND state = 1")
+            }
+        }
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected();
+        for sql in [
+            "DELETE FROM dlock_holds WHERE name = ? AND expires_ms <= ?",
+            "UPDATE dlock_holds SET state = 2 WHERE name = ? AND expires_ms > ?",
         ] {
-            sqlx::query(stmt)
+            run(sql).execute(&mut *tx).await.map_err(|e| self.err(e))?;
+        }
+        let (revoked, longest): (i64, Option<i64>) = sqlx::query_as(
+            "SELECT COUNT(*), MAX(expires_ms) FROM dlock_holds WHERE name = ? AND state = 2",
+        )
+        .bind(name)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| self.err(e))?;
+        // Breaking also drops every queue place (revoked holders' waiters keep theirs); the
+        // fence row stays.
+        if how == Force::Break {
+            sqlx::query("DELETE FROM dlock_queue WHERE name = ?")
                 .bind(name)
                 .execute(&mut *tx)
                 .await
@@ -852,7 +955,11 @@ impl Backend for SqliteBackend {
         tx.commit().await.map_err(|e| self.err(e))?;
         self.wakeups.wake(name);
         self.watch.poke();
-        Ok(live)
+        Ok(Forced {
+            removed,
+            revoked: u64::try_from(revoked).unwrap_or(0),
+            revoked_lease_left_ms: longest.map(|e| u64::try_from(e - now).unwrap_or(0)),
+        })
     }
 }
 
@@ -976,7 +1083,7 @@ mod tests {
             assert!(t > last);
             last = t;
             // force release keeps the fence
-            assert_eq!(b.force_release(&n).await.unwrap(), 1);
+            assert_eq!(b.force_release(&n, Force::Break).await.unwrap().removed, 1);
             assert!(b.describe("").await.unwrap().is_empty());
             assert_eq!(stored_fence(&b, "fenced").await, last as i64);
             b.pool.close().await;
@@ -1420,6 +1527,100 @@ mod tests {
         assert!(e.to_string().contains("no-such-dir"), "{e}");
         let e = SqliteBackend::open(dir.path()).await.unwrap_err();
         assert!(e.to_string().contains("directory"), "{e}");
+    }
+
+    /// The schema of version 1 (wall-clock `expires_at_ms`), as dlock 0.1 wrote it.
+    const V1: &[&str] = &[
+        "CREATE TABLE dlock_meta (key TEXT NOT NULL PRIMARY KEY, value INTEGER NOT NULL)",
+        "INSERT INTO dlock_meta VALUES ('schema_version', 1)",
+        "CREATE TABLE dlock_holds (name TEXT NOT NULL, owner TEXT NOT NULL UNIQUE,
+            kind TEXT NOT NULL, permits INTEGER NOT NULL, mode TEXT NOT NULL,
+            fence INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL,
+            acquired_at_ms INTEGER NOT NULL, client_id TEXT NOT NULL, host TEXT NOT NULL,
+            pid INTEGER NOT NULL)",
+        "CREATE INDEX dlock_holds_name ON dlock_holds (name)",
+        "CREATE TABLE dlock_queue (seq INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL,
+            owner TEXT NOT NULL, mode TEXT NOT NULL, expires_at_ms INTEGER NOT NULL,
+            client_id TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL)",
+        "CREATE INDEX dlock_queue_name ON dlock_queue (name, seq)",
+        "CREATE TABLE dlock_fences (name TEXT NOT NULL PRIMARY KEY, fence INTEGER NOT NULL)",
+    ];
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_version_1_file_is_upgraded_keeping_what_is_left_of_each_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.db");
+        {
+            let opts = SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true);
+            let pool = SqlitePool::connect_with(opts).await.unwrap();
+            for stmt in V1 {
+                sqlx::query(stmt).execute(&pool).await.unwrap();
+            }
+            let wall = machine::wall_ms();
+            sqlx::query(
+                "INSERT INTO dlock_holds VALUES ('old', 'owner-old', 'mutex', 0, 'exclusive', 7, ?,
+                 ?, 'c', 'h', 1)",
+            )
+            .bind(wall + 20_000)
+            .bind(wall)
+            .execute(&pool)
+            .await
+            .unwrap();
+            sqlx::query("INSERT INTO dlock_fences VALUES ('old', 7)")
+                .execute(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+        }
+        let b = open(&path).await;
+        let (v,): (i64,) =
+            sqlx::query_as("SELECT value FROM dlock_meta WHERE key = 'schema_version'")
+                .fetch_one(&b.pool)
+                .await
+                .unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        // A process of the old version fails on its next statement instead of misreading.
+        let old = sqlx::query("SELECT expires_at_ms FROM dlock_holds")
+            .fetch_all(&b.pool)
+            .await;
+        assert!(old.is_err(), "the old column is still there");
+        let info = b.describe("").await.unwrap();
+        let left = info[0].holders[0].lease_left_ms.unwrap();
+        assert!(
+            (15_000..=20_000).contains(&left),
+            "{left} ms left after the upgrade"
+        );
+        assert_eq!(info[0].holders[0].status, HoldStatus::Held);
+        let (m, n) = (meta("new"), name("old"));
+        assert!(busy(b.acquire(&rq(&n, "owner-new", &m)).await.unwrap())
+            .retry_in
+            .is_some());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_file_last_used_in_another_boot_drops_its_holds_and_keeps_its_fences() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("boot.db");
+        let (m, n) = (meta("m"), name("across-boots"));
+        let b = open(&path).await;
+        assert_eq!(token(b.acquire(&rq(&n, "before", &m)).await.unwrap()), 1);
+        sqlx::query("UPDATE dlock_meta SET value = 'another-boot' WHERE key = 'boot_id'")
+            .execute(&b.pool)
+            .await
+            .unwrap();
+        b.pool.close().await;
+        let b = open(&path).await;
+        assert!(
+            b.describe("").await.unwrap().is_empty(),
+            "a hold of another boot survived"
+        );
+        assert_eq!(token(b.acquire(&rq(&n, "after", &m)).await.unwrap()), 2);
+        // The same boot keeps its holds.
+        b.pool.close().await;
+        let b = open(&path).await;
+        assert_eq!(b.describe("").await.unwrap().len(), 1);
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -53,8 +53,18 @@ impl Backend for Counting {
     async fn describe(&self, prefix: &str) -> dlock::Result<Vec<LockInfo>> {
         self.inner.describe(prefix).await
     }
-    async fn force_release(&self, name: &LockName) -> dlock::Result<u64> {
-        self.inner.force_release(name).await
+    async fn detach(&self, hold: &HoldRef<'_>) -> dlock::Result<Extended> {
+        self.inner.detach(hold).await
+    }
+    async fn force_release(
+        &self,
+        name: &LockName,
+        how: dlock::Force,
+    ) -> dlock::Result<dlock::Forced> {
+        self.inner.force_release(name, how).await
+    }
+    fn session_timeout(&self) -> Option<std::time::Duration> {
+        self.inner.session_timeout()
     }
 }
 

@@ -48,7 +48,12 @@ pub async fn bad_input(s: Store) {
             "describe({label} name)"
         );
         assert_err!(
-            within(STEP, "force_release", c1.force_release(bad)).await,
+            within(
+                STEP,
+                "force_release",
+                c1.force_release(bad, dlock::Force::Revoke)
+            )
+            .await,
             Error::InvalidName(_),
             "force_release({label} name)"
         );

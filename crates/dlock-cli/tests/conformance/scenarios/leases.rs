@@ -98,7 +98,8 @@ pub async fn holder_killed_taken_over(s: Store) {
 }
 
 /// `dlock run --ttl 2s NAME -- sleep 60` in its own process group; SIGKILL the group once it
-/// holds; a waiter gets the lock once the last renewal's lease ran out.
+/// holds; a waiter gets the lock once the last renewal's lease ran out (at once where a hold
+/// ends with its holder's connection).
 async fn killed_process_taken_over(s: &Store, c: &Client) {
     use nix::sys::signal::{killpg, Signal};
     let name = s.name("killed");
@@ -148,8 +149,12 @@ async fn killed_process_taken_over(s: &Store, c: &Client) {
     let after = killed.elapsed();
     eprintln!("killed `dlock run` (2 s lease): taken over {after:?} after the kill");
     // The store keeps the hold for a lease from the last renewal, which was sent at most lease/3
-    // (one renewal period) before the kill.
-    let earliest = lease - lease / 3 - ms(200);
+    // (one renewal period) before the kill; a session lock ends with the killed connection.
+    let earliest = if s.ends_with_connection() {
+        Duration::ZERO
+    } else {
+        lease - lease / 3 - ms(200)
+    };
     assert!(
         after >= earliest,
         "the waiter was granted {after:?} after the holder was killed; its last renewal was at most \
@@ -230,9 +235,9 @@ pub async fn renewal_keeps_lock(s: Store) {
 
 // ---- 7 ------------------------------------------------------------------------------------------
 
-/// When the store removes a hold (force_release by another client), the holder's lost() fires at
-/// its next renewal, is_held() turns false, and its release reports an error without touching
-/// the next holder.
+/// When the store removes a hold (a forced release that breaks it, by another client), the
+/// holder's lost() fires at its next renewal, is_held() turns false, and its release reports an
+/// error without touching the next holder.
 pub async fn lost_fires_when_store_removes_hold(s: Store) {
     let (c1, c2) = (s.client().await, s.client().await);
     let name = s.name("removed");
@@ -250,10 +255,15 @@ pub async fn lost_fires_when_store_removes_hold(s: Store) {
         })
     };
     sleep(ms(50)).await;
-    let removed = must("force_release from another client", c2.force_release(&name)).await;
+    let done = must(
+        "force_release (break) from another client",
+        c2.force_release(&name, dlock::Force::Break),
+    )
+    .await;
     let forced = Instant::now();
     assert_eq!(
-        removed, 1,
+        (done.removed, done.revoked),
+        (1, 0),
         "force_release should report the one hold it removed"
     );
     let (at, e) = within(secs(5), "lost() after force_release", lost)
@@ -352,4 +362,166 @@ pub async fn lost_fires_at_deadline_without_renewal(s: Store) {
         "release after the lease ran out: {e:?}"
     );
     must("release", g2.release()).await;
+}
+
+// ---- 7b -----------------------------------------------------------------------------------------
+
+/// A revoked hold (a forced release by another client that revokes): the holder's lost() fires
+/// at its next renewal, but nobody else is granted the name until the holder lets go (its
+/// acknowledgement) — then a waiter gets it at once — or, without that, until the revoked hold's
+/// lease runs out. A hold that nobody renews any more (`expire_in`) is removed at once.
+pub async fn revoked_hold_keeps_others_out(s: Store) {
+    let (c1, c2) = (s.client().await, s.client().await);
+    let name = s.name("revoked");
+    let lease = ms(900);
+    let m1 = c1.mutex(&name).unwrap().lease(lease);
+    let m2 = c2.mutex(&name).unwrap().lease(lease);
+
+    // 1. Revoked, then acknowledged by the holder's release.
+    let g = must("acquire with a 900 ms lease", m1.acquire()).await;
+    let lost = {
+        let f = g.lost();
+        tokio::spawn(async move {
+            let e = f.await;
+            (Instant::now(), e)
+        })
+    };
+    let waiter = {
+        let m2 = m2.clone();
+        tokio::spawn(async move {
+            let g = m2.acquire_timeout(secs(20)).await;
+            (Instant::now(), g)
+        })
+    };
+    sleep(ms(100)).await;
+    let done = must(
+        "force_release (revoke) from another client",
+        c2.force_release(&name, dlock::Force::Revoke),
+    )
+    .await;
+    let forced = Instant::now();
+    assert_eq!(
+        (done.removed, done.revoked),
+        (0, 1),
+        "a revoke should report the one hold it revoked: {done:?}"
+    );
+    let (lost_at, e) = within(secs(5), "lost() after a revoke", lost)
+        .await
+        .expect("the lost() task");
+    let after = lost_at.saturating_duration_since(forced);
+    assert!(
+        matches!(e, Error::Lost { .. }),
+        "lost() resolved with {e:?}"
+    );
+    assert!(
+        e.to_string().contains("revoked"),
+        "lost() should say the lock was revoked: {e}"
+    );
+    let bound = lease / 3 + ms(500);
+    assert!(
+        after <= bound,
+        "lost() fired {after:?} after the revoke; expected within {bound:?}"
+    );
+    // The holder has not let go: still nobody else's, for longer than a lease would allow a
+    // store that had simply dropped the hold.
+    sleep(ms(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "a waiter was granted a revoked hold's lock before its holder let go"
+    );
+    assert_busy(&m2, "try_acquire while the revoked holder has not let go").await;
+    if let Some(info) = describe(&c2, &name).await {
+        if let Some(h) = info.holders.first() {
+            assert_eq!(
+                h.status,
+                dlock::HoldStatus::Revoked,
+                "describe of a revoked hold"
+            );
+        }
+    }
+    let t1 = g.token();
+    let acked = Instant::now();
+    let (e, _) = fails("release of the revoked hold", g.release()).await;
+    assert!(
+        matches!(e, Error::Lost { .. }),
+        "release after a revoke: {e:?}"
+    );
+    let (granted_at, g2) = within(secs(25), "the waiter after the acknowledgement", waiter)
+        .await
+        .expect("the waiter task");
+    let g2 = g2.unwrap_or_else(|e| panic!("the waiter after the acknowledgement: {e:?}"));
+    let wait = granted_at.saturating_duration_since(acked);
+    assert!(
+        wait < secs(3),
+        "the waiter was granted {wait:?} after the revoked holder let go"
+    );
+    assert!(
+        granted_at >= lost_at,
+        "granted before the revoked holder's lost() fired"
+    );
+    if let (Some(t1), Some(t2)) = (t1, g2.token()) {
+        assert!(
+            t2 > t1,
+            "token {t2} after a revoke is not greater than {t1}"
+        );
+    }
+
+    // 2. Revoked and never acknowledged: the lease ends it (a session store's client ends it
+    // when the lease would have run out).
+    let lost2 = tokio::spawn(g2.lost());
+    let done = must(
+        "second revoke",
+        c1.force_release(&name, dlock::Force::Revoke),
+    )
+    .await;
+    assert_eq!(done.revoked, 1, "{done:?}");
+    within(secs(5), "lost() after the second revoke", lost2)
+        .await
+        .expect("the lost() task");
+    let started = Instant::now();
+    let g3 = must(
+        "the lock after an unacknowledged revoke's lease",
+        m1.acquire_timeout(secs(10)),
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took <= lease + secs(2),
+        "an unacknowledged revoked hold blocked the name for {took:?}, more than its lease"
+    );
+    drop(g2); // only now: its holder kept the guard all along
+    must("release", g3.release()).await;
+
+    // 3. A hold that nobody renews any more is removed at once.
+    let mut g4 = must("acquire", m1.acquire()).await;
+    match within(STEP, "expire_in(10s)", g4.expire_in(secs(10))).await {
+        Ok(()) => {
+            drop(g4);
+            let done = must(
+                "revoke of a detached hold",
+                c2.force_release(&name, dlock::Force::Revoke),
+            )
+            .await;
+            assert_eq!(
+                (done.removed, done.revoked),
+                (1, 0),
+                "a detached hold is removed, not revoked: {done:?}"
+            );
+            let g5 = must(
+                "try_acquire after a detached hold was removed",
+                m2.try_acquire(),
+            )
+            .await;
+            must("release", g5.release()).await;
+        }
+        Err(Error::Unsupported(_)) => {
+            assert_eq!(
+                c1.capabilities().validity,
+                Validity::Session,
+                "only a session store may refuse expire_in"
+            );
+            must("release", g4.release()).await;
+        }
+        Err(e) => panic!("expire_in: {e:?}"),
+    }
 }

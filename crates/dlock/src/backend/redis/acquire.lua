@@ -28,9 +28,10 @@ if hkind == 'foreign' then
   return {-2, hpermits}
 end
 
--- An owner that holds gets its token back, its lease refreshed.
+-- An owner that holds gets its token back, its lease refreshed (unless the hold was revoked:
+-- then it is nobody's, and in everyone's way).
 for _, h in ipairs(holds) do
-  if h[1] == owner then
+  if h[1] == owner and redis.call('HGET', meta, 'revoked') ~= '1' then
     local tok = h[3]
     if hkind == 'mutex' then
       redis.call('PEXPIRE', base, fmt(lease))

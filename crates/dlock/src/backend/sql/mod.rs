@@ -128,7 +128,8 @@ use super::logic::Decision;
 use super::sql_common::{
     bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, kind_columns,
     listing, ms, name_owner_pairs, wait_for_change, Fresh, FreshNotes, HoldListing, Loaded, Look,
-    NameState, QueuePlace, Rows, SignalRegistry, StateRow, WaitSources, WaiterListing,
+    NameState, QueuePlace, Renewed, Rows, SignalRegistry, StateRow, WaitSources, WaiterListing,
+    STATE_REVOKED,
 };
 use super::*;
 use crate::error::Error;
@@ -138,11 +139,11 @@ use rand::Rng;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyConnection, AnyPool};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 
 /// The shortest poll interval of a waiter without notification.
 pub const POLL_MIN: Duration = Duration::from_millis(10);
@@ -156,7 +157,7 @@ pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The server-side statement and lock-wait timeout.
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The schema version this build writes and understands.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 /// Where the rows live, for messages about corrupt rows.
 const ROWS: Rows = Rows("the dlock tables");
 /// How often a deadlocked or serialization-failed transaction is tried.
@@ -260,6 +261,10 @@ struct Stmts {
     describe_holds: String,
     describe_queue: String,
     force_live: String,
+    force_detached: String,
+    revoke: String,
+    revoked: String,
+    del_expired_name_holds: String,
     del_name_holds: String,
     del_name_queue: String,
 }
@@ -305,8 +310,10 @@ impl Stmts {
             }),
             // Every row of the name, holds ('h', by fence) then queue ('q', by seq), live or
             // expired: one round trip; expired rows are deleted only when there are any.
+            // A revoked hold is read with an empty owner: nobody's, yet in everyone's way.
             load_all: s(format!(
-                "SELECT 'h' AS part, owner, kind, permits, mode, fence AS ord, expires_at_ms \
+                "SELECT 'h' AS part, CASE WHEN state = 2 THEN '' ELSE owner END AS owner, kind, \
+                        permits, mode, fence AS ord, expires_at_ms \
                  FROM {t} WHERE name = ? \
                  UNION ALL \
                  SELECT 'q' AS part, owner, '' AS kind, 0 AS permits, mode, seq AS ord, \
@@ -368,7 +375,7 @@ impl Stmts {
             },
             describe_holds: s(format!(
                 "SELECT name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
-                        client_id, host, pid
+                        client_id, host, pid, state
                  FROM {t}
                  WHERE expires_at_ms > ? AND substr(name, 1, {len}(?)) = ?
                  ORDER BY name, fence"
@@ -381,13 +388,30 @@ impl Stmts {
             force_live: s(format!(
                 "DELETE FROM {t} WHERE name = ? AND expires_at_ms > ?"
             )),
+            force_detached: s(format!(
+                "DELETE FROM {t} WHERE name = ? AND expires_at_ms > ? AND state = 1"
+            )),
+            revoke: s(format!(
+                "UPDATE {t} SET state = 2 WHERE name = ? AND expires_at_ms > ?"
+            )),
+            revoked: s(format!(
+                "SELECT CAST(COUNT(*) AS {int}), MAX(expires_at_ms) FROM {t} \
+                 WHERE name = ? AND state = 2 AND expires_at_ms > ?",
+                int = match d {
+                    Dialect::Postgres => "BIGINT",
+                    Dialect::MySql => "SIGNED",
+                }
+            )),
+            del_expired_name_holds: s(format!(
+                "DELETE FROM {t} WHERE name = ? AND expires_at_ms <= ?"
+            )),
             del_name_holds: s(format!("DELETE FROM {t} WHERE name = ?")),
             del_name_queue: s(format!("DELETE FROM {t}_queue WHERE name = ?")),
         }
     }
 }
 
-/// The schema, version 1.
+/// The schema, version 2 (version 1 plus the holds' `state`: held, detached, revoked).
 fn migration(d: Dialect, t: &str, collation: &str) -> Vec<String> {
     match d {
         Dialect::Postgres => vec![
@@ -409,6 +433,7 @@ fn migration(d: Dialect, t: &str, collation: &str) -> Vec<String> {
                     client_id TEXT NOT NULL,
                     host TEXT NOT NULL,
                     pid BIGINT NOT NULL,
+                    state BIGINT NOT NULL DEFAULT 0,
                     CONSTRAINT {t}_name_owner UNIQUE (name, owner))"
             ),
             format!(
@@ -450,6 +475,7 @@ fn migration(d: Dialect, t: &str, collation: &str) -> Vec<String> {
                         client_id VARCHAR(255) NOT NULL,
                         host VARCHAR(255) NOT NULL,
                         pid BIGINT NOT NULL,
+                        state BIGINT NOT NULL DEFAULT 0,
                         UNIQUE KEY {t}_name_owner (name, owner)
                     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
                 ),
@@ -627,14 +653,6 @@ struct SessionHold {
     /// The server session id at grant (`pg_backend_pid()` / `CONNECTION_ID()`).
     server_pid: i64,
     conn: tokio::sync::Mutex<Option<AnyConnection>>,
-    /// When the backend releases the hold unless it is extended (the lease in the core's eyes).
-    deadline: tokio::sync::watch::Sender<Instant>,
-}
-
-impl SessionHold {
-    fn set_deadline(&self, d: Instant) {
-        self.deadline.send_replace(d);
-    }
 }
 
 type SessionHolds = StdMutex<HashMap<String, Arc<SessionHold>>>;
@@ -825,13 +843,17 @@ impl SqlBackend {
                 .bind(SCHEMA_VERSION)
                 .execute(&mut *conn)
                 .await?;
-            let v: i64 = sqlx::query(&format!(
+            let mut v: i64 = sqlx::query(&format!(
                 "SELECT meta_value FROM {}_meta WHERE meta_key = 'schema_version'",
                 self.table
             ))
             .fetch_one(&mut *conn)
             .await?
             .try_get(0)?;
+            if v == 1 {
+                self.upgrade_v1(&mut conn).await?;
+                v = SCHEMA_VERSION;
+            }
             if v == SCHEMA_VERSION && self.mode == HoldMode::Lease {
                 self.ensure_fast(&mut conn, collation).await;
             }
@@ -862,6 +884,41 @@ impl SqlBackend {
                 self.shown, self.table
             )));
         }
+        Ok(())
+    }
+
+    /// Version 1 → 2 (under the migration lock): the holds get their `state` column. Clients of
+    /// version 1 refuse the table from now on; those already running keep working and ignore
+    /// revocations (their forced releases break).
+    async fn upgrade_v1(&self, conn: &mut AnyConnection) -> std::result::Result<(), sqlx::Error> {
+        let t = &self.table;
+        let has: i64 = sqlx::query(&match self.dialect {
+            Dialect::Postgres => format!(
+                "SELECT CAST(count(*) AS BIGINT) FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = '{t}' \
+                 AND column_name = 'state'"
+            ),
+            Dialect::MySql => format!(
+                "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{t}' \
+                 AND COLUMN_NAME = 'state'"
+            ),
+        })
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+        if has == 0 {
+            sqlx::query(&format!(
+                "ALTER TABLE {t} ADD COLUMN state BIGINT NOT NULL DEFAULT 0"
+            ))
+            .execute(&mut *conn)
+            .await?;
+        }
+        sqlx::query(&format!(
+            "UPDATE {t}_meta SET meta_value = {SCHEMA_VERSION} WHERE meta_key = 'schema_version'"
+        ))
+        .execute(&mut *conn)
+        .await?;
         Ok(())
     }
 
@@ -982,15 +1039,22 @@ impl SqlBackend {
     }
 
     /// Extends the lease-mode holds of `group` (all with a lease of `lease_ms`) in one `UPDATE`,
-    /// autocommitted; answers which of them were still held. Only when fewer rows changed than
-    /// holds were asked for does a second statement read back which ones are live.
-    async fn extend_group(&self, lease_ms: i64, group: &[&HoldRef<'_>]) -> Result<Vec<bool>> {
+    /// autocommitted (`detach`: marked as renewed by nobody any more); answers what it found of
+    /// each. Only when fewer rows changed than holds were asked for does a second statement read
+    /// back which ones are live or revoked.
+    async fn extend_group(
+        &self,
+        lease_ms: i64,
+        group: &[&HoldRef<'_>],
+        detach: bool,
+    ) -> Result<Vec<Renewed>> {
         let t = &self.table;
         let now = self.dialect.now_ms();
         let pairs = name_owner_pairs(group.len());
+        let set_state = if detach { ", state = 1" } else { "" };
         let update = self.dialect.sql(&format!(
-            "UPDATE {t} SET expires_at_ms = {now} + ? \
-             WHERE expires_at_ms > {now} AND (name, owner) IN ({pairs})"
+            "UPDATE {t} SET expires_at_ms = {now} + ?{set_state} \
+             WHERE expires_at_ms > {now} AND state <> 2 AND (name, owner) IN ({pairs})"
         ));
         let mut tries = 0;
         let changed = loop {
@@ -1006,27 +1070,53 @@ impl SqlBackend {
             }
         };
         if changed >= group.len() as u64 {
-            return Ok(vec![true; group.len()]);
+            return Ok(vec![Renewed::Live; group.len()]);
         }
-        // Some are gone: read back which are live (the update just pushed every live one out).
+        // Some are gone or revoked: read back which (the update just pushed every live one out).
         let select = self.dialect.sql(&format!(
-            "SELECT name, owner FROM {t} WHERE expires_at_ms > {now} AND (name, owner) IN ({pairs})"
+            "SELECT name, owner, state FROM {t} \
+             WHERE expires_at_ms > {now} AND (name, owner) IN ({pairs})"
         ));
         let mut q = sqlx::query(&select).persistent(false);
         for h in group {
             q = q.bind(h.name.as_str()).bind(h.owner);
         }
         let rows = q.fetch_all(&self.pool).await.map_err(|e| self.err(e))?;
-        let mut live: HashSet<(String, String)> = HashSet::with_capacity(rows.len());
+        let mut found: HashMap<(String, String), i64> = HashMap::with_capacity(rows.len());
         for r in rows {
             let name: String = r.try_get(0).map_err(|e| self.err(e))?;
             let owner: String = r.try_get(1).map_err(|e| self.err(e))?;
-            live.insert((name, owner));
+            let state: i64 = r.try_get(2).map_err(|e| self.err(e))?;
+            found.insert((name, owner), state);
         }
         Ok(group
             .iter()
-            .map(|h| live.contains(&(h.name.as_str().to_owned(), h.owner.to_owned())))
+            .map(
+                |h| match found.get(&(h.name.as_str().to_owned(), h.owner.to_owned())) {
+                    Some(&STATE_REVOKED) => Renewed::Revoked,
+                    Some(_) => Renewed::Live,
+                    None => Renewed::Gone,
+                },
+            )
             .collect())
+    }
+
+    /// Extends lease-mode holds, at most 500 of one lease per statement.
+    async fn extend_leases(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
+        timed(&self.shown, async {
+            let mut found = vec![Renewed::Gone; holds.len()];
+            for (lease_ms, idx) in extend_groups(holds) {
+                let group: Vec<&HoldRef<'_>> = idx.iter().map(|&i| &holds[i]).collect();
+                for (i, f) in idx
+                    .into_iter()
+                    .zip(self.extend_group(lease_ms, &group, detach).await?)
+                {
+                    found[i] = f;
+                }
+            }
+            Ok(extend_answers(holds, &found))
+        })
+        .await
     }
 
     async fn db_now(&self, conn: &mut AnyConnection) -> std::result::Result<i64, sqlx::Error> {
@@ -1160,7 +1250,7 @@ impl SqlBackend {
                         .execute(&mut *tx)
                         .await?;
                 }
-                bind_hold(sqlx::query(&st.insert_hold), req, token_i64, now)
+                bind_hold(sqlx::query(&st.insert_hold), req, token_i64, now, now)
                     .execute(&mut *tx)
                     .await?;
                 Attempt::Granted(Grant {
@@ -1244,7 +1334,6 @@ impl SqlBackend {
             .get(req.owner)
             .cloned();
         if let Some(h) = existing {
-            h.set_deadline(Instant::now() + req.lease);
             return Ok(Attempt::Granted(Grant {
                 token: Some(h.token),
                 valid_for: req.lease,
@@ -1256,6 +1345,10 @@ impl SqlBackend {
         if let Err(e) = setup(self.dialect, &mut conn).await {
             return Err(self.err(e));
         }
+        // The server ends this session once it has been idle for a lease (the holder renews
+        // every third of it): a holder whose machine died, or that stopped renewing, blocks
+        // others for about a lease, as on a lease table.
+        idle_limit(self.dialect, &mut conn, req.lease).await;
         let got = self.session_try_lock(&mut conn, name).await;
         let got = match got {
             Ok(g) => g,
@@ -1291,7 +1384,7 @@ impl SqlBackend {
                 .bind(name)
                 .execute(&mut conn)
                 .await?;
-            bind_hold(sqlx::query(&self.st.insert_hold), req, token, now)
+            bind_hold(sqlx::query(&self.st.insert_hold), req, token, now, now)
                 .execute(&mut conn)
                 .await?;
             Ok::<_, sqlx::Error>((pid, token))
@@ -1306,24 +1399,16 @@ impl SqlBackend {
             }
         };
         let token = ROWS.token(token)?;
-        let (deadline, deadline_rx) = tokio::sync::watch::channel(Instant::now() + req.lease);
         let hold = Arc::new(SessionHold {
             name: name.to_string(),
             token,
             server_pid: pid,
             conn: tokio::sync::Mutex::new(Some(conn)),
-            deadline,
         });
         self.sessions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(req.owner.to_string(), hold.clone());
-        tokio::spawn(session_reaper(
-            Arc::downgrade(&self.sessions),
-            req.owner.to_string(),
-            Arc::downgrade(&hold),
-            deadline_rx,
-        ));
+            .insert(req.owner.to_string(), hold);
         Ok(Attempt::Granted(Grant {
             token: Some(token),
             valid_for: req.lease,
@@ -1376,30 +1461,38 @@ impl SqlBackend {
         }
     }
 
-    /// Confirms one session hold on its own connection.
+    /// Confirms one session hold on its own connection: alive, the same server session, still
+    /// holding the server lock, and not revoked.
     async fn session_check(&self, h: &SessionHold, lease: Duration, owner: &str) -> Extended {
         let mut guard = h.conn.lock().await;
         let Some(conn) = guard.as_mut() else {
             return Extended::Gone;
         };
+        let t = &self.table;
         let check = async {
             let row = match self.dialect {
                 Dialect::Postgres => {
-                    sqlx::query(
+                    sqlx::query(&format!(
                         "SELECT pg_backend_pid()::bigint, EXISTS (SELECT 1 FROM pg_locks
-                       WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
-                         AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1)",
-                    )
+                           WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+                             AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1),
+                           (SELECT state FROM {t} WHERE name = $2 AND owner = $3)"
+                    ))
                     .bind(advisory_key(&self.table, &h.name))
+                    .bind(h.name.as_str())
+                    .bind(owner)
                     .fetch_one(&mut *conn)
                     .await?
                 }
                 Dialect::MySql => {
-                    sqlx::query(
+                    sqlx::query(&format!(
                         "SELECT CAST(CONNECTION_ID() AS SIGNED),
-                            COALESCE(IS_USED_LOCK(?) = CONNECTION_ID(), 0) = 1",
-                    )
+                            COALESCE(IS_USED_LOCK(?) = CONNECTION_ID(), 0) = 1,
+                            (SELECT state FROM {t} WHERE name = ? AND owner = ?)"
+                    ))
                     .bind(mysql_lock_name(&self.table, &h.name))
+                    .bind(h.name.as_str())
+                    .bind(owner)
                     .fetch_one(&mut *conn)
                     .await?
                 }
@@ -1409,7 +1502,8 @@ impl SqlBackend {
                 Dialect::Postgres => row.try_get::<bool, _>(1)?,
                 Dialect::MySql => row.try_get::<i64, _>(1)? == 1,
             };
-            if held && pid == h.server_pid {
+            let revoked = row.try_get::<Option<i64>, _>(2)? == Some(STATE_REVOKED);
+            if held && pid == h.server_pid && !revoked {
                 let now = self.db_now(conn).await?;
                 sqlx::query(&self.st.regrant)
                     .bind(expiry(now, lease))
@@ -1418,14 +1512,16 @@ impl SqlBackend {
                     .execute(&mut *conn)
                     .await?;
             }
-            Ok::<_, sqlx::Error>((pid, held))
+            Ok::<_, sqlx::Error>((pid, held, revoked))
         };
         match tokio::time::timeout(OP_TIMEOUT, check).await {
-            Ok(Ok((pid, true))) if pid == h.server_pid => {
-                h.set_deadline(Instant::now() + lease);
+            // Revoked: still holding the server lock, which keeps others out until the holder
+            // releases it (its acknowledgement) or the session ends.
+            Ok(Ok((pid, true, true))) if pid == h.server_pid => Extended::Revoked,
+            Ok(Ok((pid, true, false))) if pid == h.server_pid => {
                 Extended::Held { valid_for: lease }
             }
-            Ok(Ok((pid, _))) => {
+            Ok(Ok((pid, _, _))) => {
                 if pid != h.server_pid {
                     tracing::error!(
                         name = %h.name, granted_on = h.server_pid, now_on = pid,
@@ -1499,20 +1595,24 @@ impl SqlBackend {
         }
     }
 
-    async fn session_force_release(&self, name: &str) -> Result<u64> {
-        let killed = match self.dialect {
-            Dialect::Postgres => {
-                let rows = sqlx::query(
-                    "SELECT pg_terminate_backend(pid) FROM pg_locks
-                     WHERE locktype = 'advisory' AND granted AND objsubid = 1
-                       AND ((classid::bigint << 32) | objid::bigint) = $1",
-                )
-                .bind(advisory_key(&self.table, name))
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-                rows.len() as u64
-            }
+    /// Session mode's forced release. Revoke marks the holder's row (its next renewal answers
+    /// `Revoked`; the server lock keeps others out until the holder releases it or its session
+    /// ends); break ends the holder's server session.
+    async fn session_force_release(&self, name: &str, how: Force) -> Result<Forced> {
+        let t = &self.table;
+        let holders: Vec<i64> = match self.dialect {
+            Dialect::Postgres => sqlx::query(
+                "SELECT pid::bigint FROM pg_locks
+                 WHERE locktype = 'advisory' AND granted AND objsubid = 1
+                   AND ((classid::bigint << 32) | objid::bigint) = $1",
+            )
+            .bind(advisory_key(&self.table, name))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?
+            .iter()
+            .filter_map(|r| r.try_get(0).ok())
+            .collect(),
             Dialect::MySql => {
                 let id: Option<i64> = sqlx::query("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
                     .bind(mysql_lock_name(&self.table, name))
@@ -1521,62 +1621,68 @@ impl SqlBackend {
                     .map_err(|e| self.err(e))?
                     .try_get(0)
                     .map_err(|e| self.err(e))?;
-                match id {
-                    Some(id) => {
-                        let kill = format!("KILL CONNECTION {id}");
-                        (&self.pool)
-                            .execute(kill.as_str())
-                            .await
-                            .map_err(|e| self.err(e))?;
-                        1
-                    }
-                    None => 0,
-                }
+                id.into_iter().collect()
             }
         };
-        sqlx::query(&self.st.del_name_holds)
-            .bind(name)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        self.wake(name).await;
-        Ok(killed)
+        let n = holders.len() as u64;
+        match how {
+            Force::Revoke => {
+                let revoke = self
+                    .dialect
+                    .sql(&format!("UPDATE {t} SET state = 2 WHERE name = ?"));
+                sqlx::query(&revoke)
+                    .bind(name)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(Forced {
+                    removed: 0,
+                    revoked: n,
+                    revoked_lease_left_ms: None,
+                })
+            }
+            Force::Break => {
+                for id in holders {
+                    let kill = match self.dialect {
+                        Dialect::Postgres => format!("SELECT pg_terminate_backend({id})"),
+                        Dialect::MySql => format!("KILL CONNECTION {id}"),
+                    };
+                    (&self.pool)
+                        .execute(kill.as_str())
+                        .await
+                        .map_err(|e| self.err(e))?;
+                }
+                sqlx::query(&self.st.del_name_holds)
+                    .bind(name)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                self.wake(name).await;
+                Ok(Forced {
+                    removed: n,
+                    ..Forced::default()
+                })
+            }
+        }
     }
 }
 
-/// Releases a session hold once its deadline passes without an extension (the lease the core
-/// believes in), by closing its connection.
-async fn session_reaper(
-    sessions: Weak<SessionHolds>,
-    owner: String,
-    hold: Weak<SessionHold>,
-    mut deadline: tokio::sync::watch::Receiver<Instant>,
-) {
-    loop {
-        let until = *deadline.borrow_and_update();
-        tokio::select! {
-            changed = deadline.changed() => {
-                if changed.is_err() {
-                    return; // the hold is gone
-                }
-                continue;
-            }
-            _ = tokio::time::sleep_until(until.into()) => {}
+/// Makes the server end a session-lock connection that has been idle for `lease`
+/// (PostgreSQL 14+ `idle_session_timeout`, MySQL/MariaDB `wait_timeout`). Best effort: an older
+/// server keeps an idle session until TCP notices the client is gone.
+async fn idle_limit(d: Dialect, conn: &mut AnyConnection, lease: Duration) {
+    let set = match d {
+        Dialect::Postgres => {
+            let ms = lease.as_millis().clamp(1, i32::MAX as u128);
+            format!("SET idle_session_timeout = {ms}")
         }
-        if *deadline.borrow() > Instant::now() {
-            continue;
+        Dialect::MySql => {
+            let secs = lease.as_secs_f64().ceil().clamp(1.0, 31_536_000.0) as u64;
+            format!("SET SESSION wait_timeout = {secs}")
         }
-        let Some(h) = hold.upgrade() else { return };
-        if let Some(s) = sessions.upgrade() {
-            let mut m = s.lock().unwrap_or_else(|p| p.into_inner());
-            if m.get(&owner).is_some_and(|x| Arc::ptr_eq(x, &h)) {
-                m.remove(&owner);
-            }
-        }
-        if let Some(conn) = h.conn.lock().await.take() {
-            let _ = tokio::time::timeout(OP_TIMEOUT, conn.close()).await;
-        }
-        return;
+    };
+    if let Err(e) = conn.execute(set.as_str()).await {
+        tracing::debug!(error = %e, "cannot bound the idle time of a session lock's connection");
     }
 }
 
@@ -1678,7 +1784,10 @@ impl Backend for SqlBackend {
                     max: POLL_MAX,
                 },
             },
-            validity: Validity::Lease,
+            validity: match self.mode {
+                HoldMode::Lease => Validity::Lease,
+                HoldMode::Session => Validity::Session,
+            },
         }
     }
 
@@ -1806,61 +1915,96 @@ impl Backend for SqlBackend {
             }
             return Ok(out);
         }
-        timed(&self.shown, async {
-            let mut live = vec![false; holds.len()];
-            for (lease_ms, idx) in extend_groups(holds) {
-                let group: Vec<&HoldRef<'_>> = idx.iter().map(|&i| &holds[i]).collect();
-                for (i, l) in idx
-                    .into_iter()
-                    .zip(self.extend_group(lease_ms, &group).await?)
-                {
-                    live[i] = l;
-                }
-            }
-            Ok(extend_answers(holds, &live))
-        })
-        .await
+        self.extend_leases(holds, false).await
+    }
+
+    async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
+        if self.mode == HoldMode::Session {
+            // A session lock ends with its connection; the core never detaches one.
+            return Err(Error::Unsupported(
+                "a session lock cannot outlive its holder".into(),
+            ));
+        }
+        let mut a = self.extend_leases(std::slice::from_ref(hold), true).await?;
+        Ok(a.pop().unwrap_or(Extended::Gone))
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         timed(&self.shown, self.describe_rows(prefix)).await
     }
 
-    async fn force_release(&self, name: &LockName) -> Result<u64> {
+    async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced> {
         let name = name.as_str();
         if self.mode == HoldMode::Session {
-            return timed(&self.shown, self.session_force_release(name)).await;
+            return timed(&self.shown, self.session_force_release(name, how)).await;
         }
-        let live = timed(&self.shown, async {
+        let done = timed(&self.shown, async {
             let r = async {
+                let st = &self.st;
                 let mut tx = self.pool.begin().await?;
-                sqlx::query(&self.st.ensure_fence)
+                sqlx::query(&st.ensure_fence)
                     .bind(name)
                     .execute(&mut *tx)
                     .await?;
-                sqlx::query(&self.st.lock_fence)
+                sqlx::query(&st.lock_fence)
                     .bind(name)
                     .fetch_one(&mut *tx)
                     .await?;
                 let now = self.db_now(&mut tx).await?;
-                let live = sqlx::query(&self.st.force_live)
-                    .bind(name)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                for stmt in [&self.st.del_name_holds, &self.st.del_name_queue] {
-                    sqlx::query(stmt).bind(name).execute(&mut *tx).await?;
+                let removed = sqlx::query(match how {
+                    Force::Break => &st.force_live,
+                    Force::Revoke => &st.force_detached,
+                })
+                .bind(name)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                let mut done = Forced {
+                    removed,
+                    ..Forced::default()
+                };
+                match how {
+                    Force::Break => {
+                        sqlx::query(&st.del_name_holds)
+                            .bind(name)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    Force::Revoke => {
+                        for stmt in [&st.del_expired_name_holds, &st.revoke] {
+                            sqlx::query(stmt)
+                                .bind(name)
+                                .bind(now)
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                        let row = sqlx::query(&st.revoked)
+                            .bind(name)
+                            .bind(now)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                        let (n, longest): (i64, Option<i64>) = (row.try_get(0)?, row.try_get(1)?);
+                        done.revoked = u64::try_from(n).unwrap_or(0);
+                        done.revoked_lease_left_ms =
+                            longest.map(|e| u64::try_from(e - now).unwrap_or(0));
+                    }
+                }
+                if how == Force::Break {
+                    sqlx::query(&st.del_name_queue)
+                        .bind(name)
+                        .execute(&mut *tx)
+                        .await?;
                 }
                 tx.commit().await?;
-                Ok::<_, sqlx::Error>(live)
+                Ok::<_, sqlx::Error>(done)
             }
             .await;
             r.map_err(|e| self.err(e))
         })
         .await?;
         self.wake(name).await;
-        Ok(live)
+        Ok(done)
     }
 }
 

@@ -101,6 +101,8 @@ struct Shared {
     hosts: String,
     chroot: String,
     session_timeout: Duration,
+    /// The session timeout the server granted the last session, in ms (0 before the first).
+    granted_timeout_ms: AtomicU64,
     /// The current session; replaced by a new one after it expired or closed.
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     /// Owner token → its node (waiting or holding).
@@ -219,9 +221,11 @@ struct NodeRec {
     node: String,
     czxid: i64,
     granted: bool,
-    /// Set by the watch on a held node when it is deleted (e.g. `dlock unlock`) and by
+    /// Set by the watch on a held node when it is deleted (e.g. `dlock unlock --break`) and by
     /// `release` (which the core also calls when a hold's lease ran out without renewal).
     deleted: Arc<AtomicBool>,
+    /// Set by the watch on a held node when a forced release marks it revoked.
+    revoked: Arc<AtomicBool>,
     /// What to watch while waiting: a child name, or `None` for the children of the lock node.
     watch: Option<String>,
 }
@@ -414,6 +418,18 @@ struct NodeData {
     pid: u32,
     #[serde(default)]
     created_at_ms: u64,
+    /// Set by a forced release ([`Force::Revoke`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    revoked: bool,
+}
+
+/// Curator's revocation request (`Revoker.attemptRevoke`): the data a revoked Curator lock node
+/// is set to. dlock writes it to nodes that are not its own when it revokes them.
+const CURATOR_REVOKE: &[u8] = b"__REVOKE__";
+
+/// Whether a node's data says it was revoked (dlock's flag or Curator's message).
+fn revoked_data(data: &[u8]) -> bool {
+    data == CURATOR_REVOKE || serde_json::from_slice::<NodeData>(data).is_ok_and(|d| d.revoked)
 }
 
 impl ZooKeeperBackend {
@@ -438,6 +454,7 @@ impl ZooKeeperBackend {
                 hosts: target.hosts.clone(),
                 chroot: target.chroot.clone(),
                 session_timeout: target.session_timeout,
+                granted_timeout_ms: AtomicU64::new(0),
                 session: tokio::sync::Mutex::new(None),
                 nodes: StdMutex::new(HashMap::new()),
                 stats: Stats::default(),
@@ -503,6 +520,10 @@ impl ZooKeeperBackend {
             client.mkdir(&sh.chroot, &opts).await.map_err(unavailable)?;
         }
         let timeout = client.session_timeout();
+        sh.granted_timeout_ms.store(
+            u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         let id = client.session_id().0;
         let client = client
             .chroot(sh.chroot.clone())
@@ -574,6 +595,7 @@ impl ZooKeeperBackend {
             host: req.meta.host.clone(),
             pid: req.meta.pid,
             created_at_ms: unix_ms(),
+            revoked: false,
         })
         .map_err(Error::backend)?;
         let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
@@ -650,32 +672,76 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// Watches a held node so that `extend` learns of its deletion without a round trip.
+    /// Watches a held node so that `extend` learns of its deletion or revocation without a
+    /// round trip.
     fn watch_held(&self, rec: &NodeRec) {
         let s = rec.session.clone();
-        let deleted = rec.deleted.clone();
+        let (deleted, revoked) = (rec.deleted.clone(), rec.revoked.clone());
         let path = format!("{}/{}", rec.lock_path, rec.node);
         tokio::spawn(async move {
-            let Ok((stat, watcher)) = s.client.check_and_watch_stat(&path).await else {
-                return;
-            };
-            if stat.is_none() {
-                deleted.store(true, Ordering::Release);
-                return;
-            }
             let weak = Arc::downgrade(&s);
             drop(s);
-            let ev = watcher.changed().await;
-            if ev.event_type == zk::EventType::NodeDeleted {
-                deleted.store(true, Ordering::Release);
-            } else if ev.event_type == zk::EventType::Session {
-                if let Some(s) = weak.upgrade() {
-                    if ev.session_state.is_terminated() {
-                        s.dead.store(true, Ordering::Release);
+            loop {
+                let Some(s) = weak.upgrade() else { return };
+                let Ok((data, _, watcher)) = s.client.get_and_watch_data(&path).await else {
+                    // Gone already (NoNode), or the session ended: `extend` finds out.
+                    deleted.store(true, Ordering::Release);
+                    return;
+                };
+                if revoked_data(&data) {
+                    revoked.store(true, Ordering::Release);
+                    return;
+                }
+                drop(s);
+                let ev = watcher.changed().await;
+                match ev.event_type {
+                    zk::EventType::NodeDeleted => {
+                        deleted.store(true, Ordering::Release);
+                        return;
                     }
+                    // Read the new data (and watch again).
+                    zk::EventType::NodeDataChanged => {}
+                    zk::EventType::Session => {
+                        if let Some(s) = weak.upgrade() {
+                            if ev.session_state.is_terminated() {
+                                s.dead.store(true, Ordering::Release);
+                            }
+                        }
+                        return;
+                    }
+                    _ => {}
                 }
             }
         });
+    }
+
+    /// Revokes a holder's node: dlock's own nodes get `revoked` in their data, other nodes
+    /// (Curator's) get Curator's revocation message. `false` if the node is gone.
+    async fn revoke_node(&self, s: &Session, path: &str) -> Result<bool> {
+        loop {
+            let (data, stat) = match s.run(s.client.get_data(path)).await {
+                Ok(d) => d,
+                Err(zk::Error::NoNode) => return Ok(false),
+                Err(e) => return Err(unavailable(e)),
+            };
+            let new = match serde_json::from_slice::<NodeData>(&data) {
+                Ok(mut d) => {
+                    d.revoked = true;
+                    serde_json::to_vec(&d).map_err(Error::backend)?
+                }
+                Err(_) => CURATOR_REVOKE.to_vec(),
+            };
+            match s
+                .run(s.client.set_data(path, &new, Some(stat.version)))
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(zk::Error::NoNode) => return Ok(false),
+                // Changed under us: read it again.
+                Err(zk::Error::BadVersion) => continue,
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
     }
 }
 
@@ -744,6 +810,7 @@ impl Backend for ZooKeeperBackend {
                     czxid,
                     granted: false,
                     deleted: Arc::new(AtomicBool::new(false)),
+                    revoked: Arc::new(AtomicBool::new(false)),
                     watch: None,
                 };
                 self.nodes().insert(req.owner.to_owned(), rec.clone());
@@ -904,6 +971,9 @@ impl Backend for ZooKeeperBackend {
         Ok(holds
             .iter()
             .map(|h| match nodes.get(h.owner) {
+                Some(rec) if rec.granted && rec.revoked.load(Ordering::Acquire) => {
+                    Extended::Revoked
+                }
                 Some(rec) if rec.granted && !rec.deleted.load(Ordering::Acquire) => {
                     match rec.session.valid_for() {
                         Some(valid_for) => Extended::Held {
@@ -987,8 +1057,13 @@ impl Backend for ZooKeeperBackend {
                         meta,
                         mode: mode_of(c.kind),
                         token: Some(stat.czxid as u64),
-                        acquired_at_ms: stat.mtime.max(stat.ctime) as u64,
+                        acquired_at_ms: stat.ctime as u64,
                         lease_left_ms: None,
+                        status: if revoked_data(&data) {
+                            HoldStatus::Revoked
+                        } else {
+                            HoldStatus::Held
+                        },
                     });
                 } else {
                     let position = info.waiters.len() as u32;
@@ -1008,22 +1083,44 @@ impl Backend for ZooKeeperBackend {
         Ok(out)
     }
 
-    async fn force_release(&self, name: &LockName) -> Result<u64> {
+    async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced> {
         let s = self.session().await?;
         let lock_path = format!("/{}", escape_name(name.as_str()));
         let children = match self.list(&s, &lock_path).await {
             Ok(n) => sorted_children(n),
-            Err(zk::Error::NoNode) => return Ok(0),
+            Err(zk::Error::NoNode) => return Ok(Forced::default()),
             Err(e) => return Err(unavailable(e)),
         };
-        let mut removed = 0;
+        let mut done = Forced::default();
         for (i, c) in children.iter().enumerate() {
             let held = position(&children, i).0;
-            if self.delete_node(&s, &lock_path, &c.name).await? && held {
-                removed += 1;
+            match how {
+                // The holder deletes its node when it lets go (its acknowledgement), or the
+                // ensemble does when its session ends; waiters keep their places.
+                Force::Revoke if held => {
+                    let path = format!("{lock_path}/{}", c.name);
+                    if self.revoke_node(&s, &path).await? {
+                        done.revoked += 1;
+                    }
+                }
+                Force::Revoke => {}
+                Force::Break => {
+                    if self.delete_node(&s, &lock_path, &c.name).await? && held {
+                        done.removed += 1;
+                    }
+                }
             }
         }
-        Ok(removed)
+        Ok(done)
+    }
+
+    fn session_timeout(&self) -> Option<Duration> {
+        let ms = self.shared.granted_timeout_ms.load(Ordering::Relaxed);
+        Some(if ms == 0 {
+            self.shared.session_timeout
+        } else {
+            Duration::from_millis(ms)
+        })
     }
 }
 
