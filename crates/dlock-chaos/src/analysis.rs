@@ -150,7 +150,7 @@ fn holds(data: &RunData) -> Vec<Hold> {
     let kills: HashMap<u32, i64> = data
         .faults
         .iter()
-        .filter(|f| f.kind == "kill")
+        .filter(|f| f.kind == "kill" || f.kind == "run-kill")
         .filter_map(|f| Some((f.worker?, f.at)))
         .collect();
     let mut out = Vec::new();
@@ -337,15 +337,16 @@ pub fn analyze(data: &RunData) -> Figures {
         let holding = holds
             .iter()
             .any(|h| Some(h.worker) == x.worker && h.granted < x.at && x.at <= h.end);
-        if x.kind == "kill" && !holding {
+        let kill = x.kind == "kill" || x.kind == "run-kill";
+        if kill && !holding {
             f.kills_between_holds += 1;
             continue;
         }
         let next = grants.iter().find(|g| **g > x.at).copied();
         let ms = next.map(|g| (g - x.at) as f64 / 1000.0);
         match (x.kind.as_str(), ms) {
-            ("kill", Some(ms)) => f.takeover_ms.push(ms),
-            ("kill", None) => f.takeover_missing += 1,
+            (_, Some(ms)) if kill => f.takeover_ms.push(ms),
+            (_, None) if kill => f.takeover_missing += 1,
             ("pause", Some(ms)) => {
                 f.pause_takeover_ms.push(ms);
                 let during = next.is_some_and(|g| x.until.is_some_and(|u| g < u));

@@ -19,6 +19,8 @@ pub fn now_us() -> i64 {
 pub enum Event {
     /// The process is connected and about to start its loop.
     Ready { at: i64, pid: u32 },
+    /// A `--via-run` worker started `dlock run` (pid `pid`) for hold `hold`.
+    Run { hold: u64, at: i64, pid: u32 },
     /// `acquire` returned a guard.
     Granted {
         hold: u64,

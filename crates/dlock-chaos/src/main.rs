@@ -56,6 +56,9 @@ enum WorkerCmd {
     /// One client process (started by the harness itself)
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
+    /// The command a `--via-run` worker runs under `dlock run`: one read, sleep, write
+    #[command(hide = true)]
+    Step(worker::StepArgs),
 }
 
 fn main() {
@@ -66,12 +69,17 @@ fn main() {
             std::process::exit(if e.exit_code() == 0 { 0 } else { 64 });
         }
     };
-    if let Some(WorkerCmd::Worker(a)) = cli.worker {
+    if let Some(cmd) = cli.worker {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build();
         let code = match rt {
-            Ok(rt) => rt.block_on(worker::run(a)),
+            Ok(rt) => rt.block_on(async move {
+                match cmd {
+                    WorkerCmd::Worker(a) => worker::run(a).await,
+                    WorkerCmd::Step(a) => worker::step(a).await,
+                }
+            }),
             Err(e) => {
                 eprintln!("dlock-chaos worker: {e}");
                 70

@@ -22,6 +22,9 @@ use tokio::process::{Child, ChildStdin, Command};
 pub enum Fault {
     /// SIGKILL the holder.
     Kill,
+    /// SIGKILL the holder's `dlock run` process while its command works (the workers take each
+    /// hold with `dlock run`; the command's work outlasts the lease).
+    RunKill,
     /// SIGSTOP the holder between its read and its write for longer than the lease, then SIGCONT.
     Pause,
     /// Crash and restart the store (the ZooKeeper leader).
@@ -43,6 +46,7 @@ impl Fault {
     pub fn label(self) -> &'static str {
         match self {
             Fault::Kill => "kill",
+            Fault::RunKill => "run-kill",
             Fault::Pause => "pause",
             Fault::Restart => "restart",
             Fault::ConnKill => "conn-kill",
@@ -58,8 +62,11 @@ impl Fault {
 /// resource modes.
 pub fn scenarios(b: Backend) -> Vec<(Fault, Mode)> {
     use Fault::*;
+    // RunKill in log-only mode: an orphaned command's late write would be accepted and show as
+    // an overlap, which is what the scenario counts.
     let mut v = vec![
         (Kill, Mode::Enforcing),
+        (RunKill, Mode::LogOnly),
         (Pause, Mode::LogOnly),
         (Pause, Mode::Enforcing),
     ];
@@ -281,7 +288,18 @@ pub fn judge(b: Backend, f: Fault, mode: Mode, x: &Figures, s: &Settings) -> Vec
             },
         );
     }
-    if f == Fault::Kill {
+    if f == Fault::RunKill {
+        check(
+            "the command died with dlock run",
+            x.overlaps == 0 && x.stale_accepted == 0,
+            true,
+            format!(
+                "{} overlaps, {} stale writes accepted",
+                x.overlaps, x.stale_accepted
+            ),
+        );
+    }
+    if matches!(f, Fault::Kill | Fault::RunKill) {
         let bound = s.takeover_bound().as_secs_f64() * 1000.0;
         check(
             "takeover within lease + 1 s",
@@ -334,6 +352,8 @@ pub fn judge(b: Backend, f: Fault, mode: Mode, x: &Figures, s: &Settings) -> Vec
 }
 
 type Events = Arc<Mutex<HashMap<u32, Vec<Event>>>>;
+/// Per `--via-run` worker: the pid of its current `dlock run`.
+type Runs = Arc<Mutex<HashMap<u32, u32>>>;
 /// Per worker: its current hold and when it was granted.
 type Holding = Arc<Mutex<HashMap<u32, (u64, i64)>>>;
 
@@ -351,6 +371,9 @@ struct Harness<'a> {
     hold: Duration,
     /// Workers write without checking `is_held()` (the paused-holder scenario).
     naive: bool,
+    /// Workers take their holds with this `dlock` binary (`dlock run`).
+    via_run: Option<PathBuf>,
+    runs: Runs,
     settings: &'a Settings,
     events: Events,
     holding: Holding,
@@ -385,6 +408,11 @@ impl Harness<'_> {
             .args(["--iterations", &self.settings.iterations.to_string()])
             .args(["--run-ms", "600000"])
             .args(self.naive.then_some("--naive"))
+            .args(
+                self.via_run
+                    .iter()
+                    .flat_map(|d| [std::ffi::OsStr::new("--via-run"), d.as_os_str()]),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -395,7 +423,8 @@ impl Harness<'_> {
             .take()
             .ok_or_else(|| io::Error::other("no stdout"))?;
         let stdin = child.stdin.take();
-        let (events, holding) = (self.events.clone(), self.holding.clone());
+        let (events, holding, runs) =
+            (self.events.clone(), self.holding.clone(), self.runs.clone());
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
@@ -405,6 +434,9 @@ impl Harness<'_> {
                 match &ev {
                     Event::Granted { hold, at, .. } => {
                         lock(&holding).insert(index, (*hold, *at));
+                    }
+                    Event::Run { pid, .. } => {
+                        lock(&runs).insert(index, *pid);
                     }
                     Event::Lost { hold, .. } | Event::Released { hold, .. } => {
                         let mut h = lock(&holding);
@@ -483,6 +515,23 @@ impl Harness<'_> {
                 lock(&self.holding).remove(&w);
                 self.spawn_worker().await?;
                 rec(fault, Some(w), at, None, format!("SIGKILL pid {pid}"))
+            }
+            Fault::RunKill => {
+                let w = need(holder)?;
+                let pid = lock(&self.runs)
+                    .get(&w)
+                    .copied()
+                    .ok_or_else(|| io::Error::other("no dlock run of the holder"))?;
+                let at = now_us();
+                dlock_testkit::signal(pid, Signal::SIGKILL)?;
+                lock(&self.holding).remove(&w);
+                rec(
+                    fault,
+                    Some(w),
+                    at,
+                    None,
+                    format!("SIGKILL dlock run pid {pid}"),
+                )
             }
             Fault::Pause => {
                 let w = need(holder)?;
@@ -578,6 +627,11 @@ impl Harness<'_> {
     }
 }
 
+/// The `dlock` binary built beside this one (`cargo build --workspace` builds both).
+fn dlock_bin(exe: &std::path::Path) -> PathBuf {
+    exe.with_file_name("dlock")
+}
+
 /// Runs one scenario on a started store.
 pub async fn run(
     env: &StoreEnv,
@@ -604,6 +658,7 @@ pub async fn run(
             }
         }
     };
+    let via_run = (fault == Fault::RunKill).then(|| dlock_bin(&exe));
     let mut h = Harness {
         env,
         exe,
@@ -619,6 +674,8 @@ pub async fn run(
             _ => settings.long_hold,
         },
         naive: fault == Fault::Pause,
+        via_run,
+        runs: Arc::default(),
         settings,
         events: Arc::default(),
         holding: Arc::default(),
@@ -649,8 +706,13 @@ pub async fn run(
             Err(e) => harness_errors.push(format!("{}: {e}", fault.label())),
         }
     }
-    // Recovery: normal operation for a while after the last fault.
-    tokio::time::sleep(settings.gap + settings.lease).await;
+    // Recovery: normal operation for a while after the last fault (after a killed `dlock run`,
+    // longer than its command's work, so that a command that outlived it would be seen writing).
+    let recovery = match fault {
+        Fault::RunKill => settings.gap + settings.lease + settings.long_hold * 2,
+        _ => settings.gap + settings.lease,
+    };
+    tokio::time::sleep(recovery).await;
     h.finish(settings.lease * 3 + Duration::from_secs(5)).await;
     let end = now_us();
     let (final_value, writes, reads) = resource.snapshot();
@@ -729,6 +791,31 @@ mod tests {
         let c = judge(Backend::Redlock, Fault::Kill, Mode::Enforcing, &missing, &s);
         assert_eq!(status(&c, "takeover within lease + 1 s"), Status::Fail);
         assert_eq!(status(&c, "no foreign release"), Status::Fail);
+    }
+
+    #[test]
+    fn a_command_that_outlives_its_killed_dlock_run_fails_every_store() {
+        let s = Settings::quick();
+        let orphan = Figures {
+            acquisitions: 5,
+            overlaps: 1,
+            stale_writes: 1,
+            stale_accepted: 1,
+            takeover_ms: vec![1000.0],
+            ..Figures::default()
+        };
+        let clean = Figures {
+            acquisitions: 5,
+            takeover_ms: vec![1000.0],
+            ..Figures::default()
+        };
+        for b in Backend::ALL {
+            let c = judge(b, Fault::RunKill, Mode::LogOnly, &orphan, &s);
+            assert_eq!(status(&c, "the command died with dlock run"), Status::Fail);
+            let c = judge(b, Fault::RunKill, Mode::LogOnly, &clean, &s);
+            assert_eq!(status(&c, "the command died with dlock run"), Status::Pass);
+            assert_eq!(status(&c, "takeover within lease + 1 s"), Status::Pass);
+        }
     }
 
     #[test]

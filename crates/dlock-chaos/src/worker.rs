@@ -46,6 +46,32 @@ pub struct WorkerArgs {
     /// Write without checking that the hold is still valid.
     #[arg(long)]
     pub naive: bool,
+    /// Take each hold with this `dlock` binary (`dlock run … -- dlock-chaos step …`) instead of
+    /// the library: the holder the harness kills is then the `dlock run` process itself.
+    #[arg(long, value_name = "DLOCK")]
+    pub via_run: Option<std::path::PathBuf>,
+}
+
+/// One hold's work as the command of `dlock run`: read, sleep, write, with the token from
+/// `DLOCK_TOKEN`; reports `granted` and `wrote` like a worker (on the worker's stdout).
+#[derive(Debug, Clone, clap::Args)]
+pub struct StepArgs {
+    /// Address of the fenced resource.
+    #[arg(long)]
+    pub resource: SocketAddr,
+    /// The worker's index.
+    #[arg(long)]
+    pub index: u32,
+    /// The hold's number in the worker.
+    #[arg(long)]
+    pub hold: u64,
+    /// The shortest time between the read and the write, in ms (each hold draws from 1–1.5
+    /// times this).
+    #[arg(long)]
+    pub hold_ms: u64,
+    /// The lease, in ms (for the reported deadline).
+    #[arg(long)]
+    pub lease_ms: u64,
 }
 
 fn emit(ev: &Event) {
@@ -73,8 +99,179 @@ async fn setup(
     Ok((client, mutex, res))
 }
 
+/// The harness closes stdin to say "finish the current iteration and stop".
+fn stop_on_stdin_close() -> tokio::sync::watch::Receiver<bool> {
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let mut sink = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
+        let _ = stop_tx.send(true);
+    });
+    stop
+}
+
+/// The worker loop of `--via-run`: each hold is one `dlock run` of `dlock-chaos step`.
+async fn run_via_dlock(a: WorkerArgs, dlock: std::path::PathBuf) -> i32 {
+    emit(&Event::Ready {
+        at: now_us(),
+        pid: std::process::id(),
+    });
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            emit(&Event::Error {
+                at: now_us(),
+                what: format!("own binary: {e}"),
+            });
+            return 70;
+        }
+    };
+    let mut stop = stop_on_stdin_close();
+    let end = tokio::time::Instant::now() + Duration::from_millis(a.run_ms);
+    let mut hold = 0;
+    while hold < a.iterations && tokio::time::Instant::now() < end && !*stop.borrow() {
+        hold += 1;
+        let child = tokio::process::Command::new(&dlock)
+            .args([
+                "run",
+                "--url",
+                &a.url,
+                "--wait",
+                "30s",
+                "--kill-after",
+                "1s",
+            ])
+            .args(["--ttl", &format!("{}ms", a.lease_ms), &a.name, "--"])
+            .arg(&exe)
+            .args(["step", "--resource", &a.resource.to_string()])
+            .args(["--index", &a.index.to_string(), "--hold", &hold.to_string()])
+            .args(["--hold-ms", &a.hold_ms.to_string()])
+            .args(["--lease-ms", &a.lease_ms.to_string()])
+            .stdin(std::process::Stdio::null())
+            .env_remove("DLOCK_URL")
+            .kill_on_drop(true)
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                emit(&Event::Error {
+                    at: now_us(),
+                    what: format!("dlock run: {e}"),
+                });
+                return 69;
+            }
+        };
+        emit(&Event::Run {
+            hold,
+            at: now_us(),
+            pid: child.id().unwrap_or(0),
+        });
+        let status = tokio::select! {
+            s = child.wait() => s,
+            _ = stop.changed() => {
+                // Told to stop: a waiting `dlock run` gives up, a holding one stops its command
+                // and releases.
+                if let Some(pid) = child.id() {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid as i32),
+                        nix::sys::signal::Signal::SIGTERM,
+                    );
+                }
+                child.wait().await
+            }
+        };
+        let at = now_us();
+        match status.ok().and_then(|s| s.code()) {
+            Some(0) => emit(&Event::Released {
+                hold,
+                at,
+                done: at,
+                result: ReleaseResult::Ok,
+            }),
+            Some(76) => emit(&Event::Lost {
+                hold,
+                at,
+                reason: "dlock run exited 76".into(),
+            }),
+            // 75: not granted within the wait; a signal: killed by the harness.
+            _ => {}
+        }
+    }
+    emit(&Event::Finished {
+        at: now_us(),
+        iterations: hold,
+    });
+    0
+}
+
+/// `dlock-chaos step`: one hold's read, sleep and write under `dlock run`.
+pub async fn step(a: StepArgs) -> i32 {
+    let granted = now_us();
+    let token = std::env::var("DLOCK_TOKEN")
+        .ok()
+        .and_then(|t| t.parse::<u64>().ok());
+    emit(&Event::Granted {
+        hold: a.hold,
+        at: granted,
+        token,
+        deadline: granted + (a.lease_ms as i64) * 900,
+    });
+    let mut res = match ResourceClient::connect(a.resource).await {
+        Ok(r) => r,
+        Err(e) => {
+            emit(&Event::Error {
+                at: now_us(),
+                what: format!("resource: {e}"),
+            });
+            return 69;
+        }
+    };
+    let read = match res.read(a.index, a.hold, token).await {
+        Ok(v) => v,
+        Err(e) => {
+            emit(&Event::Error {
+                at: now_us(),
+                what: format!("resource: {e}"),
+            });
+            return 69;
+        }
+    };
+    // 1–1.5 times the mean: the work outlasts the lease, so a command that outlived its killed
+    // `dlock run` would write after the next holder read.
+    let hold_ms = a.hold_ms + rand::random::<u64>() % (a.hold_ms / 2 + 1);
+    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+    let w = Write {
+        worker: a.index,
+        hold: a.hold,
+        token,
+        claimed_from: granted,
+        read,
+        value: read + 1,
+    };
+    let accepted = match res.write(&w).await {
+        Ok(ok) => ok,
+        Err(e) => {
+            emit(&Event::Error {
+                at: now_us(),
+                what: format!("resource: {e}"),
+            });
+            return 69;
+        }
+    };
+    emit(&Event::Wrote {
+        hold: a.hold,
+        at: now_us(),
+        accepted,
+        held: true,
+    });
+    0
+}
+
 /// Runs the worker loop; returns the process exit code.
 pub async fn run(a: WorkerArgs) -> i32 {
+    if let Some(dlock) = a.via_run.clone() {
+        return run_via_dlock(a, dlock).await;
+    }
     let (_client, mutex, mut res) = match setup(&a).await {
         Ok(x) => x,
         Err((code, what)) => {
@@ -86,13 +283,7 @@ pub async fn run(a: WorkerArgs) -> i32 {
         at: now_us(),
         pid: std::process::id(),
     });
-    // The harness closes stdin to say "finish the current iteration and stop".
-    let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        let mut sink = Vec::new();
-        let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
-        let _ = stop_tx.send(true);
-    });
+    let mut stop = stop_on_stdin_close();
     let start = tokio::time::Instant::now();
     let end = start + Duration::from_millis(a.run_ms);
     let mut iterations = 0;
