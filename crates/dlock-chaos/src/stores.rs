@@ -62,12 +62,6 @@ impl Backend {
         }
     }
 
-    /// Whether a hold lives with a database connection (session mode) rather than a lease: a
-    /// paused process keeps it as long as its connection stays open.
-    pub fn connection_bound(self) -> bool {
-        matches!(self, Backend::PostgresSession | Backend::MysqlSession)
-    }
-
     /// Whether grants carry fencing tokens.
     pub fn fencing(self) -> bool {
         self != Backend::Redlock

@@ -683,10 +683,14 @@ impl ZooKeeperBackend {
             drop(s);
             loop {
                 let Some(s) = weak.upgrade() else { return };
-                let Ok((data, _, watcher)) = s.client.get_and_watch_data(&path).await else {
-                    // Gone already (NoNode), or the session ended: `extend` finds out.
-                    deleted.store(true, Ordering::Release);
-                    return;
+                let (data, watcher) = match s.client.get_and_watch_data(&path).await {
+                    Ok((data, _, watcher)) => (data, watcher),
+                    Err(zk::Error::NoNode) => {
+                        deleted.store(true, Ordering::Release);
+                        return;
+                    }
+                    // The connection or the session: the session's own checks decide.
+                    Err(_) => return,
                 };
                 if revoked_data(&data) {
                     revoked.store(true, Ordering::Release);
