@@ -147,12 +147,18 @@ impl Hold {
 }
 
 fn holds(data: &RunData) -> Vec<Hold> {
-    let kills: HashMap<u32, i64> = data
+    // A worker whose `dlock run` is killed lives on, and may be killed again: each kill ends
+    // the hold it found.
+    let mut kills: HashMap<u32, Vec<i64>> = HashMap::new();
+    for f in data
         .faults
         .iter()
         .filter(|f| f.kind == "kill" || f.kind == "run-kill")
-        .filter_map(|f| Some((f.worker?, f.at)))
-        .collect();
+    {
+        if let Some(w) = f.worker {
+            kills.entry(w).or_default().push(f.at);
+        }
+    }
     let mut out = Vec::new();
     for (&worker, events) in &data.events {
         let mut by_hold: HashMap<u64, Hold> = HashMap::new();
@@ -201,7 +207,10 @@ fn holds(data: &RunData) -> Vec<Hold> {
         }
         for mut h in by_hold.into_values() {
             if h.release.is_none() {
-                if let Some(k) = kills.get(&worker) {
+                if let Some(k) = kills
+                    .get(&worker)
+                    .and_then(|ks| ks.iter().filter(|k| **k > h.granted).min())
+                {
                     h.end = h.end.min(*k);
                 }
             }
@@ -597,5 +606,37 @@ mod tests {
         assert!(f.takeover_ms.is_empty());
         assert_eq!(f.kills_between_holds, 1);
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 0.5), Some(2.0));
+    }
+
+    #[test]
+    fn each_kill_of_a_workers_dlock_run_ends_the_hold_it_found() {
+        // Worker 1 survives its `dlock run` being killed twice (holds 1 and 2).
+        let mut d = data(
+            vec![
+                (1, vec![granted(1, 100, 1, 1100), granted(2, 2000, 3, 3000)]),
+                (
+                    2,
+                    vec![
+                        granted(1, 1300, 2, 2300),
+                        released(1, 1900, ReleaseResult::Ok),
+                        granted(2, 3300, 4, 4300),
+                    ],
+                ),
+            ],
+            vec![],
+            0,
+        );
+        for at in [200, 2100] {
+            d.faults.push(FaultRecord {
+                kind: "run-kill".into(),
+                worker: Some(1),
+                at,
+                until: None,
+                detail: String::new(),
+            });
+        }
+        let f = analyze(&d);
+        assert_eq!(f.taken_over, 0, "both killed holds end at their kill");
+        assert_eq!(f.takeover_ms, vec![1.1, 1.2]);
     }
 }

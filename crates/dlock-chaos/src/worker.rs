@@ -148,6 +148,9 @@ async fn run_via_dlock(a: WorkerArgs, dlock: std::path::PathBuf) -> i32 {
             .args(["--hold-ms", &a.hold_ms.to_string()])
             .args(["--lease-ms", &a.lease_ms.to_string()])
             .stdin(std::process::Stdio::null())
+            // Its failures are reported by exit code below (a waiting `dlock run` told to stop
+            // says so on stderr: not news).
+            .stderr(std::process::Stdio::null())
             .env_remove("DLOCK_URL")
             .kill_on_drop(true)
             .spawn();
@@ -166,9 +169,11 @@ async fn run_via_dlock(a: WorkerArgs, dlock: std::path::PathBuf) -> i32 {
             at: now_us(),
             pid: child.id().unwrap_or(0),
         });
+        let mut stopping = false;
         let status = tokio::select! {
             s = child.wait() => s,
             _ = stop.changed() => {
+                stopping = true;
                 // Told to stop: a waiting `dlock run` gives up, a holding one stops its command
                 // and releases.
                 if let Some(pid) = child.id() {
@@ -182,19 +187,19 @@ async fn run_via_dlock(a: WorkerArgs, dlock: std::path::PathBuf) -> i32 {
         };
         let at = now_us();
         match status.ok().and_then(|s| s.code()) {
-            Some(0) => emit(&Event::Released {
-                hold,
-                at,
-                done: at,
-                result: ReleaseResult::Ok,
-            }),
+            // The step reported the end of its hold; 75: not granted within the wait; no code:
+            // killed by the harness.
+            Some(0 | 75) | None => {}
             Some(76) => emit(&Event::Lost {
                 hold,
                 at,
                 reason: "dlock run exited 76".into(),
             }),
-            // 75: not granted within the wait; a signal: killed by the harness.
-            _ => {}
+            Some(_) if stopping => {}
+            Some(code) => emit(&Event::Error {
+                at,
+                what: format!("dlock run exited {code}"),
+            }),
         }
     }
     emit(&Event::Finished {
@@ -206,6 +211,16 @@ async fn run_via_dlock(a: WorkerArgs, dlock: std::path::PathBuf) -> i32 {
 
 /// `dlock-chaos step`: one hold's read, sleep and write under `dlock run`.
 pub async fn step(a: StepArgs) -> i32 {
+    match step_once(&a).await {
+        Ok(()) => 0,
+        Err(what) => {
+            emit(&Event::Error { at: now_us(), what });
+            69
+        }
+    }
+}
+
+async fn step_once(a: &StepArgs) -> Result<(), String> {
     let granted = now_us();
     let token = std::env::var("DLOCK_TOKEN")
         .ok()
@@ -216,26 +231,11 @@ pub async fn step(a: StepArgs) -> i32 {
         token,
         deadline: granted + (a.lease_ms as i64) * 900,
     });
-    let mut res = match ResourceClient::connect(a.resource).await {
-        Ok(r) => r,
-        Err(e) => {
-            emit(&Event::Error {
-                at: now_us(),
-                what: format!("resource: {e}"),
-            });
-            return 69;
-        }
-    };
-    let read = match res.read(a.index, a.hold, token).await {
-        Ok(v) => v,
-        Err(e) => {
-            emit(&Event::Error {
-                at: now_us(),
-                what: format!("resource: {e}"),
-            });
-            return 69;
-        }
-    };
+    let resource = |e: std::io::Error| format!("resource: {e}");
+    let mut res = ResourceClient::connect(a.resource)
+        .await
+        .map_err(resource)?;
+    let read = res.read(a.index, a.hold, token).await.map_err(resource)?;
     // 1–1.5 times the mean: the work outlasts the lease, so a command that outlived its killed
     // `dlock run` would write after the next holder read.
     let hold_ms = a.hold_ms + rand::random::<u64>() % (a.hold_ms / 2 + 1);
@@ -248,23 +248,23 @@ pub async fn step(a: StepArgs) -> i32 {
         read,
         value: read + 1,
     };
-    let accepted = match res.write(&w).await {
-        Ok(ok) => ok,
-        Err(e) => {
-            emit(&Event::Error {
-                at: now_us(),
-                what: format!("resource: {e}"),
-            });
-            return 69;
-        }
-    };
+    let accepted = res.write(&w).await.map_err(resource)?;
     emit(&Event::Wrote {
         hold: a.hold,
         at: now_us(),
         accepted,
         held: true,
     });
-    0
+    // The command's hold ends here: `dlock run` releases as soon as it exits (its own release
+    // comes a moment later, and nothing of this hold touches the resource after this).
+    let at = now_us();
+    emit(&Event::Released {
+        hold: a.hold,
+        at,
+        done: at,
+        result: ReleaseResult::Ok,
+    });
+    Ok(())
 }
 
 /// Runs the worker loop; returns the process exit code.

@@ -349,18 +349,13 @@ fn spawn_sentinel(group: Pid) -> io::Result<OwnedFd> {
 /// a supervisor sends to a group, so only dlock's end decides.
 pub fn reap_group(pgid: i32) -> i32 {
     use std::io::Read;
-    for sig in [
-        Signal::SIGINT,
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-        Signal::SIGUSR1,
-        Signal::SIGUSR2,
+    let job_control = [
         Signal::SIGTSTP,
         Signal::SIGTTIN,
         Signal::SIGTTOU,
         Signal::SIGPIPE,
-    ] {
+    ];
+    for sig in crate::signals::FORWARDED.into_iter().chain(job_control) {
         // SAFETY: sets the disposition to "ignore"; no handler code runs.
         let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) };
     }

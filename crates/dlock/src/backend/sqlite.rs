@@ -322,13 +322,18 @@ impl SqliteBackend {
         map_err(&self.path, e)
     }
 
-    /// Creates or upgrades the schema and drops expired rows of every name, in one transaction.
-    async fn migrate(&self) -> Result<()> {
-        let mut tx = self
-            .pool
+    /// A write transaction that holds the database's write lock from its start (`BEGIN
+    /// IMMEDIATE`): two processes can never both read "free" and both write.
+    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
+        self.pool
             .begin_with("BEGIN IMMEDIATE")
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| self.err(e))
+    }
+
+    /// Creates or upgrades the schema and drops expired rows of every name, in one transaction.
+    async fn migrate(&self) -> Result<()> {
+        let mut tx = self.begin_write().await?;
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS dlock_meta (
                 key TEXT NOT NULL PRIMARY KEY,
@@ -466,11 +471,7 @@ impl SqliteBackend {
 
     async fn acquire_tx(&self, req: &Request<'_>) -> Result<Attempt> {
         let name = req.name.as_str();
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| self.err(e))?;
+        let mut tx = self.begin_write().await?;
         // Read the clock only once the write lock is ours.
         let now = now_ms();
         let Loaded {
@@ -597,11 +598,7 @@ impl SqliteBackend {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| self.err(e))?;
+        let mut tx = self.begin_write().await?;
         let now = now_ms();
         let mut found = vec![Renewed::Gone; holds.len()];
         let set_state = if detach { ", state = 1" } else { "" };
@@ -913,11 +910,7 @@ impl Backend for SqliteBackend {
 
     async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced> {
         let name = name.as_str();
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| self.err(e))?;
+        let mut tx = self.begin_write().await?;
         let now = now_ms();
         let run = |sql: &'static str| sqlx::query(sql).bind(name).bind(now);
         let removed = match how {
