@@ -2,6 +2,7 @@
 //! to say about it.
 
 use crate::exit::{self, Failure};
+use crate::run::fmt_dur;
 use crate::store;
 use std::time::{Duration, Instant};
 
@@ -60,10 +61,6 @@ pub struct Taken {
     pub guard: dlock::Guard,
     /// When it was granted.
     pub granted: Instant,
-}
-
-fn fmt_dur(d: Duration) -> String {
-    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 
 /// The URL to connect to: on ZooKeeper the session timeout is what keeps others out after a

@@ -516,48 +516,36 @@ fn hold_holds_until_stdin_ends_a_signal_or_its_parent_exits(s: Store) {
     );
 }
 
+/// One test per scenario for one store, in a module named after the store.
+macro_rules! scenarios_for {
+    ($store:ident, $s:expr; $($scenario:ident),+ $(,)?) => {
+        mod $store {
+            use super::*;
+            $(
+                #[test]
+                fn $scenario() {
+                    super::$scenario($s)
+                }
+            )+
+        }
+    };
+}
+
+/// Every scenario on every store.
 macro_rules! stores {
     ($($store:ident: $s:expr),+ $(,)?) => {
         $(
-            mod $store {
-                use super::*;
-                #[test]
-                fn killed_dlock_takes_its_command_group_with_it() {
-                    super::killed_dlock_takes_its_command_group_with_it($s)
-                }
-                #[test]
-                fn revoked_lock_stops_the_group_before_the_next_holder_runs() {
-                    super::revoked_lock_stops_the_group_before_the_next_holder_runs($s)
-                }
-                #[test]
-                fn break_removes_the_hold_at_once() {
-                    super::break_removes_the_hold_at_once($s)
-                }
-                #[test]
-                fn hold_at_least_keeps_others_out_for_the_window() {
-                    super::hold_at_least_keeps_others_out_for_the_window($s)
-                }
-                #[test]
-                fn revoke_ends_a_hold_at_least_window() {
-                    super::revoke_ends_a_hold_at_least_window($s)
-                }
-                #[test]
-                fn paused_dlock_keeps_others_out_for_its_ttl() {
-                    super::paused_dlock_keeps_others_out_for_its_ttl($s)
-                }
-                #[test]
-                fn group_sigterm_reaches_the_command_once() {
-                    super::group_sigterm_reaches_the_command_once($s)
-                }
-                #[test]
-                fn shared_exclusive_and_permits() {
-                    super::shared_exclusive_and_permits($s)
-                }
-                #[test]
-                fn hold_holds_until_stdin_ends_a_signal_or_its_parent_exits() {
-                    super::hold_holds_until_stdin_ends_a_signal_or_its_parent_exits($s)
-                }
-            }
+            scenarios_for!($store, $s;
+                killed_dlock_takes_its_command_group_with_it,
+                revoked_lock_stops_the_group_before_the_next_holder_runs,
+                break_removes_the_hold_at_once,
+                hold_at_least_keeps_others_out_for_the_window,
+                revoke_ends_a_hold_at_least_window,
+                paused_dlock_keeps_others_out_for_its_ttl,
+                group_sigterm_reaches_the_command_once,
+                shared_exclusive_and_permits,
+                hold_holds_until_stdin_ends_a_signal_or_its_parent_exits,
+            );
         )+
     };
 }

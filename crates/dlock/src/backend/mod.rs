@@ -209,6 +209,11 @@ pub enum Extended {
     Revoked,
 }
 
+/// The answer of an `extend` of one hold (a missing answer: gone).
+pub(crate) fn sole(mut answers: Vec<Extended>) -> Extended {
+    answers.pop().unwrap_or(Extended::Gone)
+}
+
 /// How a forced release ([`Backend::force_release`]) treats holders that may still be working.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Force {
@@ -395,8 +400,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// (`Guard::expire_in`), so a forced release ([`Force::Revoke`]) may remove it at once. A
     /// store that cannot mark it keeps the default, a plain [`Backend::extend`].
     async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
-        let mut answers = self.extend(std::slice::from_ref(hold)).await?;
-        Ok(answers.pop().unwrap_or(Extended::Gone))
+        Ok(sole(self.extend(std::slice::from_ref(hold)).await?))
     }
 
     /// An administrator's unlock of `name`, as `how` says. Fencing counters are kept.

@@ -1088,8 +1088,9 @@ impl Backend for RedisBackend {
     }
 
     async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
-        let mut a = self.extend_holds(std::slice::from_ref(hold), true).await?;
-        Ok(a.pop().unwrap_or(Extended::Gone))
+        Ok(sole(
+            self.extend_holds(std::slice::from_ref(hold), true).await?,
+        ))
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {

@@ -446,7 +446,6 @@ impl RedlockBackend {
         join_all(futs).await
     }
 
-    /// Deletes `owner`'s key on every server without waking waiters; returns how many had it.
     /// Extends `holds` on every server (`detach`: marked as renewed by nobody any more): held
     /// where a majority held them in time, revoked where a server says so, gone otherwise.
     async fn extend_holds(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
@@ -513,6 +512,7 @@ impl RedlockBackend {
         Ok(out)
     }
 
+    /// Deletes `owner`'s key on every server without waking waiters; returns how many had it.
     async fn release_quietly(&self, name: &LockName, owner: &str) -> usize {
         self.on_all(self.timeout, |b| async move {
             b.release_quiet(name, owner).await
@@ -776,8 +776,9 @@ impl Backend for RedlockBackend {
     }
 
     async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
-        let mut a = self.extend_holds(std::slice::from_ref(hold), true).await?;
-        Ok(a.pop().unwrap_or(Extended::Gone))
+        Ok(sole(
+            self.extend_holds(std::slice::from_ref(hold), true).await?,
+        ))
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {

@@ -871,8 +871,9 @@ impl Backend for SqliteBackend {
     }
 
     async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
-        let mut a = self.extend_holds(std::slice::from_ref(hold), true).await?;
-        Ok(a.pop().unwrap_or(Extended::Gone))
+        Ok(sole(
+            self.extend_holds(std::slice::from_ref(hold), true).await?,
+        ))
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {

@@ -233,6 +233,15 @@ pub async fn renewal_keeps_lock(s: Store) {
     must("release", g2.release()).await;
 }
 
+/// A task that resolves with when the guard's `lost()` fired, and its error.
+fn lost_with_time(g: &dlock::Guard) -> tokio::task::JoinHandle<(Instant, Error)> {
+    let f = g.lost();
+    tokio::spawn(async move {
+        let e = f.await;
+        (Instant::now(), e)
+    })
+}
+
 // ---- 7 ------------------------------------------------------------------------------------------
 
 /// When the store removes a hold (a forced release that breaks it, by another client), the
@@ -247,13 +256,7 @@ pub async fn lost_fires_when_store_removes_hold(s: Store) {
         c1.mutex(&name).unwrap().lease(lease).acquire(),
     )
     .await;
-    let lost = {
-        let f = g.lost();
-        tokio::spawn(async move {
-            let e = f.await;
-            (Instant::now(), e)
-        })
-    };
+    let lost = lost_with_time(&g);
     sleep(ms(50)).await;
     let done = must(
         "force_release (break) from another client",
@@ -321,13 +324,7 @@ pub async fn lost_fires_at_deadline_without_renewal(s: Store) {
             .acquire(),
     )
     .await;
-    let lost = {
-        let f = g.lost();
-        tokio::spawn(async move {
-            let e = f.await;
-            (Instant::now(), e)
-        })
-    };
+    let lost = lost_with_time(&g);
     let other = c2.mutex(&name).unwrap();
     let waiter = tokio::spawn(async move {
         let r = other.acquire_timeout(secs(5)).await;
@@ -379,13 +376,7 @@ pub async fn revoked_hold_keeps_others_out(s: Store) {
 
     // 1. Revoked, then acknowledged by the holder's release.
     let g = must("acquire with a 900 ms lease", m1.acquire()).await;
-    let lost = {
-        let f = g.lost();
-        tokio::spawn(async move {
-            let e = f.await;
-            (Instant::now(), e)
-        })
-    };
+    let lost = lost_with_time(&g);
     let waiter = {
         let m2 = m2.clone();
         tokio::spawn(async move {

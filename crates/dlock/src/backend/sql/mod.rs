@@ -264,7 +264,6 @@ struct Stmts {
     force_detached: String,
     revoke: String,
     revoked: String,
-    del_expired_name_holds: String,
     del_name_holds: String,
     del_name_queue: String,
 }
@@ -401,9 +400,6 @@ impl Stmts {
                     Dialect::Postgres => "BIGINT",
                     Dialect::MySql => "SIGNED",
                 }
-            )),
-            del_expired_name_holds: s(format!(
-                "DELETE FROM {t} WHERE name = ? AND expires_at_ms <= ?"
             )),
             del_name_holds: s(format!("DELETE FROM {t} WHERE name = ?")),
             del_name_queue: s(format!("DELETE FROM {t}_queue WHERE name = ?")),
@@ -887,9 +883,9 @@ impl SqlBackend {
         Ok(())
     }
 
-    /// Version 1 → 2 (under the migration lock): the holds get their `state` column. Clients of
-    /// version 1 refuse the table from now on; those already running keep working and ignore
-    /// revocations (their forced releases break).
+    /// Brings a schema-1 table to schema 2 (under the migration lock): the holds get their
+    /// `state` column. Clients that know only schema 1 refuse the table from then on; those
+    /// already running keep working, ignore revocations, and their forced releases break.
     async fn upgrade_v1(&self, conn: &mut AnyConnection) -> std::result::Result<(), sqlx::Error> {
         let t = &self.table;
         let has: i64 = sqlx::query(&match self.dialect {
@@ -1925,8 +1921,9 @@ impl Backend for SqlBackend {
                 "a session lock cannot outlive its holder".into(),
             ));
         }
-        let mut a = self.extend_leases(std::slice::from_ref(hold), true).await?;
-        Ok(a.pop().unwrap_or(Extended::Gone))
+        Ok(sole(
+            self.extend_leases(std::slice::from_ref(hold), true).await?,
+        ))
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
@@ -1972,7 +1969,7 @@ impl Backend for SqlBackend {
                             .await?;
                     }
                     Force::Revoke => {
-                        for stmt in [&st.del_expired_name_holds, &st.revoke] {
+                        for stmt in [&st.del_expired_holds, &st.revoke] {
                             sqlx::query(stmt)
                                 .bind(name)
                                 .bind(now)
