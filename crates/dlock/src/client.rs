@@ -69,81 +69,6 @@ pub(crate) fn margin(valid_for: Duration) -> Duration {
     valid_for / 10
 }
 
-/// Connects to the store named by `url` with default options.
-///
-/// | scheme | store |
-/// |---|---|
-/// | `mem://` or `mem://NAME` | in-process; all clients of one process with the same NAME share it |
-/// | `sqlite:///abs/path.db`, `sqlite:rel/path.db` | embedded SQLite file, shared by every process of the machine |
-/// | `postgres://user@host/db[?table=…&mode=session]` | PostgreSQL (feature `postgres`; module `backend::sql`) |
-/// | `mysql://user@host/db[?table=…&mode=session]`, `mariadb://…` | MySQL/MariaDB (feature `mysql`; module `backend::sql`) |
-/// | `redis://[user:pass@]host:6379[/db][?prefix=dlock:]`, `rediss://…` | one Redis server (feature `redis`; module `backend::redis`) |
-/// | `zk://host:2181,host2:2181/chroot[?session_timeout=10s]` | a ZooKeeper ensemble (feature `zookeeper`) |
-/// | `redlock://h1:6379,h2:6379,h3:6379[?drift=0.01]` | Redlock over independent Redis servers (feature `redlock`, mutex only, no fencing; module `backend::redlock`) |
-///
-/// Must be called inside a tokio runtime (the client runs a renewal task on it).
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
-/// let client = dlock::connect("mem://").await?;
-/// let guard = client.mutex("reports/daily")?.acquire().await?;
-/// println!("fencing token {:?}", guard.token());
-/// guard.release().await?;
-/// # Ok(()) }
-/// ```
-pub async fn connect(url: &str) -> Result<Client> {
-    connect_with(url, ClientOptions::default()).await
-}
-
-/// Connects to the store named by `url` with `options`. See [`connect`].
-pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client> {
-    check_lease(options.lease)?;
-    let backend: Arc<dyn Backend> = match crate::config::parse(url)? {
-        crate::config::Target::Memory(name) => {
-            Arc::new(crate::backend::memory::MemoryBackend::named(&name))
-        }
-        #[cfg(feature = "sqlite")]
-        crate::config::Target::Sqlite(path) => {
-            Arc::new(crate::backend::sqlite::SqliteBackend::open(&path).await?)
-        }
-        #[cfg(not(feature = "sqlite"))]
-        crate::config::Target::Sqlite(_) => {
-            return Err(Error::InvalidConfig(
-                "this build of dlock has no sqlite backend".into(),
-            ))
-        }
-        #[cfg(feature = "zookeeper")]
-        crate::config::Target::ZooKeeper(target) => {
-            Arc::new(crate::backend::zookeeper::ZooKeeperBackend::connect(&target).await?)
-        }
-        #[cfg(not(feature = "zookeeper"))]
-        crate::config::Target::ZooKeeper(_) => {
-            return Err(Error::InvalidConfig(
-                "this build of dlock has no zookeeper backend".into(),
-            ))
-        }
-        #[cfg(any(feature = "postgres", feature = "mysql"))]
-        crate::config::Target::Sql(cfg) => {
-            Arc::new(crate::backend::sql::SqlBackend::open_config(cfg).await?)
-        }
-        #[cfg(feature = "redis")]
-        crate::config::Target::Redis(target) => {
-            Arc::new(crate::backend::redis::RedisBackend::open(target).await?)
-        }
-        #[cfg(feature = "redlock")]
-        crate::config::Target::Redlock(config) => {
-            Arc::new(crate::backend::redlock::RedlockBackend::open(config).await?)
-        }
-        #[cfg(not(feature = "redis"))]
-        crate::config::Target::Redis(_) => {
-            return Err(Error::InvalidConfig(
-                "this build of dlock has no redis backend".into(),
-            ))
-        }
-    };
-    Client::with_backend(backend, crate::config::redact_url(url), options)
-}
-
 /// A connection to one store. Cheap to clone (clones share the connection, the renewal task and
 /// the in-process wake-ups). Make lock handles with [`Client::mutex`], [`Client::rwlock`] and
 /// [`Client::semaphore`].
@@ -203,7 +128,7 @@ impl Client {
                 host: gethostname::gethostname().to_string_lossy().into_owned(),
                 pid: std::process::id(),
             },
-            url: crate::config::redact_url(url.as_ref()),
+            url: crate::url::redact_url(url.as_ref()),
             lease: options.lease,
             caps,
             backend,

@@ -32,25 +32,25 @@
 
 pub mod backend;
 mod client;
-mod config;
 mod error;
 pub mod fencing;
 mod hold;
 mod lock;
 mod name;
 mod signal;
+mod stores;
+mod url;
 
 pub use backend::{
     Capabilities, Force, Forced, HoldStatus, HolderInfo, HolderMeta, LockInfo, LockKind, Mode,
     Validity, WaiterInfo, Wakeups, QUEUE_PLACE_TTL,
 };
-pub use client::{
-    connect, connect_with, Client, ClientOptions, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE,
-};
-pub use config::{enabled_backends, redact_url, validate_url};
+pub use client::{Client, ClientOptions, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
 pub use error::{Error, Result};
 pub use lock::{Guard, Mutex, RwLock, Semaphore};
 pub use name::{LockName, MAX_NAME_LEN};
+pub use stores::{connect, connect_with, enabled_backends, validate_url};
+pub use url::redact_url;
 
 /// The README's code blocks run as doctests, so what it shows keeps working.
 #[cfg(doctest)]

@@ -347,7 +347,7 @@ async fn open_backend(t: &Target) -> dlock::Result<Arc<dyn Backend>> {
         Kind::Redis => Arc::new(b::redis::RedisBackend::connect(&t.url).await?),
         Kind::Redlock => Arc::new(b::redlock::RedlockBackend::connect(&t.url).await?),
         Kind::Postgres | Kind::Mysql => Arc::new(b::sql::SqlBackend::open(&t.url).await?),
-        Kind::Zk => Arc::new(b::zookeeper::ZooKeeperBackend::connect_url(&t.url).await?),
+        Kind::Zk => Arc::new(b::zookeeper::ZooKeeperBackend::connect(&t.url).await?),
     })
 }
 
@@ -379,9 +379,9 @@ const OP: Duration = Duration::from_secs(10);
 
 /// The raw floor of one acquire + release: the same client library, no lock logic.
 pub enum Floor {
-    /// Redis / Redlock: `SET` then `EVALSHA` of a no-op script on each server (dlock's own
-    /// connection type), the servers of Redlock in parallel.
-    Redis(Vec<dlock::backend::redis::RedisBackend>),
+    /// Redis / Redlock: `SET` then `EVALSHA` of a no-op script on each server (the connection
+    /// type dlock uses, `ConnectionManager`), the servers of Redlock in parallel.
+    Redis(Vec<redis::aio::ConnectionManager>, redis::Script),
     /// SQL stores and SQLite through sqlx `Any` (the driver dlock uses): one autocommitted
     /// `INSERT` and one `DELETE` of a row (a lock without rules), and `SELECT 1` pings.
     Sql {
@@ -426,17 +426,17 @@ impl Floor {
             Kind::Redis | Kind::Redlock => {
                 let mut v = Vec::new();
                 for u in t.redis_urls() {
-                    let u = format!("{u}?prefix=dlockbench:");
+                    let client = redis::Client::open(u.as_str()).map_err(|e| e.to_string())?;
                     v.push(
                         limit(
                             "raw redis connection",
                             OP,
-                            dlock::backend::redis::RedisBackend::connect(&u),
+                            redis::aio::ConnectionManager::new(client),
                         )
                         .await?,
                     );
                 }
-                Ok(Floor::Redis(v))
+                Ok(Floor::Redis(v, redis::Script::new("return 1")))
             }
             Kind::Postgres | Kind::Mysql | Kind::Sqlite => {
                 sqlx::any::install_default_drivers();
@@ -501,15 +501,30 @@ impl Floor {
     /// One raw acquire + release equivalent.
     pub async fn once(&self) -> Result<(), String> {
         match self {
-            Floor::Redis(servers) => {
-                let r = join(servers.iter().map(|s| s.raw_set())).await;
-                r.into_iter()
-                    .collect::<dlock::Result<Vec<()>>>()
-                    .map_err(|e| e.to_string())?;
-                let r = join(servers.iter().map(|s| s.raw_evalsha())).await;
-                r.into_iter()
-                    .collect::<dlock::Result<Vec<()>>>()
-                    .map_err(|e| e.to_string())?;
+            Floor::Redis(servers, noop) => {
+                let r =
+                    join(
+                        servers.iter().map(|c| {
+                            let mut c = c.clone();
+                            let mut set = redis::cmd("SET");
+                            set.arg("dlockbench:scratch").arg("1").arg("PX").arg(10_000);
+                            async move {
+                                limit("SET", OP, set.query_async::<redis::Value>(&mut c)).await
+                            }
+                        }),
+                    )
+                    .await;
+                r.into_iter().collect::<Result<Vec<_>, String>>()?;
+                let r =
+                    join(servers.iter().map(|c| {
+                        let mut c = c.clone();
+                        let call = noop.prepare_invoke();
+                        async move {
+                            limit("EVALSHA", OP, call.invoke_async::<redis::Value>(&mut c)).await
+                        }
+                    }))
+                    .await;
+                r.into_iter().collect::<Result<Vec<_>, String>>()?;
                 Ok(())
             }
             Floor::Sql {

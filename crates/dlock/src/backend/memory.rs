@@ -149,6 +149,19 @@ impl MemoryBackend {
         MemoryBackend { shared }
     }
 
+    /// The store name of a `mem://NAME` URL (`mem://` is the store named "").
+    pub(crate) fn parse_url(raw: &str) -> Result<String> {
+        let u = crate::url::parse_plain(raw, "mem")?;
+        let mut name = u.host_str().unwrap_or("").to_string();
+        name.push_str(u.path().trim_start_matches('/'));
+        Ok(name)
+    }
+
+    /// The store of a `mem://NAME` URL.
+    pub fn connect(url: &str) -> Result<Self> {
+        Ok(Self::named(&Self::parse_url(url)?))
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this mutex cannot leave State half-updated in a way that matters
         // more than losing the process, so a poisoned lock is used as is.

@@ -25,8 +25,8 @@
 //!   order — and the others only once the lead granted it. The waiters woken by a release race
 //!   for the lock; asking every server at once they now and then split the votes (nobody gets a
 //!   majority and everyone backs off while the lock stays free), whereas here the lead decides the
-//!   race and its losers stop there (bench C1 with 4 processes: 200 → 110 commands per
-//!   acquisition, +7–10 % acquisitions/s; a lone waiter's hand-off costs one more round trip).
+//!   race and its losers stop there (fewer commands per acquisition under contention; a lone
+//!   waiter's hand-off costs one more round trip).
 //!   A waiter refused by the lead alone waits for the lead's wake-up (every release reaches it),
 //!   and asks every server again at least every 250 ms, so a key the lead kept by mistake (a
 //!   release that did not reach it) cannot keep the lock from a free majority. If the lead is not
@@ -85,8 +85,8 @@
 //! - Clocks of the servers running faster than the drift factor shortens leases.
 
 use super::redis::RedisBackend;
+use super::redis::RedisTarget;
 use super::*;
-use crate::config::RedisTarget;
 use crate::error::Error;
 use futures_util::future::{join_all, select_all};
 use rand::Rng;
@@ -167,7 +167,7 @@ fn split_host_port(h: &str) -> Option<(String, u16)> {
 impl RedlockConfig {
     /// Parses `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db][?options]`.
     pub(crate) fn parse(raw: &str) -> Result<RedlockConfig> {
-        let shown = crate::config::redact_url(raw);
+        let shown = crate::url::redact_url(raw);
         let bad = |why: String| Error::InvalidConfig(format!("redlock URL {shown}: {why}"));
         let rest = raw
             .strip_prefix("redlock://")
@@ -184,7 +184,7 @@ impl RedlockConfig {
         if !db.is_empty() && db.parse::<u32>().is_err() {
             return Err(bad(format!(
                 "the path must be a database number, got {}",
-                crate::config::clip(db)
+                crate::url::clip(db)
             )));
         }
         let mut seen = HashSet::new();
@@ -193,7 +193,7 @@ impl RedlockConfig {
             let (host, port) = split_host_port(h).ok_or_else(|| {
                 bad(format!(
                     "bad server {} (expected host:port with a port from 1 to 65535)",
-                    crate::config::clip(h)
+                    crate::url::clip(h)
                 ))
             })?;
             if !seen.insert((host.to_ascii_lowercase(), port)) {
@@ -218,7 +218,7 @@ impl RedlockConfig {
                     drift_ppm = parse_drift(&v).ok_or_else(|| {
                         bad(format!(
                             "option drift={}: expected a factor from 0 to 0.5 (0.01 or 1%)",
-                            crate::config::clip(&v)
+                            crate::url::clip(&v)
                         ))
                     })?;
                 }
@@ -229,7 +229,7 @@ impl RedlockConfig {
                 other => {
                     return Err(bad(format!(
                     "unknown option {} (known: drift, prefix, hashtag, timeout, connect_timeout)",
-                    crate::config::clip(other)
+                    crate::url::clip(other)
                 )))
                 }
             }
@@ -242,15 +242,11 @@ impl RedlockConfig {
                 auth.map(|a| format!("{a}@")).unwrap_or_default(),
                 if pass.is_empty() { "" } else { "?" }
             );
-            match crate::config::parse(&url)? {
-                crate::config::Target::Redis(mut t) => {
-                    if !timeout_given {
-                        t.timeout = DEFAULT_TIMEOUT;
-                    }
-                    servers.push(t);
-                }
-                _ => return Err(bad(format!("server {host}:{port} is not a redis address"))),
+            let mut t = RedisTarget::parse(&url)?;
+            if !timeout_given {
+                t.timeout = DEFAULT_TIMEOUT;
             }
+            servers.push(t);
         }
         Ok(RedlockConfig {
             servers,
@@ -914,16 +910,16 @@ mod tests {
             "redlock://a:1,b:2,c:3#f",
             "redlock://:pw@a:1,b:2",
         ] {
-            match crate::config::parse(bad) {
+            match RedlockConfig::parse(bad) {
                 Err(Error::InvalidConfig(m)) => assert!(!m.contains("pw"), "{m}"),
                 other => panic!("{bad}: {other:?}"),
             }
         }
         assert_eq!(
-            crate::config::redact_url("redlock://u:secret@a:1,b:2,c:3?drift=0.01"),
+            crate::url::redact_url("redlock://u:secret@a:1,b:2,c:3?drift=0.01"),
             "redlock://u:***@a:1,b:2,c:3?drift=0.01"
         );
-        assert!(crate::config::enabled_backends().contains(&"redlock"));
+        assert!(crate::enabled_backends().contains(&"redlock"));
     }
 
     #[test]

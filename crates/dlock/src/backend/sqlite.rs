@@ -242,6 +242,35 @@ pub struct SqliteBackend {
 }
 
 impl SqliteBackend {
+    /// The file of a `sqlite:///abs/path.db` or `sqlite:rel/path.db` URL.
+    pub(crate) fn parse_url(raw: &str) -> Result<PathBuf> {
+        let u = crate::url::parse_plain(raw, "sqlite")?;
+        let not_utf8 = || Error::InvalidConfig("sqlite path is not UTF-8".into());
+        if !u.cannot_be_a_base() {
+            match u.host_str() {
+                None | Some("") | Some("localhost") => {}
+                Some(h) => {
+                    return Err(Error::InvalidConfig(format!(
+                        "sqlite URL has a host ({}); write sqlite:///absolute/path.db or sqlite:relative/path.db",
+                        crate::url::clip(h)
+                    )))
+                }
+            }
+        }
+        let path = PathBuf::from(crate::url::percent_decode(u.path()).ok_or_else(not_utf8)?);
+        if path.as_os_str().is_empty() || path == Path::new("/") {
+            return Err(Error::InvalidConfig(
+                "sqlite URL has no file path (example: sqlite:///var/lib/dlock/locks.db)".into(),
+            ));
+        }
+        Ok(path)
+    }
+
+    /// Opens the database file of a `sqlite:` URL (see [`SqliteBackend::open`]).
+    pub async fn connect(url: &str) -> Result<SqliteBackend> {
+        Self::open(&Self::parse_url(url)?).await
+    }
+
     /// Opens (creating if missing) the database file at `path` and brings its schema up to date.
     ///
     /// Errors: [`Error::Unavailable`] (naming the path) if the directory does not exist, the path

@@ -70,7 +70,7 @@ pub fn validate_table(t: &str) -> Result<()> {
         Err(Error::InvalidConfig(format!(
             "table name {} is not an identifier of 1 to {MAX_TABLE_LEN} characters \
              [A-Za-z_][A-Za-z0-9_]*",
-            crate::config::clip(t)
+            crate::url::clip(t)
         )))
     }
 }
@@ -83,7 +83,7 @@ impl SqlConfig {
     /// `application_name` for PostgreSQL; `ssl-mode`, `ssl-ca`, `ssl-cert`, `ssl-key` for MySQL).
     /// Anything else is [`Error::InvalidConfig`].
     pub fn parse(raw: &str) -> Result<SqlConfig> {
-        let shown = crate::config::redact_url(raw);
+        let shown = crate::url::redact_url(raw);
         let mut u = Url::parse(raw)
             .map_err(|e| Error::InvalidConfig(format!("malformed store URL {shown}: {e}")))?;
         let dialect = match u.scheme() {
@@ -113,7 +113,7 @@ impl SqlConfig {
             if !seen.insert(k.to_string()) {
                 return Err(Error::InvalidConfig(format!(
                     "option {} is given twice in {shown}",
-                    crate::config::clip(&k)
+                    crate::url::clip(&k)
                 )));
             }
             match &*k {
@@ -128,7 +128,7 @@ impl SqlConfig {
                         other => {
                             return Err(Error::InvalidConfig(format!(
                                 "mode must be \"lease\" or \"session\", not {}",
-                                crate::config::clip(other)
+                                crate::url::clip(other)
                             )))
                         }
                     }
@@ -137,7 +137,7 @@ impl SqlConfig {
                 k => {
                     return Err(Error::InvalidConfig(format!(
                         "unknown option {} in {} URL (known: table, mode, {})",
-                        crate::config::clip(k),
+                        crate::url::clip(k),
                         dialect.name(),
                         passthrough.join(", ")
                     )))

@@ -83,8 +83,8 @@
 //! whenever a look finds it changed hands (or the fair queue moved), so waiters of a lock that
 //! moves often keep looking often and those behind a long hold back off. A fair waiter near the
 //! front of the queue starts shorter still: the next one at a quarter of [`POLL_MIN`], the one
-//! behind it at half, the third at three quarters (MariaDB, 8 fair waiters in 4 processes with a
-//! 1 ms hold: 30–36 → 105–126 acquisitions/s). On both, waiters in the **same process** (any backend on the same URL and table) are
+//! behind it at half, the third at three quarters, so the queue's next grants come without a
+//! poll's delay (figures in docs/BENCHMARKS.md). On both, waiters in the **same process** (any backend on the same URL and table) are
 //! woken at once by an in-process signal. A waiting attempt notes the name's wake count and
 //! subscribes to the listener's state before it is sent; when neither moved by the time its wait
 //! starts, the wait does not re-read the lock (the attempt just did) and goes straight to sleep.

@@ -77,11 +77,12 @@
 //! `Guard::expire_in` is `Unsupported`: an ephemeral node cannot outlive its session.
 
 use super::*;
-use crate::config::ZkTarget;
+pub(crate) mod url;
 use crate::error::Error;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
+use url::ZkTarget;
 use zookeeper_client as zk;
 
 /// The session timeout when the URL does not set `session_timeout`.
@@ -434,21 +435,13 @@ fn revoked_data(data: &[u8]) -> bool {
 
 impl ZooKeeperBackend {
     /// Connects to the ensemble of a `zk://` URL (as [`crate::connect`] does), for callers that
-    /// build the client themselves with [`crate::Client::with_backend`] (`dlock bench` wraps the
-    /// backend to count its calls).
-    #[doc(hidden)]
-    pub async fn connect_url(url: &str) -> Result<Self> {
-        match crate::config::parse(url)? {
-            crate::config::Target::ZooKeeper(t) => Self::connect(&t).await,
-            _ => Err(Error::InvalidConfig(format!(
-                "{} is not a zk:// URL",
-                crate::config::redact_url(url)
-            ))),
-        }
+    /// build the client themselves with [`crate::Client::with_backend`].
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::open(&url::parse(url)?).await
     }
 
     /// Connects: opens the session and creates the chroot when missing.
-    pub(crate) async fn connect(target: &ZkTarget) -> Result<Self> {
+    pub(crate) async fn open(target: &ZkTarget) -> Result<Self> {
         let b = ZooKeeperBackend {
             shared: Arc::new(Shared {
                 hosts: target.hosts.clone(),

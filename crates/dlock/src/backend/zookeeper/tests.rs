@@ -71,7 +71,7 @@ impl Ensemble {
 
     /// A backend under a chroot unique to `tag`.
     async fn backend(&self, chroot: &str, session_timeout: Duration) -> ZooKeeperBackend {
-        ZooKeeperBackend::connect(&ZkTarget {
+        ZooKeeperBackend::open(&ZkTarget {
             hosts: self.hosts.clone(),
             chroot: chroot.to_string(),
             session_timeout,
@@ -304,8 +304,7 @@ async fn release_wakes_only_the_next_waiter() {
 
 /// Eight tasks of one client take turns on one mutex: a release wakes only the waiter whose
 /// predecessor it was, not every waiting task of the client (which would each list the children
-/// again and re-arm their watch: the herd the bench's C1 showed with 64 waiters, 17.5 store
-/// calls per acquisition instead of 3).
+/// again and re-arm their watch).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tasks_of_one_client_taking_turns_cost_few_lists_per_acquisition() {
     let zk = Ensemble::any();
@@ -678,7 +677,7 @@ async fn silent_network_loss_fires_lost_before_the_takeover() {
     let first = zk.hosts.split(',').next().unwrap().to_string();
     let proxy = Blackhole::to(&first).await;
     let timeout = Duration::from_secs(2);
-    let ab = ZooKeeperBackend::connect(&ZkTarget {
+    let ab = ZooKeeperBackend::open(&ZkTarget {
         hosts: proxy.addr.clone(),
         chroot: root.clone(),
         session_timeout: timeout,

@@ -95,8 +95,10 @@
 //! - With `hashtag=false`, a lock name ending in one of the suffixes above (`:fence`, `:q`, …)
 //!   overlaps the keys of another name; `describe` skips such keys.
 
+mod url;
+pub(crate) use url::RedisTarget;
+
 use super::*;
-use crate::config::RedisTarget;
 use crate::error::Error;
 use crate::signal::NameSignals;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
@@ -106,7 +108,7 @@ use rand::Rng;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 
-const COMMON: &str = include_str!("redis/common.lua");
+const COMMON: &str = include_str!("common.lua");
 
 /// A script and its code (for `SCRIPT LOAD` at connect).
 struct Lua {
@@ -138,24 +140,22 @@ struct Scripts {
     cancel: Lua,
     force_release: Lua,
     describe: Lua,
-    noop: Lua,
 }
 
 impl Scripts {
     fn new() -> Scripts {
         let with = |body: &str| Lua::new(format!("{COMMON}\n{body}"));
         Scripts {
-            acquire: with(include_str!("redis/acquire.lua")),
-            release: with(include_str!("redis/release.lua")),
-            extend: with(include_str!("redis/extend.lua")),
-            cancel: with(include_str!("redis/cancel.lua")),
-            force_release: with(include_str!("redis/force_release.lua")),
-            describe: with(include_str!("redis/describe.lua")),
-            noop: Lua::new(include_str!("redis/noop.lua").to_owned()),
+            acquire: with(include_str!("acquire.lua")),
+            release: with(include_str!("release.lua")),
+            extend: with(include_str!("extend.lua")),
+            cancel: with(include_str!("cancel.lua")),
+            force_release: with(include_str!("force_release.lua")),
+            describe: with(include_str!("describe.lua")),
         }
     }
 
-    fn all(&self) -> [&Lua; 7] {
+    fn all(&self) -> [&Lua; 6] {
         [
             &self.acquire,
             &self.release,
@@ -163,7 +163,6 @@ impl Scripts {
             &self.cancel,
             &self.force_release,
             &self.describe,
-            &self.noop,
         ]
     }
 }
@@ -720,13 +719,7 @@ impl RedisBackend {
     /// Errors: [`Error::InvalidConfig`] for a malformed URL, an unknown option or a wrong
     /// password; [`Error::Unavailable`] if the server cannot be reached within `connect_timeout`.
     pub async fn connect(url: &str) -> Result<RedisBackend> {
-        match crate::config::parse(url)? {
-            crate::config::Target::Redis(t) => Self::open(t).await,
-            _ => Err(Error::InvalidConfig(format!(
-                "not a redis URL: {}",
-                crate::config::redact_url(url)
-            ))),
-        }
+        Self::open(RedisTarget::parse(url)?).await
     }
 
     pub(crate) async fn open(target: RedisTarget) -> Result<RedisBackend> {
@@ -795,26 +788,6 @@ impl RedisBackend {
     /// The base key of lock `name` (see the key layout in the module docs), e.g. `dlock:{jobs}`.
     pub fn base_key(&self, name: &LockName) -> String {
         self.shared.base(name.as_str())
-    }
-
-    /// Benchmark hook: one `SET` of a scratch key on the command connection (one round trip).
-    pub async fn raw_set(&self) -> Result<()> {
-        let key = format!("{}bench:scratch", self.shared.target.prefix);
-        let mut conn = self.shared.conn.clone();
-        let mut c = Cmd::new();
-        c.arg("SET").arg(key).arg("1").arg("PX").arg(10_000);
-        self.shared
-            .timed("SET", c.query_async::<Value>(&mut conn))
-            .await
-            .map(|_| ())
-    }
-
-    /// Benchmark hook: one `EVALSHA` of a trivial script on the command connection.
-    pub async fn raw_evalsha(&self) -> Result<()> {
-        self.shared
-            .eval("EVALSHA", &self.shared.scripts.noop, &[], &[])
-            .await
-            .map(|_| ())
     }
 
     // ---- hooks for stores built of several Redis servers (Redlock) ----
@@ -1837,13 +1810,6 @@ mod tests {
         let len: usize = c.llen(&key).await.unwrap();
         assert_eq!(len, 1);
         let _: () = c.del(&key).await.unwrap();
-    }
-
-    #[tokio::test(flavor = "multi_thread")]
-    async fn benchmark_hooks_answer() {
-        let b = backend().await;
-        b.raw_set().await.unwrap();
-        b.raw_evalsha().await.unwrap();
     }
 
     /// A private `redis-server` on a free loopback port, killed when dropped.

@@ -1,2 +1,0 @@
--- A trivial script, for timing one EVALSHA round trip.
-return 1

@@ -1,0 +1,291 @@
+//! The URL table: which scheme opens which store. It sits above every store and the core (it
+//! imports them; nothing imports it but the crate root), so adding a store is one folder under
+//! `backend/` plus one entry here.
+
+use crate::backend::Backend;
+use crate::client::{check_lease, Client, ClientOptions};
+use crate::error::{Error, Result};
+use crate::url::{clip, redact_url};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+type Opening = Pin<Box<dyn Future<Output = Result<Arc<dyn Backend>>> + Send>>;
+
+/// One store of the table.
+struct Store {
+    /// The URL schemes that name it.
+    schemes: &'static [&'static str],
+    /// The cargo feature that builds it.
+    feature: &'static str,
+    /// Whether this build has it.
+    built: bool,
+    /// Parses a URL of it without connecting.
+    check: fn(&str) -> Result<()>,
+    /// Connects to the store of a URL.
+    open: fn(String) -> Opening,
+}
+
+fn opening<B, F>(f: F) -> Opening
+where
+    B: Backend,
+    F: Future<Output = Result<B>> + Send + 'static,
+{
+    Box::pin(async move { Ok(Arc::new(f.await?) as Arc<dyn Backend>) })
+}
+
+#[allow(dead_code)] // for the stores a build leaves out
+fn not_built(_: &str) -> Result<()> {
+    Ok(())
+}
+
+#[allow(dead_code)] // for the stores a build leaves out
+fn not_built_open(_: String) -> Opening {
+    Box::pin(async { Err(Error::InvalidConfig("store not built".into())) })
+}
+
+macro_rules! store {
+    ($feature:literal, [$($scheme:literal),+], $check:expr, $open:expr) => {{
+        #[cfg(feature = $feature)]
+        let s = Store {
+            schemes: &[$($scheme),+],
+            feature: $feature,
+            built: true,
+            check: $check,
+            open: $open,
+        };
+        #[cfg(not(feature = $feature))]
+        let s = Store {
+            schemes: &[$($scheme),+],
+            feature: $feature,
+            built: false,
+            check: not_built,
+            open: not_built_open,
+        };
+        s
+    }};
+}
+
+/// Every store dlock knows, built into this binary or not.
+fn table() -> [Store; 7] {
+    use crate::backend::memory::MemoryBackend;
+    [
+        Store {
+            schemes: &["mem"],
+            feature: "",
+            built: true,
+            check: |u| MemoryBackend::parse_url(u).map(drop),
+            open: |u| opening(async move { MemoryBackend::connect(&u) }),
+        },
+        store!(
+            "sqlite",
+            ["sqlite"],
+            |u| crate::backend::sqlite::SqliteBackend::parse_url(u).map(drop),
+            |u| opening(async move { crate::backend::sqlite::SqliteBackend::connect(&u).await })
+        ),
+        store!(
+            "redis",
+            ["redis", "rediss"],
+            |u| crate::backend::redis::RedisTarget::parse(u).map(drop),
+            |u| opening(async move { crate::backend::redis::RedisBackend::connect(&u).await })
+        ),
+        store!(
+            "redlock",
+            ["redlock"],
+            |u| crate::backend::redlock::RedlockConfig::parse(u).map(drop),
+            |u| opening(async move { crate::backend::redlock::RedlockBackend::connect(&u).await })
+        ),
+        store!(
+            "postgres",
+            ["postgres", "postgresql"],
+            |u| crate::backend::sql::SqlConfig::parse(u).map(drop),
+            |u| opening(async move { crate::backend::sql::SqlBackend::open(&u).await })
+        ),
+        store!(
+            "mysql",
+            ["mysql", "mariadb"],
+            |u| crate::backend::sql::SqlConfig::parse(u).map(drop),
+            |u| opening(async move { crate::backend::sql::SqlBackend::open(&u).await })
+        ),
+        store!(
+            "zookeeper",
+            ["zk"],
+            |u| crate::backend::zookeeper::url::parse(u).map(drop),
+            |u| opening(
+                async move { crate::backend::zookeeper::ZooKeeperBackend::connect(&u).await }
+            )
+        ),
+    ]
+}
+
+/// Schemes of stores that are planned but not in this version.
+const PLANNED: &[&str] = &["etcd"];
+
+/// The schemes this build knows, for error messages and `dlock info`.
+pub fn enabled_backends() -> Vec<&'static str> {
+    table()
+        .into_iter()
+        .filter(|s| s.built)
+        .flat_map(|s| s.schemes.iter().copied())
+        .collect()
+}
+
+/// The table entry of `raw`'s scheme, or a clear error.
+fn entry(raw: &str) -> Result<Store> {
+    // As a URL parser reads it: leading spaces and C0 controls are not part of it.
+    let scheme = raw
+        .trim_start_matches(|c: char| c <= ' ')
+        .split_once(':')
+        .map(|(s, _)| s.to_ascii_lowercase())
+        .unwrap_or_default();
+    let scheme = scheme.as_str();
+    let enabled = || enabled_backends().join(", ");
+    if scheme.is_empty() {
+        return Err(Error::InvalidConfig(format!(
+            "malformed store URL {}: no scheme (examples: sqlite:///var/lib/dlock.db, mem://)",
+            redact_url(raw)
+        )));
+    }
+    match table().into_iter().find(|s| s.schemes.contains(&scheme)) {
+        Some(s) if s.built => Ok(s),
+        Some(s) => Err(Error::InvalidConfig(format!(
+            "this build of dlock has no {} backend (cargo feature \"{}\"; enabled: {})",
+            s.feature,
+            s.feature,
+            enabled()
+        ))),
+        None if PLANNED.contains(&scheme) => Err(Error::InvalidConfig(format!(
+            "the {scheme} backend is not available in this version of dlock (enabled: {})",
+            enabled()
+        ))),
+        None => Err(Error::InvalidConfig(format!(
+            "unknown store URL scheme {} (enabled: {})",
+            clip(scheme),
+            enabled()
+        ))),
+    }
+}
+
+/// Checks a store URL without connecting: the scheme is one this build has, and the URL and its
+/// options are well formed. For start-up checks and configuration validation; a URL that passes
+/// may still fail to connect ([`crate::Error::Unavailable`], a wrong password…).
+///
+/// ```
+/// assert!(dlock::validate_url("sqlite:///var/lib/app/locks.db").is_ok());
+/// assert!(dlock::validate_url("mem://").is_ok());
+/// assert!(matches!(dlock::validate_url("sqlite://"), Err(dlock::Error::InvalidConfig(_))));
+/// assert!(dlock::validate_url("nope://x").is_err());
+/// ```
+pub fn validate_url(url: &str) -> Result<()> {
+    (entry(url)?.check)(url)
+}
+
+/// Connects to the store named by `url` with default options.
+///
+/// | scheme | store |
+/// |---|---|
+/// | `mem://` or `mem://NAME` | in-process; all clients of one process with the same NAME share it |
+/// | `sqlite:///abs/path.db`, `sqlite:rel/path.db` | embedded SQLite file, shared by every process of the machine |
+/// | `postgres://user@host/db[?table=…&mode=session]` | PostgreSQL (feature `postgres`; module `backend::sql`) |
+/// | `mysql://user@host/db[?table=…&mode=session]`, `mariadb://…` | MySQL/MariaDB (feature `mysql`; module `backend::sql`) |
+/// | `redis://[user:pass@]host:6379[/db][?prefix=dlock:]`, `rediss://…` | one Redis server (feature `redis`; module `backend::redis`) |
+/// | `zk://host:2181,host2:2181/chroot[?session_timeout=10s]` | a ZooKeeper ensemble (feature `zookeeper`) |
+/// | `redlock://h1:6379,h2:6379,h3:6379[?drift=0.01]` | Redlock over independent Redis servers (feature `redlock`, mutex only, no fencing; module `backend::redlock`) |
+///
+/// Must be called inside a tokio runtime (the client runs a renewal task on it).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// let client = dlock::connect("mem://").await?;
+/// let guard = client.mutex("reports/daily")?.acquire().await?;
+/// println!("fencing token {:?}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> Result<Client> {
+    connect_with(url, ClientOptions::default()).await
+}
+
+/// Connects to the store named by `url` with `options`. See [`connect`].
+pub async fn connect_with(url: &str, options: ClientOptions) -> Result<Client> {
+    check_lease(options.lease)?;
+    let store = entry(url)?;
+    let backend = (store.open)(url.to_owned()).await?;
+    Client::with_backend(backend, redact_url(url), options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses() {
+        assert!(validate_url("mem://").is_ok());
+        assert!(validate_url("mem://t1").is_ok());
+        if cfg!(feature = "sqlite") {
+            use crate::backend::sqlite::SqliteBackend;
+            assert_eq!(
+                SqliteBackend::parse_url("sqlite:///tmp/a%20b.db").unwrap(),
+                std::path::PathBuf::from("/tmp/a b.db")
+            );
+            assert_eq!(
+                SqliteBackend::parse_url("sqlite:rel/x.db").unwrap(),
+                std::path::PathBuf::from("rel/x.db")
+            );
+            assert!(validate_url("sqlite://host/x.db").is_err());
+            assert!(validate_url("sqlite:///").is_err());
+            assert!(validate_url("sqlite:///x.db?bogus=1").is_err());
+        }
+        for bad in [
+            "",
+            "nope",
+            "foo://x",
+            "redis://:pw@h/x",
+            "://x",
+            "sqlite",
+            "mem://x?bogus=1",
+        ] {
+            let e = validate_url(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidConfig(_)), "{bad}: {e}");
+            assert!(!e.to_string().contains("pw@"), "{e}");
+        }
+        let e = validate_url("etcd://h:2379/x").unwrap_err().to_string();
+        assert!(e.contains("not available in this version"), "{e}");
+    }
+
+    #[test]
+    fn every_built_store_is_enabled() {
+        let enabled = enabled_backends();
+        assert!(enabled.contains(&"mem"));
+        for (feature, scheme) in [
+            (cfg!(feature = "sqlite"), "sqlite"),
+            (cfg!(feature = "redis"), "rediss"),
+            (cfg!(feature = "redlock"), "redlock"),
+            (cfg!(feature = "postgres"), "postgresql"),
+            (cfg!(feature = "mysql"), "mariadb"),
+            (cfg!(feature = "zookeeper"), "zk"),
+        ] {
+            assert_eq!(enabled.contains(&scheme), feature, "{scheme}");
+            if !feature {
+                let e = validate_url(&format!("{scheme}://h/x"))
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains("this build of dlock has no"), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn error_values_are_clipped() {
+        if cfg!(feature = "redis") {
+            let e = validate_url(&format!("redis://h/{}", "9".repeat(10_000))).unwrap_err();
+            assert!(e.to_string().len() < 600, "{e}");
+        }
+        let e = validate_url(&format!("{}://h", "x".repeat(10_000))).unwrap_err();
+        assert!(e.to_string().len() < 600, "{e}");
+        assert!(matches!(
+            validate_url("nope://"),
+            Err(Error::InvalidConfig(_))
+        ));
+    }
+}
