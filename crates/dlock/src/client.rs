@@ -3,13 +3,14 @@
 
 use crate::backend::{
     Attempt, Backend, Capabilities, Extended, Force, Forced, HoldRef, HolderMeta, LockInfo,
-    LockKind, Mode, Request, Validity, Wakeups, QUEUE_PLACE_TTL,
+    LockKind, Mode, Request, Validity, Wakeups, Want, QUEUE_PLACE_TTL,
 };
 use crate::error::{Error, Result};
 use crate::hold::{Hold, HoldState};
 use crate::lock::{Mutex, RwLock, Semaphore};
 use crate::name::LockName;
 use crate::signal::NameSignals;
+use crate::wait::{wait_for_turn, Calls, Waiter};
 use rand::Rng;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -86,8 +87,11 @@ pub(crate) struct Inner {
     caps: Capabilities,
     /// Live holds of this client by owner token, for the watchdog.
     holds: StdMutex<HashMap<String, Weak<Hold>>>,
-    /// In-process wake-ups by lock name.
-    local: NameSignals,
+    /// In-process wake-ups by lock name, shared with the clients of this process on the same
+    /// store (see [`Backend::shared_key`]).
+    local: Arc<NameSignals>,
+    /// Every call to the store goes through this (its timeout).
+    pub(crate) calls: Calls,
     /// This client's waiters per lock name, in arrival order (see [`LinePlace`]).
     lines: StdMutex<HashMap<String, Line>>,
     next_waiter: AtomicU64,
@@ -122,18 +126,25 @@ impl Client {
             Error::InvalidConfig("a dlock client must be created inside a tokio runtime".into())
         })?;
         let caps = backend.capabilities();
+        let url = crate::url::redact_url(url.as_ref());
+        let local = match backend.shared_key() {
+            Some(key) => crate::signal::shared(key),
+            None => Arc::new(NameSignals::default()),
+        };
+        let calls = Calls::new(backend.as_ref(), &url);
         let inner = Arc::new(Inner {
             meta: HolderMeta {
                 client_id: uuid::Uuid::new_v4().to_string(),
                 host: gethostname::gethostname().to_string_lossy().into_owned(),
                 pid: std::process::id(),
             },
-            url: crate::url::redact_url(url.as_ref()),
+            url,
             lease: options.lease,
             caps,
             backend,
             holds: StdMutex::new(HashMap::new()),
-            local: NameSignals::default(),
+            local,
+            calls,
             lines: StdMutex::new(HashMap::new()),
             next_waiter: AtomicU64::new(0),
             kick: Arc::new(Notify::new()),
@@ -172,8 +183,8 @@ impl Client {
         let name = LockName::new(name)?;
         Ok(self
             .inner
-            .backend
-            .describe(name.as_str())
+            .calls
+            .timed(self.inner.backend.describe(name.as_str()))
             .await?
             .into_iter()
             .find(|i| i.name == name.as_str()))
@@ -184,7 +195,10 @@ impl Client {
         if prefix.contains('\0') {
             return Err(Error::InvalidName("a prefix must not contain NUL".into()));
         }
-        self.inner.backend.describe(prefix).await
+        self.inner
+            .calls
+            .timed(self.inner.backend.describe(prefix))
+            .await
     }
 
     /// An administrator's unlock of `name`, whoever holds it. Fencing counters are kept, so
@@ -215,7 +229,11 @@ impl Client {
     /// ```
     pub async fn force_release(&self, name: &str, how: Force) -> Result<Forced> {
         let name = LockName::new(name)?;
-        let done = self.inner.backend.force_release(&name, how).await?;
+        let done = self
+            .inner
+            .calls
+            .timed(self.inner.backend.force_release(&name, how))
+            .await?;
         self.inner.wake_local(name.as_str());
         Ok(done)
     }
@@ -270,54 +288,6 @@ pub(crate) enum Wait {
     No,
     Until(Instant),
     Forever,
-}
-
-/// Cleans up after an acquisition future that was dropped half-way (a caller's own timeout or
-/// `select!`): the owner's queue place and a hold that may have been granted without an answer.
-struct Abandon {
-    backend: Arc<dyn Backend>,
-    name: LockName,
-    kind: LockKind,
-    mode: Mode,
-    owner: String,
-    meta: HolderMeta,
-    armed: bool,
-}
-
-impl Drop for Abandon {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let backend = self.backend.clone();
-        let (name, kind, mode) = (self.name.clone(), self.kind, self.mode);
-        let owner = std::mem::take(&mut self.owner);
-        let meta = self.meta.clone();
-        rt.spawn(async move {
-            let req = Request {
-                name: &name,
-                kind,
-                mode,
-                owner: &owner,
-                lease: MIN_LEASE,
-                fair: true,
-                waiting: true,
-                meta: &meta,
-            };
-            let _ = backend.cancel(&req).await;
-            let hold = HoldRef {
-                name: &name,
-                kind,
-                mode,
-                owner: &owner,
-                lease: MIN_LEASE,
-            };
-            let _ = backend.release(&hold).await;
-        });
-    }
 }
 
 /// The waiters of one client for one lock name, in arrival order: (waiter id, its promotion
@@ -467,13 +437,11 @@ impl Inner {
         };
         let started = Instant::now();
         let local = self.local.subscribe(spec.name.as_str());
-        let mut abandon = Abandon {
+        let mut waiter = Waiter {
+            acq: Some(self.backend.begin(&req)),
             backend: self.backend.clone(),
-            name: spec.name.clone(),
-            kind: spec.kind,
-            mode: spec.mode,
-            owner: owner.clone(),
-            meta: self.meta.clone(),
+            want: Want::new(&req),
+            calls: self.calls.clone(),
             // Armed once an attempt goes out (a waiter dropped before it asked nothing).
             armed: false,
         };
@@ -488,7 +456,7 @@ impl Inner {
         if spec.kind == LockKind::Mutex
             && !matches!(wait, Wait::No)
             && !req.takes_queue_place()
-            && !store_queues_waiters(&self.caps)
+            && !self.caps.queues_waiters
         {
             let (place, head) = LinePlace::join(self, spec.name.as_str());
             first_in_line = !head;
@@ -507,11 +475,16 @@ impl Inner {
             let notified = local.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            abandon.armed = true;
+            waiter.armed = true;
             let sent = Instant::now();
-            let busy = match self.backend.acquire(&req).await {
+            let attempt = {
+                let calls = self.calls.clone();
+                let acq = waiter.acq()?;
+                calls.timed(acq.attempt()).await
+            };
+            let busy = match attempt {
                 Ok(Attempt::Granted(g)) => {
-                    abandon.armed = false;
+                    waiter.armed = false;
                     if let Some(place) = line.as_mut() {
                         place.wake_all = spec.kind == LockKind::RwLock && spec.mode == Mode::Shared;
                         place.granted_exclusive = spec.mode == Mode::Exclusive;
@@ -546,7 +519,7 @@ impl Inner {
             let now = Instant::now();
             let give_up = match wait {
                 Wait::No => {
-                    abandon.armed = false;
+                    waiter.armed = false;
                     metrics::counter!("dlock_acquire_total", "backend" => self.backend.name(), "result" => "busy").increment(1);
                     return Err(Error::Busy {
                         name: spec.name.to_string(),
@@ -557,8 +530,7 @@ impl Inner {
             };
             if let Some(d) = give_up {
                 if now >= d {
-                    let _ = self.backend.cancel(&req).await;
-                    abandon.armed = false;
+                    self.give_up(&mut waiter, &req).await;
                     metrics::counter!("dlock_acquire_total", "backend" => self.backend.name(), "result" => "timeout").increment(1);
                     return Err(Error::Timeout {
                         name: spec.name.to_string(),
@@ -589,21 +561,23 @@ impl Inner {
             // Waiters that keep a place in the store's queue wait each for themselves: their order
             // is the store's. So do the waiters of a store that queues them all (ZooKeeper: each
             // watches its predecessor).
-            if !req.takes_queue_place() && !store_queues_waiters(&self.caps) {
+            if !req.takes_queue_place() && !self.caps.queues_waiters {
                 let place = line.get_or_insert_with(|| LinePlace::join(self, spec.name.as_str()).0);
                 if !place.is_head() {
                     wait_in_line(place, &local, until).await;
                     continue;
                 }
             }
-            // This client's own releases wake its waiters at once, except where the store queues
+            // Releases in this process wake its waiters at once, except where the store queues
             // them: there each waiter watches its predecessor, and the store wakes exactly the
             // one whose turn it is (a local wake would send every waiter of this client back to
             // the store for nothing).
-            let local_wakes = !store_queues_waiters(&self.caps);
+            let local_wakes = !self.caps.queues_waiters;
+            let calls = self.calls.clone();
+            let acq = waiter.acq()?;
             tokio::select! {
                 _ = &mut notified, if local_wakes => {}
-                r = self.backend.wait(&req, &busy, until) => {
+                r = wait_for_turn(acq, &calls, &busy, until) => {
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "store wait failed; trying again");
                         tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(50)).into()).await;
@@ -612,14 +586,18 @@ impl Inner {
             }
         }
     }
-}
 
-/// Whether the store queues every waiter itself and wakes exactly the one whose turn it is: a
-/// session store with native wake-ups (ZooKeeper: each waiter a node that watches its
-/// predecessor). Its waiters then wait each for themselves, not in this client's line, and this
-/// client's own releases do not wake them.
-fn store_queues_waiters(caps: &Capabilities) -> bool {
-    caps.validity == Validity::Session && caps.wakeups == Wakeups::Native
+    /// A waiter gives up: its queue place goes, and in this process the waiters behind it may
+    /// now be first.
+    async fn give_up(&self, waiter: &mut Waiter, req: &Request<'_>) {
+        if let Some(mut acq) = waiter.acq.take() {
+            let _ = self.calls.timed(acq.cancel()).await;
+        }
+        waiter.armed = false;
+        if req.takes_queue_place() {
+            self.wake_local(req.name.as_str());
+        }
+    }
 }
 
 /// Waits, behind the head of this client's line, until this waiter is the head (or `until`).
@@ -751,7 +729,11 @@ async fn renew_chunk(inner: &Arc<Inner>, batch: &[Arc<Hold>]) {
     let sent = Instant::now();
     let result = {
         use tracing::Instrument;
-        tokio::time::timeout_at(earliest.into(), inner.backend.extend(&refs))
+        let bound = match inner.calls.timeout() {
+            Some(d) => earliest.min(Instant::now() + d),
+            None => earliest,
+        };
+        tokio::time::timeout_at(bound.into(), inner.backend.extend(&refs))
             .instrument(span)
             .await
     };

@@ -200,6 +200,7 @@ impl Hold {
             return;
         };
         let backend = self.client.backend.clone();
+        let calls = self.client.calls.clone();
         let (name, kind, mode, owner, lease) = (
             self.name.clone(),
             self.kind,
@@ -215,7 +216,7 @@ impl Hold {
                 owner: &owner,
                 lease,
             };
-            if let Err(e) = backend.release(&hold).await {
+            if let Err(e) = calls.timed(backend.release(&hold)).await {
                 tracing::debug!(error = %e, "ending a lost session hold");
             }
         });

@@ -40,6 +40,7 @@ mod name;
 mod signal;
 mod stores;
 mod url;
+mod wait;
 
 pub use backend::{
     Capabilities, Force, Forced, HoldStatus, HolderInfo, HolderMeta, LockInfo, LockKind, Mode,

@@ -491,7 +491,12 @@ impl Guard {
         let renewing = hold.renews();
         hold.stop_renewing();
         let sent = Instant::now();
-        let answer = match hold.client.backend.detach(&hold.as_ref_with(after)).await {
+        let answer = match hold
+            .client
+            .calls
+            .timed(hold.client.backend.detach(&hold.as_ref_with(after)))
+            .await
+        {
             Ok(a) => a,
             Err(e) => {
                 if renewing {
@@ -535,8 +540,8 @@ async fn release_hold(hold: Arc<Hold>) -> Result<()> {
     let r = {
         use tracing::Instrument;
         hold.client
-            .backend
-            .release(&hold.as_ref_with(hold.lease))
+            .calls
+            .timed(hold.client.backend.release(&hold.as_ref_with(hold.lease)))
             .instrument(span)
             .await
     };

@@ -1,9 +1,10 @@
-//! Per-name in-process wake-ups, shared by the client (its own tasks) and by stores that wake
-//! waiters of the same process (mem, SQLite).
+//! Per-name in-process wake-ups: the core's (the clients of one process on one store wake each
+//! other's waiters on a release) and a store's fan-out of its own notifications to its waiters
+//! (Redis pub/sub messages, PostgreSQL NOTIFY).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 use tokio::sync::Notify;
 
 /// The wake-up of one name: a `Notify`, and a count of the wakes sent while it existed (so a
@@ -71,4 +72,21 @@ impl NameSignals {
             None => {}
         }
     }
+}
+
+/// The in-process wake-ups of store `key` (see [`crate::backend::Backend::shared_key`]),
+/// shared by every client of this process on that store; kept while a client uses them.
+pub(crate) fn shared(key: String) -> Arc<NameSignals> {
+    static STORES: OnceLock<StdMutex<HashMap<String, Weak<NameSignals>>>> = OnceLock::new();
+    let mut stores = STORES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(w) = stores.get(&key).and_then(Weak::upgrade) {
+        return w;
+    }
+    stores.retain(|_, w| w.strong_count() > 0);
+    let w = Arc::new(NameSignals::default());
+    stores.insert(key, Arc::downgrade(&w));
+    w
 }

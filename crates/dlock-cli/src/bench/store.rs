@@ -3,7 +3,8 @@
 //! store's own counters (commands, memory) and of this process's connections to it.
 
 use dlock::backend::{
-    Attempt, Backend, Busy, Capabilities, Extended, HoldRef, LockInfo, Released, Request,
+    Acquisition, Attempt, Backend, Busy, Capabilities, Extended, HoldRef, LockInfo, Look, Released,
+    Request, Watch,
 };
 use dlock::{Client, ClientOptions, LockName};
 use serde::Serialize;
@@ -292,17 +293,17 @@ impl Backend for Counting {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    async fn acquire(&self, req: &Request<'_>) -> dlock::Result<Attempt> {
-        self.counts.acquire.fetch_add(1, Ordering::Relaxed);
-        self.inner.acquire(req).await
+    fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        Box::new(CountingAcquisition {
+            inner: self.inner.begin(req),
+            counts: self.counts.clone(),
+        })
     }
-    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> dlock::Result<()> {
-        self.counts.wait.fetch_add(1, Ordering::Relaxed);
-        self.inner.wait(req, busy, until).await
+    fn shared_key(&self) -> Option<String> {
+        self.inner.shared_key()
     }
-    async fn cancel(&self, req: &Request<'_>) -> dlock::Result<()> {
-        self.counts.cancel.fetch_add(1, Ordering::Relaxed);
-        self.inner.cancel(req).await
+    fn call_timeout(&self) -> Option<std::time::Duration> {
+        self.inner.call_timeout()
     }
     async fn release(&self, hold: &HoldRef<'_>) -> dlock::Result<Released> {
         self.counts.release.fetch_add(1, Ordering::Relaxed);
@@ -330,6 +331,32 @@ impl Backend for Counting {
     }
     fn session_timeout(&self) -> Option<std::time::Duration> {
         self.inner.session_timeout()
+    }
+}
+
+/// An acquisition whose attempts, waits and cancels are counted (a wait's looks are part of it,
+/// as they were of `Backend::wait` before).
+struct CountingAcquisition {
+    inner: Box<dyn Acquisition>,
+    counts: Arc<Counts>,
+}
+
+#[async_trait::async_trait]
+impl Acquisition for CountingAcquisition {
+    async fn attempt(&mut self) -> dlock::Result<Attempt> {
+        self.counts.acquire.fetch_add(1, Ordering::Relaxed);
+        self.inner.attempt().await
+    }
+    async fn changed(&mut self, busy: &Busy, until: Instant) -> dlock::Result<Watch> {
+        self.counts.wait.fetch_add(1, Ordering::Relaxed);
+        self.inner.changed(busy, until).await
+    }
+    async fn look(&mut self) -> dlock::Result<Option<Look>> {
+        self.inner.look().await
+    }
+    async fn cancel(&mut self) -> dlock::Result<()> {
+        self.counts.cancel.fetch_add(1, Ordering::Relaxed);
+        self.inner.cancel().await
     }
 }
 

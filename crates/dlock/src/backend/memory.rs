@@ -7,7 +7,6 @@
 
 use super::logic::{decide, Decision, LiveHold, LiveWaiter};
 use super::*;
-use crate::signal::NameSignals;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 
@@ -112,16 +111,16 @@ impl State {
 }
 
 /// The in-process store. Obtain it with `dlock::connect("mem://")`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct MemoryBackend {
     shared: Arc<Shared>,
 }
 
-/// One named store: its state and the wake-ups of its waiters.
+/// One named store: its state (its waiters are woken by the core's in-process wake-ups).
 #[derive(Debug, Default)]
 struct Shared {
+    name: String,
     state: StdMutex<State>,
-    signals: NameSignals,
 }
 
 fn registry() -> &'static StdMutex<HashMap<String, Weak<Shared>>> {
@@ -144,7 +143,10 @@ impl MemoryBackend {
             return MemoryBackend { shared };
         }
         reg.retain(|_, w| w.strong_count() > 0);
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            name: name.to_owned(),
+            state: StdMutex::default(),
+        });
         reg.insert(name.to_owned(), Arc::downgrade(&shared));
         MemoryBackend { shared }
     }
@@ -162,28 +164,7 @@ impl MemoryBackend {
         Ok(Self::named(&Self::parse_url(url)?))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // A panic while holding this mutex cannot leave State half-updated in a way that matters
-        // more than losing the process, so a poisoned lock is used as is.
-        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-#[async_trait::async_trait]
-impl Backend for MemoryBackend {
-    fn name(&self) -> &'static str {
-        "mem"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: true,
-            wakeups: Wakeups::Native,
-            validity: Validity::Lease,
-        }
-    }
-
-    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
+    fn attempt_now(&self, req: &Request<'_>) -> Result<Attempt> {
         let now = Instant::now();
         let mut st = self.lock();
         let name = req.name.as_str();
@@ -250,40 +231,46 @@ impl Backend for MemoryBackend {
         }
     }
 
-    async fn wait(&self, req: &Request<'_>, _busy: &Busy, until: Instant) -> Result<()> {
-        let notify = self.shared.signals.subscribe(req.name.as_str());
-        let notified = notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        // A release between the caller's attempt and `enable` above would be missed: look again.
-        if !matches!(
-            self.lock().decide(req, Instant::now()),
-            Ok(Decision::Busy { .. })
-        ) {
-            return Ok(());
-        }
-        let _ = tokio::time::timeout_at(until.into(), notified).await;
-        Ok(())
-    }
-
-    async fn cancel(&self, req: &Request<'_>) -> Result<()> {
+    fn cancel_now(&self, req: &Request<'_>) {
         let mut st = self.lock();
         let name = req.name.as_str();
-        let removed = match st.locks.get_mut(name) {
-            Some(e) => {
-                let before = e.queue.len();
-                e.queue.retain(|_, w| w.owner != req.owner);
-                before != e.queue.len()
-            }
-            None => false,
-        };
-        st.prune(name, Instant::now());
-        drop(st);
-        if removed {
-            // Waiters behind the one that left may now be first.
-            self.shared.signals.wake(name);
+        if let Some(e) = st.locks.get_mut(name) {
+            e.queue.retain(|_, w| w.owner != req.owner);
         }
-        Ok(())
+        st.prune(name, Instant::now());
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding this mutex cannot leave State half-updated in a way that matters
+        // more than losing the process, so a poisoned lock is used as is.
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "mem"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: true,
+            wakeups: Wakeups::Native,
+            validity: Validity::Lease,
+            queues_waiters: false,
+        }
+    }
+
+    fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        Box::new(MemAcquisition {
+            store: self.clone(),
+            want: Want::new(req),
+        })
+    }
+
+    fn shared_key(&self) -> Option<String> {
+        Some(format!("mem:{}", self.shared.name))
     }
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
@@ -302,7 +289,6 @@ impl Backend for MemoryBackend {
         st.prune(name, now);
         drop(st);
         if released {
-            self.shared.signals.wake(name);
             Ok(Released::Released)
         } else {
             Ok(Released::NotHeld)
@@ -392,7 +378,45 @@ impl Backend for MemoryBackend {
         }
         st.prune(name.as_str(), now);
         drop(st);
-        self.shared.signals.wake(name.as_str());
         Ok(out)
+    }
+}
+
+/// One acquisition on the in-process store. Its waiters are woken by the core (every release
+/// of the store happens in this process) or when the blocking lease runs out.
+struct MemAcquisition {
+    store: MemoryBackend,
+    want: Want,
+}
+
+#[async_trait::async_trait]
+impl Acquisition for MemAcquisition {
+    async fn attempt(&mut self) -> Result<Attempt> {
+        self.store.attempt_now(&self.want.req())
+    }
+
+    async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
+        tokio::time::sleep_until(until.into()).await;
+        Ok(Watch::Woken)
+    }
+
+    async fn look(&mut self) -> Result<Option<Look>> {
+        let free = !matches!(
+            self.store.lock().decide(&self.want.req(), Instant::now()),
+            Ok(Decision::Busy { .. })
+        );
+        Ok(Some(if free {
+            Look::Free
+        } else {
+            Look::Busy {
+                state: 0,
+                place: None,
+            }
+        }))
+    }
+
+    async fn cancel(&mut self) -> Result<()> {
+        self.store.cancel_now(&self.want.req());
+        Ok(())
     }
 }

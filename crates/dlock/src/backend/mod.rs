@@ -1,20 +1,25 @@
 //! The backend trait: the few operations a store must do atomically.
 //!
-//! Everything else (reentrancy, renewal scheduling, `lost()`, timeouts, guards, local wake-ups)
-//! lives above this trait, in the core, written once. See `docs/ARCHITECTURE.md` for how a
-//! lease-shaped store (SQLite, Redis, SQL) and a queue-shaped store (ZooKeeper) both fit it.
+//! Everything else (reentrancy, renewal scheduling, `lost()`, waiting and polling, in-process
+//! wake-ups, per-call timeouts, guards) lives above this trait, in the core, written once. See
+//! `docs/ARCHITECTURE.md` for how a lease-shaped store (SQLite, Redis, SQL) and a queue-shaped
+//! store (ZooKeeper) both fit it.
 //!
 //! The protocol the core follows for one acquisition:
 //!
-//! 1. [`Backend::acquire`] with a fresh owner token. A lease store tries to grant; a queue store
-//!    enqueues the owner (when `waiting`) and grants if the owner is at the front.
-//! 2. On [`Attempt::Busy`], if the caller waits: [`Backend::wait`] until something may have changed
-//!    (or the deadline of the current wait slice), then back to 1 with the **same** request. The
-//!    backend must treat a repeated `acquire` of the same owner as "still waiting in my place" and,
-//!    if the owner already holds, as an idempotent re-grant with the same token.
-//! 3. If the caller gives up: [`Backend::cancel`] removes any queue place the owner has.
-//! 4. While held: [`Backend::extend`] for all holds of a client in one call (lease stores), and
-//!    finally [`Backend::release`], which compares the owner token.
+//! 1. [`Backend::begin`] makes the [`Acquisition`] of one request (a fresh owner token). It owns
+//!    the waiter's state in the store: its queue node, what it last saw of the store's change
+//!    source.
+//! 2. [`Acquisition::attempt`]: a lease store tries to grant; a queue store enqueues the owner
+//!    (when `waiting`) and grants if the owner is at the front. Repeated attempts keep the
+//!    waiter's place and are idempotent for a granted owner (same token).
+//! 3. On [`Attempt::Busy`], if the caller waits, the core waits: on
+//!    [`Acquisition::changed`], the store's own change source, or, where it answers
+//!    [`Watch::Poll`], by polling [`Acquisition::look`] with back-off; then back to 2.
+//! 4. If the caller gives up (or drops the acquisition half-way): [`Acquisition::cancel`]
+//!    removes any queue place.
+//! 5. While held: [`Backend::extend`] for all holds of a client in one call, and finally
+//!    [`Backend::release`], which compares the owner token.
 
 pub(crate) mod logic;
 pub mod memory;
@@ -150,7 +155,58 @@ impl Request<'_> {
     }
 }
 
-/// The answer to [`Backend::acquire`].
+/// An owned copy of a [`Request`], for an [`Acquisition`] to keep.
+#[derive(Debug, Clone)]
+pub struct Want {
+    /// The lock name.
+    pub name: LockName,
+    /// The primitive the name is used as.
+    pub kind: LockKind,
+    /// Exclusive or shared.
+    pub mode: Mode,
+    /// The owner token of the hold.
+    pub owner: String,
+    /// The lease to grant.
+    pub lease: Duration,
+    /// Grant strictly in arrival order.
+    pub fair: bool,
+    /// The caller will wait if busy (see [`Request::waiting`]).
+    pub waiting: bool,
+    /// Stored with the hold.
+    pub meta: HolderMeta,
+}
+
+impl Want {
+    /// A copy of `req`.
+    pub fn new(req: &Request<'_>) -> Want {
+        Want {
+            name: req.name.clone(),
+            kind: req.kind,
+            mode: req.mode,
+            owner: req.owner.to_owned(),
+            lease: req.lease,
+            fair: req.fair,
+            waiting: req.waiting,
+            meta: req.meta.clone(),
+        }
+    }
+
+    /// The request, borrowed.
+    pub fn req(&self) -> Request<'_> {
+        Request {
+            name: &self.name,
+            kind: self.kind,
+            mode: self.mode,
+            owner: &self.owner,
+            lease: self.lease,
+            fair: self.fair,
+            waiting: self.waiting,
+            meta: &self.meta,
+        }
+    }
+}
+
+/// The answer to [`Acquisition::attempt`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Attempt {
     /// The hold is granted.
@@ -281,7 +337,8 @@ pub enum Released {
 pub enum Wakeups {
     /// The store notifies (pub/sub, watch, NOTIFY, in-process signal).
     Native,
-    /// The store has no notification: waiters poll with jittered backoff between these bounds.
+    /// The store has no notification: the core polls, with jittered back-off between these
+    /// bounds (see [`Watch::Poll`]).
     Polling {
         /// Shortest poll interval.
         min: Duration,
@@ -297,9 +354,8 @@ pub enum Validity {
     Lease,
     /// A session kept alive by the store client's heartbeats; `extend` only confirms it. Queue
     /// places (waiter nodes) live as long as the session, so the core does not repeat a waiting
-    /// attempt just to keep its place. With [`Wakeups::Native`] the core also leaves the waking
-    /// of its waiters to [`Backend::wait`] alone (no wake on the client's own releases): such a
-    /// store wakes exactly the waiter whose turn it is.
+    /// attempt just to keep its place. A hold whose lease ran out without renewal is released
+    /// by the core (the session would keep it).
     Session,
 }
 
@@ -312,6 +368,10 @@ pub struct Capabilities {
     pub wakeups: Wakeups,
     /// Lease or session.
     pub validity: Validity,
+    /// The store keeps every waiter in its own queue and wakes exactly the one whose turn it is
+    /// (ZooKeeper: each waiter a node watching its predecessor). The core then lets each waiter
+    /// wait for itself: no client-side line, no wake-up on the client's own releases.
+    pub queues_waiters: bool,
 }
 
 /// A holder as listed by [`Backend::describe`].
@@ -364,6 +424,67 @@ pub struct LockInfo {
     pub waiters: Vec<WaiterInfo>,
 }
 
+/// What a poll's look at a name found ([`Acquisition::look`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look {
+    /// The request may be granted now: attempt.
+    Free,
+    /// Still refused. `state` is a fingerprint of what stands in the way (the holds, and the
+    /// waiters ahead in the fair queue): when it differs between two looks the lock changed
+    /// hands, and the core's poll interval starts again from its shortest, so a waiter of a lock
+    /// that moves often keeps looking often and one behind a long hold backs off.
+    Busy {
+        /// The fingerprint; 0 where the store tells nothing more.
+        state: u64,
+        /// The request's place in the fair queue (0: next), if it has one: waiters near the
+        /// front poll sooner.
+        place: Option<usize>,
+    },
+}
+
+/// What [`Acquisition::changed`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watch {
+    /// The store reported a change that may let the request in, or the deadline came: the core
+    /// looks (where the store can look) or attempts again.
+    Woken,
+    /// The store has no change source for this wait (none at all, or it is down now): the core
+    /// polls between these bounds until the deadline.
+    Poll {
+        /// Shortest poll interval.
+        min: Duration,
+        /// Longest poll interval.
+        max: Duration,
+    },
+}
+
+/// One acquisition in progress: made by [`Backend::begin`], it owns the waiter's state in the
+/// store. The core drives it (see the module docs) and cancels it when the caller gives up or
+/// drops the acquisition; a store keeps no map of its waiters.
+#[async_trait::async_trait]
+pub trait Acquisition: Send + Sync {
+    /// Tries to grant the request. Must be atomic in the store. Repeating it is idempotent: an
+    /// owner that holds gets the same token back (its lease refreshed); a waiting owner keeps
+    /// its queue place.
+    async fn attempt(&mut self) -> Result<Attempt>;
+
+    /// Waits until the store reports a change that may let the request in (a release, an
+    /// expiry it knows of, the queue moving), or until `until`; spurious wake-ups are fine. A
+    /// change since the last attempt was sent counts. Answers [`Watch::Poll`] at once when the
+    /// store cannot watch for this wait.
+    async fn changed(&mut self, busy: &Busy, until: Instant) -> Result<Watch>;
+
+    /// A read-only look at whether an attempt may succeed now, for polling and for checking a
+    /// wake-up before a (costlier) attempt. `None`: the store cannot look more cheaply than it
+    /// attempts.
+    async fn look(&mut self) -> Result<Option<Look>> {
+        Ok(None)
+    }
+
+    /// The owner gives up waiting: remove its queue place, if any. Never touches holds.
+    async fn cancel(&mut self) -> Result<()>;
+}
+
 /// A store that can hold locks. Implemented once per store; see the module docs for the protocol.
 #[async_trait::async_trait]
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
@@ -373,18 +494,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// What this store can do.
     fn capabilities(&self) -> Capabilities;
 
-    /// Tries to grant `req`. Must be atomic in the store. Repeating the call for the same owner is
-    /// idempotent: an owner that already holds gets the same token back (its lease refreshed); an
-    /// owner that waits keeps its queue place.
-    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt>;
-
-    /// Waits until the lock may have changed in a way that lets `req` succeed, or until `until`.
-    /// May return early (spurious wake-ups are fine). A store without notification sleeps a
-    /// jittered poll interval bounded by `busy.retry_in`.
-    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()>;
-
-    /// The owner gives up waiting: remove its queue place, if any. Never touches holds.
-    async fn cancel(&self, req: &Request<'_>) -> Result<()>;
+    /// Starts one acquisition of `req` (nothing is sent yet).
+    fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition>;
 
     /// Releases the owner's hold if, and only if, the owner still holds it.
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released>;
@@ -410,6 +521,21 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// holds of a client that died (ZooKeeper: the session timeout the server granted). `None`
     /// where a hold's own lease decides.
     fn session_timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Names the store this backend reaches, for backends of one process that see the same
+    /// locks through separate connections (the same file, database and table, in-process store):
+    /// the core wakes the waiters of all of them on a release in this process. `None` where the
+    /// store's own change source already reaches every connection at once.
+    fn shared_key(&self) -> Option<String> {
+        None
+    }
+
+    /// How long one call to the store (an attempt, a look, a cancel, a release, an extend, a
+    /// describe, a forced release) may take before the core gives up on it with
+    /// [`crate::Error::Unavailable`]. `None`: the store bounds its calls itself.
+    fn call_timeout(&self) -> Option<Duration> {
         None
     }
 }

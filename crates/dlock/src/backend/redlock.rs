@@ -84,8 +84,8 @@
 //!   have stopped it: without fencing nothing stops it at the resource.
 //! - Clocks of the servers running faster than the drift factor shortens leases.
 
-use super::redis::RedisBackend;
 use super::redis::RedisTarget;
+use super::redis::{RedisBackend, Seen};
 use super::*;
 use crate::error::Error;
 use futures_util::future::{join_all, select_all};
@@ -301,10 +301,9 @@ impl Slot {
 /// `dlock::connect("redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003")`, or
 /// [`RedlockBackend::connect`] and [`crate::Client::with_backend`]. See the module docs for the
 /// algorithm, the missing fencing token and what breaks it.
+#[derive(Clone)]
 pub struct RedlockBackend {
     slots: Vec<Arc<Slot>>,
-    /// Waiting owners whose last attempt was refused, and how (see [`Refused`]).
-    refused: StdMutex<HashMap<String, Refused>>,
     quorum: usize,
     drift_ppm: u32,
     timeout: Duration,
@@ -376,7 +375,6 @@ impl RedlockBackend {
             .max()
             .unwrap_or(DEFAULT_TIMEOUT);
         Ok(RedlockBackend {
-            refused: StdMutex::default(),
             slots,
             quorum,
             drift_ppm: config.drift_ppm,
@@ -524,53 +522,17 @@ impl RedlockBackend {
         let i = lead_server(name.as_str(), self.slots.len())?;
         Some((i, self.slots.get(i)?.get()?))
     }
-
-    fn forget_waiter(&self, owner: &str) {
-        lock(&self.refused).remove(owner);
-        for s in &self.slots {
-            if let Some(b) = lock(&s.conn).as_ref() {
-                b.forget_waiter(owner);
-            }
-        }
-    }
 }
 
-/// The index (in URL order) of the server that a waiter's repeat attempts on lock `name` ask
-/// first, among `servers` servers: FNV-1a 64 of the name's UTF-8 bytes, modulo `servers`. Every
-/// client computes the same one, whatever its language. `None` for no servers.
-pub fn lead_server(name: &str, servers: usize) -> Option<usize> {
-    let n = u64::try_from(servers).ok().filter(|n| *n > 0)?;
-    usize::try_from(super::fnv1a64_bytes(name.bytes()) % n).ok()
-}
-
-/// How a waiting owner's last attempt was refused.
-#[derive(Debug, Clone, Copy)]
-struct Refused {
-    /// By the lead server alone (its index): the other servers were not asked.
-    lead_only: Option<usize>,
-    /// When the owner's last attempt that asked every server started.
-    asked_all: Instant,
-}
-
-fn jitter(lo_ms: u64, hi_ms: u64) -> Duration {
-    Duration::from_millis(rand::thread_rng().gen_range(lo_ms..=hi_ms))
-}
-
-#[async_trait::async_trait]
-impl Backend for RedlockBackend {
-    fn name(&self) -> &'static str {
-        "redlock"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: false,
-            wakeups: Wakeups::Native,
-            validity: Validity::Lease,
-        }
-    }
-
-    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
+impl RedlockBackend {
+    /// One attempt: the grant script on the servers, `refused` saying how the owner's last
+    /// attempt was refused (updated here), `seen` what it saw of each server's channel.
+    async fn attempt(
+        &self,
+        req: &Request<'_>,
+        refused: &mut Option<Refused>,
+        seen: &mut [Seen],
+    ) -> Result<Attempt> {
         if req.kind != LockKind::Mutex {
             return Err(Error::Unsupported(format!(
                 "redlock offers only mutexes, not a {}: a quorum of independent servers cannot \
@@ -587,13 +549,15 @@ impl Backend for RedlockBackend {
         }
         let start = Instant::now();
         let timeout = self.op_timeout(req.lease);
-        let before = if req.waiting {
-            lock(&self.refused).get(req.owner).copied()
-        } else {
-            None
-        };
+        let before = if req.waiting { *refused } else { None };
+        if req.waiting {
+            // Read before the attempt: the waits compare them with the counts then.
+            for (s, slot) in seen.iter_mut().zip(&self.slots) {
+                *s = slot.get().and_then(|b| b.seen(req.name.as_str()));
+            }
+        }
         // The grant script on every server (but `skip`), concurrently.
-        let ask = |skip| self.on_all_but(skip, timeout, |b| async move { b.acquire(req).await });
+        let ask = |skip| self.on_all_but(skip, timeout, |b| async move { b.attempt(req).await });
         let answers = match (before, self.lead(req.name)) {
             // A repeat attempt (the lock was taken: it is probably contended) asks the name's
             // lead server first, and the others only once the lead granted it. The waiters woken
@@ -604,15 +568,12 @@ impl Backend for RedlockBackend {
             // mistake (a release that did not reach it) must not keep the lock from a majority
             // that is free.
             (Some(r), Some((i, lead))) if start < r.asked_all + ASK_ALL_EVERY => {
-                match tokio::time::timeout(timeout, lead.acquire(req)).await {
+                match tokio::time::timeout(timeout, lead.attempt(req)).await {
                     Ok(Ok(Attempt::Busy(b))) => {
-                        lock(&self.refused).insert(
-                            req.owner.to_owned(),
-                            Refused {
-                                lead_only: Some(i),
-                                ..r
-                            },
-                        );
+                        *refused = Some(Refused {
+                            lead_only: Some(i),
+                            ..r
+                        });
                         let ask_all =
                             (r.asked_all + ASK_ALL_EVERY).saturating_duration_since(start);
                         let retry = b.retry_in.unwrap_or(MAX_RETRY).min(MAX_RETRY);
@@ -653,7 +614,7 @@ impl Backend for RedlockBackend {
             .filter(|v| !v.is_zero());
         if granted >= self.quorum {
             if let Some(valid_for) = validity {
-                self.forget_waiter(req.owner);
+                *refused = None;
                 return Ok(Attempt::Granted(Grant {
                     token: None,
                     valid_for,
@@ -665,11 +626,11 @@ impl Backend for RedlockBackend {
             self.release_quietly(req.name, req.owner).await;
         }
         if let Some(m) = config_err {
-            self.forget_waiter(req.owner);
+            *refused = None;
             return Err(Error::InvalidConfig(m));
         }
         if errors == n {
-            self.forget_waiter(req.owner);
+            *refused = None;
             return Err(Error::Unavailable(format!(
                 "redlock {}: no redis server answered",
                 self.shown
@@ -687,21 +648,26 @@ impl Backend for RedlockBackend {
                 .min(MAX_RETRY)
         };
         if req.waiting {
-            lock(&self.refused).insert(
-                req.owner.to_owned(),
-                Refused {
-                    lead_only: None,
-                    asked_all: start,
-                },
-            );
+            *refused = Some(Refused {
+                lead_only: None,
+                asked_all: start,
+            });
         }
         Ok(Attempt::Busy(Busy {
             retry_in: Some(retry_in),
         }))
     }
 
-    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
-        let name = req.name.as_str();
+    /// Waits for a release message from any server (from the lead alone after a refusal by
+    /// the lead alone), or `until`.
+    async fn changed(
+        &self,
+        name: &str,
+        refused: Option<Refused>,
+        seen: &[Seen],
+        busy: &Busy,
+        until: Instant,
+    ) -> Result<Watch> {
         let live: Vec<Arc<RedisBackend>> = self.slots.iter().filter_map(|s| s.get()).collect();
         // Subscribe the name's channel on every server first, so a release anywhere wakes us.
         let missing: Vec<&Arc<RedisBackend>> =
@@ -710,39 +676,84 @@ impl Backend for RedlockBackend {
             let subscribed = join_all(missing.iter().map(|b| b.subscribe_name(name, until))).await;
             if subscribed.iter().any(|r| matches!(r, Ok(true))) {
                 // Subscribed after the attempt: try again; every release from now on wakes us.
-                return Ok(());
+                return Ok(Watch::Woken);
             }
         }
         if live.is_empty() {
             let r = busy.retry_in.unwrap_or(MAX_RETRY).min(MAX_RETRY);
             tokio::time::sleep_until(until.min(Instant::now() + r).into()).await;
-            return Ok(());
+            return Ok(Watch::Woken);
         }
         // Refused by the lead alone: only the lead's wait knows what that attempt saw (the other
         // servers were not asked, so theirs would answer "try again" at once). Every release
         // reaches the lead too.
-        let lead_only = lock(&self.refused).get(req.owner).and_then(|r| r.lead_only);
-        if let Some(b) = lead_only
-            .and_then(|i| self.slots.get(i))
-            .and_then(|s| s.get())
+        let seen_of = |i: usize| seen.get(i).copied().flatten();
+        if let Some((i, b)) = refused
+            .and_then(|r| r.lead_only)
+            .and_then(|i| Some((i, self.slots.get(i)?.get()?)))
         {
-            if let Err(e) = b.wait(req, busy, until).await {
+            if let Err(e) = b.changed_since(name, seen_of(i), until).await {
                 tracing::debug!(error = %e, "redlock: the lead server's wait failed");
             }
-            return Ok(());
+            return Ok(Watch::Woken);
         }
-        let waits = live.iter().map(|b| Box::pin(b.wait(req, busy, until)));
+        let waits = self.slots.iter().enumerate().filter_map(|(i, s)| {
+            let b = s.get()?;
+            Some(Box::pin(async move {
+                b.changed_since(name, seen_of(i), until).await
+            }))
+        });
         let (r, _, _) = select_all(waits).await;
         if let Err(e) = r {
             tracing::debug!(error = %e, "redlock: a server's wait failed");
         }
-        Ok(())
+        Ok(Watch::Woken)
+    }
+}
+
+/// The index (in URL order) of the server that a waiter's repeat attempts on lock `name` ask
+/// first, among `servers` servers: FNV-1a 64 of the name's UTF-8 bytes, modulo `servers`. Every
+/// client computes the same one, whatever its language. `None` for no servers.
+pub fn lead_server(name: &str, servers: usize) -> Option<usize> {
+    let n = u64::try_from(servers).ok().filter(|n| *n > 0)?;
+    usize::try_from(super::fnv1a64_bytes(name.bytes()) % n).ok()
+}
+
+/// How a waiting owner's last attempt was refused.
+#[derive(Debug, Clone, Copy)]
+struct Refused {
+    /// By the lead server alone (its index): the other servers were not asked.
+    lead_only: Option<usize>,
+    /// When the owner's last attempt that asked every server started.
+    asked_all: Instant,
+}
+
+fn jitter(lo_ms: u64, hi_ms: u64) -> Duration {
+    Duration::from_millis(rand::thread_rng().gen_range(lo_ms..=hi_ms))
+}
+
+#[async_trait::async_trait]
+impl Backend for RedlockBackend {
+    fn name(&self) -> &'static str {
+        "redlock"
     }
 
-    async fn cancel(&self, req: &Request<'_>) -> Result<()> {
-        // Mutexes without fair mode never take queue places: only local state to forget.
-        self.forget_waiter(req.owner);
-        Ok(())
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: false,
+            wakeups: Wakeups::Native,
+            validity: Validity::Lease,
+            queues_waiters: false,
+        }
+    }
+
+    fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        Box::new(RedlockAcquisition {
+            store: self.clone(),
+            want: Want::new(req),
+            refused: None,
+            seen: vec![None; self.slots.len()],
+        })
     }
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
@@ -866,6 +877,41 @@ impl Backend for RedlockBackend {
     }
 }
 
+/// One acquisition over the servers: how its last attempt was refused and what it saw of each
+/// server's channel. Mutexes without fair mode take no queue places, so giving up sends nothing.
+struct RedlockAcquisition {
+    store: RedlockBackend,
+    want: Want,
+    refused: Option<Refused>,
+    seen: Vec<Seen>,
+}
+
+#[async_trait::async_trait]
+impl Acquisition for RedlockAcquisition {
+    async fn attempt(&mut self) -> Result<Attempt> {
+        let req = self.want.req();
+        self.store
+            .attempt(&req, &mut self.refused, &mut self.seen)
+            .await
+    }
+
+    async fn changed(&mut self, busy: &Busy, until: Instant) -> Result<Watch> {
+        self.store
+            .changed(
+                self.want.name.as_str(),
+                self.refused,
+                &self.seen,
+                busy,
+                until,
+            )
+            .await
+    }
+
+    async fn cancel(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -925,7 +971,6 @@ mod tests {
     #[test]
     fn drift_is_one_percent_plus_two_ms() {
         let b = RedlockBackend {
-            refused: StdMutex::default(),
             slots: Vec::new(),
             quorum: 3,
             drift_ppm: 10_000,

@@ -104,21 +104,20 @@
 use super::logic::Decision;
 use super::sql_common::{
     bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, listing,
-    name_owner_pairs, wait_for_change, Fresh, FreshNotes, HoldListing, Loaded, Look, QueuePlace,
-    Renewed, Rows, SignalRegistry, StateRow, WaitSources, WaiterListing, STATE_REVOKED,
+    name_owner_pairs, HoldListing, Loaded, QueuePlace, Renewed, Rows, StateRow, WaiterListing,
+    STATE_REVOKED,
 };
 use super::sqlite_machine::{self as machine, now_ms};
 use super::sqlite_watch::{file_watch_for, FileWatch};
 use super::*;
 use crate::error::Error;
-use crate::signal::NameSignals;
 use rand::Rng;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::ConnectOptions;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// The shortest interval between two polls of a waiter (see the module docs).
 pub const POLL_MIN: Duration = Duration::from_millis(5);
@@ -188,15 +187,6 @@ const V1_TO_V2: &[&str] = &[
     "ALTER TABLE dlock_holds ADD COLUMN state INTEGER NOT NULL DEFAULT 0",
 ];
 
-/// Per-name notifications shared by every backend of this process on one file.
-type FileWakeups = NameSignals;
-
-/// The wake-ups of the file at canonical path `key` (created on first use).
-fn wakeups_for(key: PathBuf) -> Arc<FileWakeups> {
-    static R: OnceLock<SignalRegistry<PathBuf>> = OnceLock::new();
-    R.get_or_init(SignalRegistry::new).get(key)
-}
-
 /// Loads the live holds and queue places of `name` at `now` on `conn`.
 /// The whole state of `name` (fence row, holds, queue places, live or expired) in one statement.
 async fn load_state(
@@ -226,19 +216,18 @@ async fn load_state(
 /// The embedded SQLite store. Obtain it with `dlock::connect("sqlite:///path/to/locks.db")`, or
 /// [`SqliteBackend::open`] and [`crate::Client::with_backend`]. See the module docs for the
 /// layout, the clock and what it needs from the filesystem.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SqliteBackend {
     pool: SqlitePool,
     /// The path as given, for messages.
-    path: PathBuf,
-    wakeups: Arc<FileWakeups>,
-    /// What busy attempts knew when sent, for the waits that follow them.
-    fresh: FreshNotes,
+    path: Arc<Path>,
+    /// The canonical path: the store's name for the core's in-process wake-ups.
+    key: Arc<Path>,
     /// Commits by other processes (a watch on the database's files), when it could be set up.
     watch: Arc<FileWatch>,
     /// Read-only looks of waiters (tests count them).
     #[cfg(test)]
-    looks: std::sync::atomic::AtomicUsize,
+    looks: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl SqliteBackend {
@@ -333,10 +322,9 @@ impl SqliteBackend {
             .unwrap_or_else(|_| path.to_path_buf());
         let backend = SqliteBackend {
             pool,
-            path: path.to_path_buf(),
+            path: path.into(),
             watch: file_watch_for(&key),
-            wakeups: wakeups_for(key),
-            fresh: FreshNotes::default(),
+            key: key.into(),
             #[cfg(test)]
             looks: Default::default(),
         };
@@ -481,6 +469,21 @@ impl SqliteBackend {
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(loaded.state.look(req, now))
     }
+    /// Removes `req`'s queue place, if any (waking the other processes' waiters).
+    async fn cancel_place(&self, req: &Request<'_>) -> Result<()> {
+        let removed = sqlx::query("DELETE FROM dlock_queue WHERE name = ? AND owner = ?")
+            .bind(req.name.as_str())
+            .bind(req.owner)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        if removed > 0 {
+            self.watch.poke();
+        }
+        Ok(())
+    }
+
     /// `acquire_tx`, with a write lock that stayed taken under a herd answered as busy.
     async fn acquire_answer(&self, req: &Request<'_>) -> Result<Attempt> {
         match self.acquire_tx(req).await {
@@ -818,50 +821,20 @@ impl Backend for SqliteBackend {
                 }
             },
             validity: Validity::Lease,
+            queues_waiters: false,
         }
     }
 
-    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
-        let note = req.waiting.then(|| {
-            Fresh::note(
-                &self.wakeups,
-                req.name.as_str(),
-                Some(self.watch.subscribe()),
-            )
-        });
-        let r = self.acquire_answer(req).await;
-        self.fresh.after_attempt(req, note, &r);
-        r
+    fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        Box::new(SqliteAcquisition {
+            store: self.clone(),
+            want: Want::new(req),
+            watch: None,
+        })
     }
 
-    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
-        let src = WaitSources {
-            signals: &self.wakeups,
-            poll: (POLL_MIN, POLL_MAX),
-            listener: Some(self.watch.subscribe()),
-            listening: true,
-            safety_poll: Some(SAFETY_POLL),
-            fresh: self.fresh.take(req.owner),
-        };
-        wait_for_change(src, req.name.as_str(), busy, until, || self.still_busy(req)).await
-    }
-
-    async fn cancel(&self, req: &Request<'_>) -> Result<()> {
-        self.fresh.take(req.owner);
-        let name = req.name.as_str();
-        let removed = sqlx::query("DELETE FROM dlock_queue WHERE name = ? AND owner = ?")
-            .bind(name)
-            .bind(req.owner)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?
-            .rows_affected();
-        if removed > 0 {
-            // Waiters behind the one that left may now be first.
-            self.wakeups.wake(name);
-            self.watch.poke();
-        }
-        Ok(())
+    fn shared_key(&self) -> Option<String> {
+        Some(format!("sqlite:{}", self.key.display()))
     }
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
@@ -887,7 +860,6 @@ impl Backend for SqliteBackend {
             }
         };
         if removed > 0 {
-            self.wakeups.wake(name);
             self.watch.poke();
             Ok(Released::Released)
         } else {
@@ -976,13 +948,58 @@ impl Backend for SqliteBackend {
                 .map_err(|e| self.err(e))?;
         }
         tx.commit().await.map_err(|e| self.err(e))?;
-        self.wakeups.wake(name);
         self.watch.poke();
         Ok(Forced {
             removed,
             revoked: u64::try_from(revoked).unwrap_or(0),
             revoked_lease_left_ms: longest.map(|e| u64::try_from(e - now).unwrap_or(0)),
         })
+    }
+}
+
+/// One acquisition on the SQLite file: the file watch as it was when its last attempt was sent.
+struct SqliteAcquisition {
+    store: SqliteBackend,
+    want: Want,
+    watch: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+#[async_trait::async_trait]
+impl Acquisition for SqliteAcquisition {
+    async fn attempt(&mut self) -> Result<Attempt> {
+        if self.want.waiting {
+            self.watch = Some(self.store.watch.subscribe());
+        }
+        self.store.acquire_answer(&self.want.req()).await
+    }
+
+    async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
+        let poll = Watch::Poll {
+            min: POLL_MIN,
+            max: POLL_MAX,
+        };
+        let Some(watch) = self.watch.as_mut().filter(|_| self.store.watch.is_up()) else {
+            return Ok(poll);
+        };
+        // A commit since the attempt was sent counts; the safety look catches one the watch
+        // did not report.
+        if !watch.has_changed().unwrap_or(true) {
+            let safety = until.min(Instant::now() + SAFETY_POLL);
+            tokio::select! {
+                _ = watch.changed() => {}
+                _ = tokio::time::sleep_until(safety.into()) => {}
+            }
+        }
+        watch.borrow_and_update();
+        Ok(Watch::Woken)
+    }
+
+    async fn look(&mut self) -> Result<Option<Look>> {
+        self.store.still_busy(&self.want.req()).await.map(Some)
+    }
+
+    async fn cancel(&mut self) -> Result<()> {
+        self.store.cancel_place(&self.want.req()).await
     }
 }
 
@@ -1007,7 +1024,7 @@ mod tests {
 
     /// The store's poll interval (the shared one with this store's bounds).
     fn poll_interval(step: u32) -> Duration {
-        crate::backend::sql_common::poll_interval(step, POLL_MIN, POLL_MAX)
+        crate::wait::poll_interval(step, POLL_MIN, POLL_MAX)
     }
 
     #[test]
@@ -1466,8 +1483,8 @@ mod tests {
         token(b.acquire(&w).await.unwrap());
     }
 
-    /// A waiter that only the file watch can wake (its backend has its own in-process wake-ups,
-    /// as in another process) does not poll: a second of waiting costs a handful of looks (the
+    /// A waiter that only the file watch can wake (a backend without a client: nothing in this
+    /// process wakes it, as in another process) does not poll: a second of waiting costs a handful of looks (the
     /// 250 ms safety net), not the ~25 of 5 → 50 ms polling, and a release (its wake file) wakes
     /// it at once.
     #[tokio::test(flavor = "multi_thread")]
@@ -1475,8 +1492,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("watched.db");
         let a = open(&path).await;
-        let mut b = open(&path).await;
-        b.wakeups = Arc::new(NameSignals::default());
+        let b = open(&path).await;
         assert_eq!(b.capabilities().wakeups, Wakeups::Native, "no file watch");
         let n = name("watched");
         let (ma, mb) = (meta("a"), meta("b"));

@@ -57,3 +57,65 @@ pub(crate) fn busy(a: Attempt) -> Busy {
         Attempt::Granted(g) => panic!("expected busy, got {g:?}"),
     }
 }
+
+/// The stores' own tests drive a backend one call at a time, as the core does: one acquisition
+/// per (backend, owner), kept between the calls of a waiting owner (its queue place, what it
+/// saw) and dropped once it is granted, refused without waiting, or cancelled.
+#[async_trait::async_trait]
+pub(crate) trait Drive {
+    /// One attempt of `req` (on the owner's acquisition).
+    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt>;
+    /// The core's wait for a change after a busy attempt of `req`, until `until`.
+    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()>;
+    /// The owner gives up waiting.
+    async fn cancel(&self, req: &Request<'_>) -> Result<()>;
+}
+
+type Acquisitions =
+    std::sync::Mutex<std::collections::HashMap<(usize, String), Box<dyn Acquisition>>>;
+
+fn acquisitions() -> &'static Acquisitions {
+    static A: std::sync::OnceLock<Acquisitions> = std::sync::OnceLock::new();
+    A.get_or_init(Default::default)
+}
+
+fn take<B: Backend>(b: &B, req: &Request<'_>) -> Box<dyn Acquisition> {
+    let key = (b as *const B as usize, req.owner.to_owned());
+    let found = acquisitions()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&key);
+    found.unwrap_or_else(|| b.begin(req))
+}
+
+fn keep<B: Backend>(b: &B, req: &Request<'_>, acq: Box<dyn Acquisition>) {
+    let key = (b as *const B as usize, req.owner.to_owned());
+    acquisitions()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, acq);
+}
+
+#[async_trait::async_trait]
+impl<B: Backend> Drive for B {
+    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
+        let mut acq = take(self, req);
+        let a = acq.attempt().await;
+        if req.waiting && matches!(a, Ok(Attempt::Busy(_))) {
+            keep(self, req, acq);
+        }
+        a
+    }
+
+    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
+        let mut acq = take(self, req);
+        let calls = crate::wait::Calls::new(self, "test");
+        let r = crate::wait::wait_for_turn(acq.as_mut(), &calls, busy, until).await;
+        keep(self, req, acq);
+        r
+    }
+
+    async fn cancel(&self, req: &Request<'_>) -> Result<()> {
+        take(self, req).cancel().await
+    }
+}

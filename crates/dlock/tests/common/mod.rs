@@ -3,7 +3,8 @@
 use async_trait::async_trait;
 use dlock::backend::memory::MemoryBackend;
 use dlock::backend::{
-    Attempt, Backend, Busy, Capabilities, Extended, HoldRef, LockInfo, Released, Request,
+    Acquisition, Attempt, Backend, Busy, Capabilities, Extended, HoldRef, LockInfo, Look, Released,
+    Request, Watch,
 };
 use dlock::LockName;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -15,7 +16,7 @@ use std::time::Instant;
 #[derive(Debug)]
 pub struct Counting {
     inner: MemoryBackend,
-    pub acquires: AtomicUsize,
+    pub acquires: Arc<AtomicUsize>,
     pub batches: Mutex<Vec<usize>>,
     pub failing: AtomicBool,
     pub failed_calls: AtomicUsize,
@@ -29,15 +30,14 @@ impl Backend for Counting {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    async fn acquire(&self, req: &Request<'_>) -> dlock::Result<Attempt> {
-        self.acquires.fetch_add(1, Ordering::SeqCst);
-        self.inner.acquire(req).await
+    fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        Box::new(CountedAcquisition {
+            inner: self.inner.begin(req),
+            attempts: self.acquires.clone(),
+        })
     }
-    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> dlock::Result<()> {
-        self.inner.wait(req, busy, until).await
-    }
-    async fn cancel(&self, req: &Request<'_>) -> dlock::Result<()> {
-        self.inner.cancel(req).await
+    fn shared_key(&self) -> Option<String> {
+        self.inner.shared_key()
     }
     async fn release(&self, hold: &HoldRef<'_>) -> dlock::Result<Released> {
         self.inner.release(hold).await
@@ -72,9 +72,32 @@ impl Backend for Counting {
 pub fn counting(store: &str) -> Arc<Counting> {
     Arc::new(Counting {
         inner: MemoryBackend::named(store),
-        acquires: AtomicUsize::new(0),
+        acquires: Arc::new(AtomicUsize::new(0)),
         batches: Mutex::new(Vec::new()),
         failing: AtomicBool::new(false),
         failed_calls: AtomicUsize::new(0),
     })
+}
+
+/// An acquisition of the in-memory store whose attempts are counted.
+struct CountedAcquisition {
+    inner: Box<dyn Acquisition>,
+    attempts: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Acquisition for CountedAcquisition {
+    async fn attempt(&mut self) -> dlock::Result<Attempt> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        self.inner.attempt().await
+    }
+    async fn changed(&mut self, busy: &Busy, until: Instant) -> dlock::Result<Watch> {
+        self.inner.changed(busy, until).await
+    }
+    async fn look(&mut self) -> dlock::Result<Option<Look>> {
+        self.inner.look().await
+    }
+    async fn cancel(&mut self) -> dlock::Result<()> {
+        self.inner.cancel().await
+    }
 }

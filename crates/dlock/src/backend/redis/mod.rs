@@ -104,7 +104,6 @@ use crate::signal::NameSignals;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
 use ::redis::{Cmd, ErrorKind, RedisError, Script, Value};
 use futures_util::StreamExt;
-use rand::Rng;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 
@@ -218,15 +217,18 @@ struct Shared {
     next_link_try: StdMutex<Option<Instant>>,
     generation: std::sync::atomic::AtomicU64,
     subs: StdMutex<Subs>,
+    /// Fans the pub/sub messages out to the waiters of their names.
     signals: NameSignals,
-    /// Per waiting owner: the (generation, count) of its name's subscription read before its last
-    /// attempt (`None` if the name was not subscribed then).
-    seen: StdMutex<HashMap<String, Option<(u64, u64)>>>,
 }
+
+/// What a waiter saw of its name's subscription before its last attempt: the pub/sub
+/// connection's generation and the count of messages (`None` if the name was not subscribed).
+pub(crate) type Seen = Option<(u64, u64)>;
 
 /// The Redis store. Obtain it with `dlock::connect("redis://127.0.0.1:6379/")`, or
 /// [`RedisBackend::connect`] and [`crate::Client::with_backend`]. See the module docs for the key
 /// layout, the scripts and what breaks the guarantees.
+#[derive(Clone)]
 pub struct RedisBackend {
     shared: Arc<Shared>,
 }
@@ -383,6 +385,7 @@ impl Shared {
         map_err(&self.target, e)
     }
 
+    /// The error of a subscription that did not finish within the command timeout.
     fn timed_out(&self, what: &str) -> Error {
         Error::Unavailable(format!(
             "redis at {} did not answer {what} within {:?}",
@@ -390,27 +393,8 @@ impl Shared {
         ))
     }
 
-    /// Runs one command future with the command timeout.
-    async fn timed<T>(
-        &self,
-        what: &str,
-        fut: impl std::future::Future<Output = ::redis::RedisResult<T>>,
-    ) -> Result<T> {
-        match tokio::time::timeout(self.target.timeout, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.err(e)),
-            Err(_) => Err(self.timed_out(what)),
-        }
-    }
-
-    /// `EVALSHA` of `script` (loading it after `NOSCRIPT`), with the command timeout.
-    async fn eval(
-        &self,
-        what: &str,
-        script: &Script,
-        keys: &[&str],
-        args: &[String],
-    ) -> Result<Value> {
+    /// `EVALSHA` of `script` (loading it after `NOSCRIPT`).
+    async fn eval(&self, script: &Script, keys: &[&str], args: &[String]) -> Result<Value> {
         let mut inv = script.prepare_invoke();
         for k in keys {
             inv.key(*k);
@@ -419,14 +403,15 @@ impl Shared {
             inv.arg(a.as_str());
         }
         let mut conn = self.conn.clone();
-        self.timed(what, inv.invoke_async::<Value>(&mut conn)).await
+        inv.invoke_async::<Value>(&mut conn)
+            .await
+            .map_err(|e| self.err(e))
     }
 
     /// Runs a pipeline of `EVALSHA`s of `script`, loading the script and retrying once after
     /// `NOSCRIPT` (the scripts are idempotent for a repeat).
     async fn eval_pipeline(
         &self,
-        what: &str,
         script: &Script,
         calls: &[(Vec<String>, Vec<String>)],
     ) -> Result<Vec<Value>> {
@@ -450,7 +435,7 @@ impl Shared {
                 other => other,
             }
         };
-        let out = self.timed(what, run).await?;
+        let out = run.await.map_err(|e| self.err(e))?;
         if out.len() != calls.len() {
             return Err(unexpected("pipeline answer count", &out.len()));
         }
@@ -780,7 +765,6 @@ impl RedisBackend {
                 generation: std::sync::atomic::AtomicU64::new(0),
                 subs: StdMutex::new(Subs::default()),
                 signals: NameSignals::default(),
-                seen: StdMutex::new(HashMap::new()),
             }),
         })
     }
@@ -805,13 +789,6 @@ impl RedisBackend {
         self.shared.subscribe(name, until).await
     }
 
-    /// Forgets what `acquire` remembered for a waiting `owner` (no server traffic): Redlock calls
-    /// it on every server once the owner is granted or gives up.
-    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
-    pub(crate) fn forget_waiter(&self, owner: &str) {
-        lock(&self.shared.seen).remove(owner);
-    }
-
     /// Compare-and-delete of a mutex hold **without** publishing a wake-up: Redlock's clean-up
     /// of a grant that did not reach a majority (waking waiters for it would make contenders
     /// take turns in a loop while a real holder keeps the lock).
@@ -821,7 +798,6 @@ impl RedisBackend {
         let (base, exp, meta) = self.hold_keys(name.as_str(), owner);
         let v = sh
             .eval(
-                "release",
                 &sh.scripts.release,
                 &[&base, &exp, &meta],
                 &[owner.to_owned(), String::new()],
@@ -834,73 +810,11 @@ impl RedisBackend {
         }
     }
 
-    fn hold_keys(&self, name: &str, owner: &str) -> (String, String, String) {
-        let base = self.shared.base(name);
-        let exp = format!("{base}:exp");
-        let meta = format!("{base}:meta:{owner}");
-        (base, exp, meta)
-    }
-
-    /// Extends `holds` in one pipeline (`detach`: marked as renewed by nobody any more).
-    pub(crate) async fn extend_holds(
-        &self,
-        holds: &[HoldRef<'_>],
-        detach: bool,
-    ) -> Result<Vec<Extended>> {
-        if holds.is_empty() {
-            return Ok(Vec::new());
-        }
-        let sh = &self.shared;
-        let flag = if detach { "1" } else { "0" };
-        let calls: Vec<(Vec<String>, Vec<String>)> = holds
-            .iter()
-            .map(|h| {
-                let (base, exp, meta) = self.hold_keys(h.name.as_str(), h.owner);
-                (
-                    vec![base, exp, meta],
-                    vec![h.owner.to_owned(), ms(h.lease).to_string(), flag.to_owned()],
-                )
-            })
-            .collect();
-        let out = sh
-            .eval_pipeline("extend", &sh.scripts.extend, &calls)
-            .await?;
-        holds
-            .iter()
-            .zip(out)
-            .map(|(h, v)| match int(&v) {
-                Some(1) => Ok(Extended::Held { valid_for: h.lease }),
-                Some(0) => Ok(Extended::Gone),
-                Some(2) => Ok(Extended::Revoked),
-                _ => Err(unexpected("extend answer", &v)),
-            })
-            .collect()
-    }
-}
-
-#[async_trait::async_trait]
-impl Backend for RedisBackend {
-    fn name(&self) -> &'static str {
-        "redis"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: true,
-            wakeups: Wakeups::Native,
-            validity: Validity::Lease,
-        }
-    }
-
-    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
+    /// One attempt of `req` (the grant script).
+    pub(crate) async fn attempt(&self, req: &Request<'_>) -> Result<Attempt> {
         let sh = &self.shared;
         let name = req.name.as_str();
         check_verbatim_name(&sh.target, name)?;
-        if req.waiting {
-            // Read before the attempt: `wait` compares it with the count then.
-            let state = sh.sub_state(name);
-            lock(&sh.seen).insert(req.owner.to_owned(), state);
-        }
         let (base, exp, meta) = self.hold_keys(name, req.owner);
         let keys = [
             base.clone(),
@@ -934,14 +848,11 @@ impl Backend for RedisBackend {
             info,
         ];
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let v = sh
-            .eval("acquire", &sh.scripts.acquire, &key_refs, &args)
-            .await?;
+        let v = sh.eval(&sh.scripts.acquire, &key_refs, &args).await?;
         let a = array(&v).ok_or_else(|| unexpected("acquire answer", &v))?;
         let status = a.first().and_then(int);
         match status {
             Some(1) => {
-                lock(&sh.seen).remove(req.owner);
                 let token = a
                     .get(1)
                     .and_then(int)
@@ -958,7 +869,6 @@ impl Backend for RedisBackend {
                 }))
             }
             Some(-1) => {
-                lock(&sh.seen).remove(req.owner);
                 let held = a.get(1).and_then(text).unwrap_or_default();
                 let permits = a.get(2).and_then(int).unwrap_or(0);
                 let held = parse_kind(&held, permits)
@@ -970,7 +880,6 @@ impl Backend for RedisBackend {
                 )))
             }
             Some(-2) => {
-                lock(&sh.seen).remove(req.owner);
                 let t = a.get(1).and_then(text).unwrap_or_default();
                 Err(Error::InvalidConfig(format!(
                     "key {base:?} holds a redis {t} that is not a dlock lock; \
@@ -981,44 +890,51 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
+    /// What a waiter of `name` notes before its attempt (see [`Seen`]).
+    pub(crate) fn seen(&self, name: &str) -> Seen {
+        self.shared.sub_state(name)
+    }
+
+    /// Waits for a release message on `name`'s channel since `seen`, or `until`; subscribes the
+    /// channel first if it is not (then the caller attempts again at once).
+    pub(crate) async fn changed_since(
+        &self,
+        name: &str,
+        seen: Seen,
+        until: Instant,
+    ) -> Result<Watch> {
         let sh = &self.shared;
-        let name = req.name.as_str();
         let notify = sh.signals.subscribe(name);
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let seen = lock(&sh.seen).get(req.owner).copied().flatten();
         match sh.sub_state(name) {
             Some(now) => {
                 if Some(now) != seen {
                     // Subscribed after the attempt, or a message came since: try again.
-                    return Ok(());
+                    return Ok(Watch::Woken);
                 }
                 let _mark = WaiterMark::new(sh, name);
                 let _ = tokio::time::timeout_at(until.into(), notified).await;
-                Ok(())
+                Ok(Watch::Woken)
             }
             None => match sh.subscribe(name, until).await {
                 // Subscribed now: the caller tries again, and every release from here on wakes it.
-                Ok(_) => Ok(()),
+                Ok(_) => Ok(Watch::Woken),
                 Err(e) => {
                     tracing::debug!(error = %e, "redis pub/sub unavailable; polling");
-                    let jitter = Duration::from_millis(rand::thread_rng().gen_range(0..=100));
-                    let mut wake = Instant::now() + FALLBACK_POLL.saturating_sub(jitter);
-                    if let Some(r) = busy.retry_in {
-                        wake = wake.min(Instant::now() + r + jitter / 10);
-                    }
-                    let _ = tokio::time::timeout_at(wake.min(until).into(), notified).await;
-                    Ok(())
+                    Ok(Watch::Poll {
+                        min: FALLBACK_POLL / 2,
+                        max: FALLBACK_POLL,
+                    })
                 }
             },
         }
     }
 
-    async fn cancel(&self, req: &Request<'_>) -> Result<()> {
+    /// Removes `req`'s queue place, if any.
+    pub(crate) async fn cancel_place(&self, req: &Request<'_>) -> Result<()> {
         let sh = &self.shared;
-        lock(&sh.seen).remove(req.owner);
         let base = sh.base(req.name.as_str());
         let keys = [
             format!("{base}:q"),
@@ -1028,7 +944,6 @@ impl Backend for RedisBackend {
         ];
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         sh.eval(
-            "cancel",
             &sh.scripts.cancel,
             &key_refs,
             &[req.owner.to_owned(), Shared::channel(&base)],
@@ -1037,13 +952,81 @@ impl Backend for RedisBackend {
         Ok(())
     }
 
+    fn hold_keys(&self, name: &str, owner: &str) -> (String, String, String) {
+        let base = self.shared.base(name);
+        let exp = format!("{base}:exp");
+        let meta = format!("{base}:meta:{owner}");
+        (base, exp, meta)
+    }
+
+    /// Extends `holds` in one pipeline (`detach`: marked as renewed by nobody any more).
+    pub(crate) async fn extend_holds(
+        &self,
+        holds: &[HoldRef<'_>],
+        detach: bool,
+    ) -> Result<Vec<Extended>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sh = &self.shared;
+        let flag = if detach { "1" } else { "0" };
+        let calls: Vec<(Vec<String>, Vec<String>)> = holds
+            .iter()
+            .map(|h| {
+                let (base, exp, meta) = self.hold_keys(h.name.as_str(), h.owner);
+                (
+                    vec![base, exp, meta],
+                    vec![h.owner.to_owned(), ms(h.lease).to_string(), flag.to_owned()],
+                )
+            })
+            .collect();
+        let out = sh.eval_pipeline(&sh.scripts.extend, &calls).await?;
+        holds
+            .iter()
+            .zip(out)
+            .map(|(h, v)| match int(&v) {
+                Some(1) => Ok(Extended::Held { valid_for: h.lease }),
+                Some(0) => Ok(Extended::Gone),
+                Some(2) => Ok(Extended::Revoked),
+                _ => Err(unexpected("extend answer", &v)),
+            })
+            .collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for RedisBackend {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: true,
+            wakeups: Wakeups::Native,
+            validity: Validity::Lease,
+            queues_waiters: false,
+        }
+    }
+
+    fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        Box::new(RedisAcquisition {
+            store: self.clone(),
+            want: Want::new(req),
+            seen: None,
+        })
+    }
+
+    fn call_timeout(&self) -> Option<Duration> {
+        Some(self.shared.target.timeout)
+    }
+
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
         let sh = &self.shared;
         let (base, exp, meta) = self.hold_keys(hold.name.as_str(), hold.owner);
         let channel = Shared::channel(&base);
         let v = sh
             .eval(
-                "release",
                 &sh.scripts.release,
                 &[&base, &exp, &meta],
                 &[hold.owner.to_owned(), channel],
@@ -1086,7 +1069,7 @@ impl Backend for RedisBackend {
                 .arg(SCAN_COUNT);
             let mut conn = sh.conn.clone();
             let (next, keys): (u64, Vec<Vec<u8>>) =
-                sh.timed("SCAN", c.query_async(&mut conn)).await?;
+                c.query_async(&mut conn).await.map_err(|e| sh.err(e))?;
             for k in keys {
                 let Ok(k) = String::from_utf8(k) else {
                     continue;
@@ -1120,9 +1103,7 @@ impl Backend for RedisBackend {
                     )
                 })
                 .collect();
-            let answers = sh
-                .eval_pipeline("describe", &sh.scripts.describe, &calls)
-                .await?;
+            let answers = sh.eval_pipeline(&sh.scripts.describe, &calls).await?;
             for (n, v) in chunk.iter().zip(answers) {
                 if let Some(info) = parse_describe(n, &v)? {
                     out.push(info);
@@ -1151,7 +1132,6 @@ impl Backend for RedisBackend {
         };
         let v = sh
             .eval(
-                "force_release",
                 &sh.scripts.force_release,
                 &key_refs,
                 &[
@@ -1249,6 +1229,35 @@ fn parse_describe(name: &str, v: &Value) -> Result<Option<LockInfo>> {
         holders,
         waiters,
     }))
+}
+
+/// One acquisition on one Redis server: what it saw of the name's channel before its last
+/// attempt.
+struct RedisAcquisition {
+    store: RedisBackend,
+    want: Want,
+    seen: Seen,
+}
+
+#[async_trait::async_trait]
+impl Acquisition for RedisAcquisition {
+    async fn attempt(&mut self) -> Result<Attempt> {
+        if self.want.waiting {
+            // Read before the attempt: `changed` compares it with the count then.
+            self.seen = self.store.seen(self.want.name.as_str());
+        }
+        self.store.attempt(&self.want.req()).await
+    }
+
+    async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
+        self.store
+            .changed_since(self.want.name.as_str(), self.seen, until)
+            .await
+    }
+
+    async fn cancel(&mut self) -> Result<()> {
+        self.store.cancel_place(&self.want.req()).await
+    }
 }
 
 #[cfg(test)]

@@ -127,23 +127,22 @@ pub mod fast;
 use super::logic::Decision;
 use super::sql_common::{
     bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, kind_columns,
-    listing, ms, name_owner_pairs, wait_for_change, Fresh, FreshNotes, HoldListing, Loaded, Look,
-    NameState, QueuePlace, Renewed, Rows, SignalRegistry, StateRow, WaitSources, WaiterListing,
-    STATE_REVOKED,
+    listing, ms, name_owner_pairs, HoldListing, Loaded, NameState, QueuePlace, Renewed, Rows,
+    StateRow, WaiterListing, STATE_REVOKED,
 };
 use super::*;
 use crate::error::Error;
 use crate::signal::NameSignals;
+use crate::wait::bounded;
 pub use config::{HoldMode, SqlConfig};
 use rand::Rng;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyConnection, AnyPool};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
 use std::collections::HashMap;
-use std::future::Future;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, OnceLock};
+use std::sync::{Arc, Mutex as StdMutex};
 
 /// The shortest poll interval of a waiter without notification.
 pub const POLL_MIN: Duration = Duration::from_millis(10);
@@ -570,12 +569,6 @@ fn map_err(shown: &str, e: sqlx::Error) -> Error {
 // ---------------------------------------------------------------------------------------------
 // Wake-ups
 
-/// The in-process wake-ups of every backend of this process on `key` (URL + table).
-fn signals_for(key: String) -> Arc<NameSignals> {
-    static R: OnceLock<SignalRegistry<String>> = OnceLock::new();
-    R.get_or_init(SignalRegistry::new).get(key)
-}
-
 /// The state of the PostgreSQL listener, shared with its task.
 #[derive(Debug)]
 struct ListenerState {
@@ -661,6 +654,12 @@ type SessionHolds = StdMutex<HashMap<String, Arc<SessionHold>>>;
 /// See the module docs for tables, options, wake-ups and session mode.
 #[derive(Debug)]
 pub struct SqlBackend {
+    inner: Arc<Sql>,
+}
+
+/// The state of one [`SqlBackend`], shared with its acquisitions.
+#[derive(Debug)]
+pub(crate) struct Sql {
     dialect: Dialect,
     mode: HoldMode,
     table: String,
@@ -669,7 +668,10 @@ pub struct SqlBackend {
     connect: AnyConnectOptions,
     st: Stmts,
     notify: Option<String>,
+    /// Fans the listener's notifications out to this backend's waiters.
     signals: Arc<NameSignals>,
+    /// The store's name for the core's in-process wake-ups (URL, table, mode).
+    key: String,
     listener: Option<(Arc<ListenerState>, tokio::task::JoinHandle<()>)>,
     sessions: Arc<SessionHolds>,
     /// Whether the one-round-trip grant routine (`fast.rs`) is there to call.
@@ -678,13 +680,11 @@ pub struct SqlBackend {
     fast_call: String,
     /// Answers of the routine: granted, refused, "take the full path".
     fast_answers: [AtomicU64; 3],
-    /// What busy attempts knew when sent, for the waits that follow them.
-    fresh: FreshNotes,
     /// Looks of waiters (`still_busy`) so far.
     looks: AtomicU64,
 }
 
-impl Drop for SqlBackend {
+impl Drop for Sql {
     fn drop(&mut self) {
         if let Some((_, task)) = &self.listener {
             task.abort();
@@ -704,11 +704,8 @@ impl SqlBackend {
 
     /// [`SqlBackend::open`] with a parsed URL.
     pub async fn open_config(cfg: SqlConfig) -> Result<SqlBackend> {
-        let key = format!("{}|{}|{:?}", cfg.driver_url, cfg.table, cfg.mode);
-        Self::open_with_signals(cfg, signals_for(key)).await
-    }
-
-    async fn open_with_signals(cfg: SqlConfig, signals: Arc<NameSignals>) -> Result<SqlBackend> {
+        let key = format!("sql:{}|{}|{:?}", cfg.driver_url, cfg.table, cfg.mode);
+        let signals = Arc::new(NameSignals::default());
         sqlx::any::install_default_drivers();
         let shown = cfg.shown.clone();
         let connect = AnyConnectOptions::from_str(&cfg.driver_url)
@@ -737,13 +734,13 @@ impl SqlBackend {
         }
         let collation = match dialect {
             Dialect::Postgres => String::new(),
-            Dialect::MySql => timed(&shown, mysql_collation(&pool, &shown)).await?,
+            Dialect::MySql => bounded(OP_TIMEOUT, &shown, mysql_collation(&pool, &shown)).await?,
         };
         let notify =
             (dialect == Dialect::Postgres).then(|| d_sql(dialect, "SELECT pg_notify(?, ?)"));
         let fast_call = fast::call_sql(dialect, &cfg.table);
         #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
-        let mut backend = SqlBackend {
+        let mut backend = Sql {
             dialect,
             mode: cfg.mode,
             st: Stmts::new(dialect, &cfg.table),
@@ -753,15 +750,15 @@ impl SqlBackend {
             connect,
             notify,
             signals,
+            key,
             listener: None,
             sessions: Arc::default(),
             fast: AtomicBool::new(false),
             fast_call,
             fast_answers: Default::default(),
-            fresh: FreshNotes::default(),
             looks: AtomicU64::new(0),
         };
-        if let Err(e) = timed(&shown, backend.migrate(&collation)).await {
+        if let Err(e) = bounded(OP_TIMEOUT, &shown, backend.migrate(&collation)).await {
             backend.pool.close().await;
             return Err(e);
         }
@@ -782,21 +779,25 @@ impl SqlBackend {
             // cannot start, waiters poll until it does.
             let _ = tokio::time::timeout(OP_TIMEOUT, rx).await;
         }
-        Ok(backend)
+        Ok(SqlBackend {
+            inner: Arc::new(backend),
+        })
     }
 
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// PostgreSQL or MySQL.
+    pub fn dialect(&self) -> Dialect {
+        self.inner.dialect
+    }
+}
+
+impl Sql {
     fn err(&self, e: sqlx::Error) -> Error {
         map_err(&self.shown, e)
-    }
-
-    /// The table name in use.
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-
-    /// The SQL dialect.
-    pub fn dialect(&self) -> Dialect {
-        self.dialect
     }
 
     async fn migrate(&self, collation: &str) -> Result<()> {
@@ -1018,9 +1019,9 @@ impl SqlBackend {
         Ok(attempt)
     }
 
-    /// Sends the wake-up of `name` to this process's waiters and (PostgreSQL) to every listener.
+    /// Sends the wake-up of `name` to every listener (PostgreSQL; the core wakes this process's
+    /// waiters).
     async fn wake(&self, name: &str) {
-        self.signals.wake(name);
         if let Some(sql) = &self.notify {
             let r = sqlx::query(sql)
                 .bind(self.table.as_str())
@@ -1032,6 +1033,25 @@ impl SqlBackend {
                 tracing::debug!(error = %e, "NOTIFY failed");
             }
         }
+    }
+
+    /// Removes `req`'s queue place, if any (lease mode; session mode has no queue).
+    async fn cancel_place(&self, req: &Request<'_>) -> Result<()> {
+        if self.mode == HoldMode::Session {
+            return Ok(());
+        }
+        let name = req.name.as_str();
+        let removed = sqlx::query(&self.st.del_queue_owner)
+            .bind(name)
+            .bind(req.owner)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        if removed > 0 {
+            self.wake(name).await;
+        }
+        Ok(())
     }
 
     /// Extends the lease-mode holds of `group` (all with a lease of `lease_ms`) in one `UPDATE`,
@@ -1099,20 +1119,17 @@ impl SqlBackend {
 
     /// Extends lease-mode holds, at most 500 of one lease per statement.
     async fn extend_leases(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
-        timed(&self.shown, async {
-            let mut found = vec![Renewed::Gone; holds.len()];
-            for (lease_ms, idx) in extend_groups(holds) {
-                let group: Vec<&HoldRef<'_>> = idx.iter().map(|&i| &holds[i]).collect();
-                for (i, f) in idx
-                    .into_iter()
-                    .zip(self.extend_group(lease_ms, &group, detach).await?)
-                {
-                    found[i] = f;
-                }
+        let mut found = vec![Renewed::Gone; holds.len()];
+        for (lease_ms, idx) in extend_groups(holds) {
+            let group: Vec<&HoldRef<'_>> = idx.iter().map(|&i| &holds[i]).collect();
+            for (i, f) in idx
+                .into_iter()
+                .zip(self.extend_group(lease_ms, &group, detach).await?)
+            {
+                found[i] = f;
             }
-            Ok(extend_answers(holds, &found))
-        })
-        .await
+        }
+        Ok(extend_answers(holds, &found))
     }
 
     async fn db_now(&self, conn: &mut AnyConnection) -> std::result::Result<i64, sqlx::Error> {
@@ -1736,16 +1753,6 @@ fn d_sql(d: Dialect, s: &str) -> String {
     d.sql(s)
 }
 
-/// Bounds `fut` by [`OP_TIMEOUT`].
-async fn timed<T>(shown: &str, fut: impl Future<Output = Result<T>>) -> Result<T> {
-    match tokio::time::timeout(OP_TIMEOUT, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(Error::Unavailable(format!(
-            "{shown} did not answer within {OP_TIMEOUT:?}"
-        ))),
-    }
-}
-
 /// An error inside a transaction: retryable SQL errors are told apart from dlock's own.
 enum TxError {
     Sql(sqlx::Error),
@@ -1767,114 +1774,80 @@ impl From<Error> for TxError {
 #[async_trait::async_trait]
 impl Backend for SqlBackend {
     fn name(&self) -> &'static str {
-        self.dialect.name()
+        self.inner.dialect.name()
     }
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: true,
-            wakeups: match self.dialect {
+            wakeups: match self.inner.dialect {
                 Dialect::Postgres => Wakeups::Native,
                 Dialect::MySql => Wakeups::Polling {
                     min: POLL_MIN,
                     max: POLL_MAX,
                 },
             },
-            validity: match self.mode {
+            validity: match self.inner.mode {
                 HoldMode::Lease => Validity::Lease,
                 HoldMode::Session => Validity::Session,
             },
+            queues_waiters: false,
         }
     }
 
-    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
-        match self.mode {
-            HoldMode::Lease => {
-                let note = req.waiting.then(|| {
-                    let listener = self.listener.as_ref().map(|(s, _)| s.up.subscribe());
-                    Fresh::note(&self.signals, req.name.as_str(), listener)
-                });
-                let r = timed(&self.shown, self.acquire_tx(req)).await;
-                self.fresh.after_attempt(req, note, &r);
-                r
-            }
-            HoldMode::Session => timed(&self.shown, self.session_acquire(req)).await,
-        }
-    }
-
-    async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
-        let src = WaitSources {
-            signals: &self.signals,
-            poll: (POLL_MIN, POLL_MAX),
-            listener: self.listener.as_ref().map(|(s, _)| s.up.subscribe()),
-            // A session lock freed by a dying connection sends no NOTIFY: session mode polls.
-            listening: self.mode == HoldMode::Lease,
-            safety_poll: None,
-            fresh: self.fresh.take(req.owner),
-        };
-        let still_busy = || timed(&self.shown, self.still_busy(req));
-        wait_for_change(src, req.name.as_str(), busy, until, still_busy).await
-    }
-
-    async fn cancel(&self, req: &Request<'_>) -> Result<()> {
-        self.fresh.take(req.owner);
-        if self.mode == HoldMode::Session {
-            return Ok(());
-        }
-        let name = req.name.as_str();
-        let removed = timed(&self.shown, async {
-            Ok(sqlx::query(&self.st.del_queue_owner)
-                .bind(name)
-                .bind(req.owner)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?
-                .rows_affected())
+    fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        Box::new(SqlAcquisition {
+            store: self.inner.clone(),
+            want: Want::new(req),
+            since: None,
         })
-        .await?;
-        if removed > 0 {
-            self.wake(name).await;
-        }
-        Ok(())
+    }
+
+    fn shared_key(&self) -> Option<String> {
+        Some(self.inner.key.clone())
+    }
+
+    fn call_timeout(&self) -> Option<Duration> {
+        Some(OP_TIMEOUT)
     }
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
-        if self.mode == HoldMode::Session {
-            return timed(&self.shown, self.session_release(hold)).await;
+        if self.inner.mode == HoldMode::Session {
+            return self.inner.session_release(hold).await;
         }
         let name = hold.name.as_str();
-        if let (Some(stmt), Some(_)) = (&self.st.release_notify, &self.notify) {
-            let removed: i64 = timed(&self.shown, async {
+        if let (Some(stmt), Some(_)) = (&self.inner.st.release_notify, &self.inner.notify) {
+            let removed: i64 = async {
                 sqlx::query(stmt)
                     .bind(name)
                     .bind(hold.owner)
-                    .bind(self.table.as_str())
+                    .bind(self.inner.table.as_str())
                     .bind(name)
-                    .fetch_one(&self.pool)
+                    .fetch_one(&self.inner.pool)
                     .await
                     .and_then(|r| r.try_get(0))
-                    .map_err(|e| self.err(e))
-            })
+                    .map_err(|e| self.inner.err(e))
+            }
             .await?;
             return Ok(if removed > 0 {
-                self.signals.wake(name);
+                self.inner.signals.wake(name);
                 Released::Released
             } else {
                 Released::NotHeld
             });
         }
-        let removed = timed(&self.shown, async {
-            Ok(sqlx::query(&self.st.release)
+        let removed = async {
+            Ok(sqlx::query(&self.inner.st.release)
                 .bind(name)
                 .bind(hold.owner)
-                .execute(&self.pool)
+                .execute(&self.inner.pool)
                 .await
-                .map_err(|e| self.err(e))?
+                .map_err(|e| self.inner.err(e))?
                 .rows_affected())
-        })
+        }
         .await?;
         if removed > 0 {
-            self.wake(name).await;
+            self.inner.wake(name).await;
             Ok(Released::Released)
         } else {
             Ok(Released::NotHeld)
@@ -1885,10 +1858,11 @@ impl Backend for SqlBackend {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
-        if self.mode == HoldMode::Session {
+        if self.inner.mode == HoldMode::Session {
             let mut out = Vec::with_capacity(holds.len());
             for h in holds {
                 let s = self
+                    .inner
                     .sessions
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -1897,9 +1871,13 @@ impl Backend for SqlBackend {
                     .cloned();
                 out.push(match s {
                     Some(s) => {
-                        let r = self.session_check(&s, h.lease, h.owner).await;
+                        let r = self.inner.session_check(&s, h.lease, h.owner).await;
                         if r == Extended::Gone {
-                            let mut m = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+                            let mut m = self
+                                .inner
+                                .sessions
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner());
                             if m.get(h.owner).is_some_and(|x| Arc::ptr_eq(x, &s)) {
                                 m.remove(h.owner);
                             }
@@ -1911,34 +1889,36 @@ impl Backend for SqlBackend {
             }
             return Ok(out);
         }
-        self.extend_leases(holds, false).await
+        self.inner.extend_leases(holds, false).await
     }
 
     async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
-        if self.mode == HoldMode::Session {
+        if self.inner.mode == HoldMode::Session {
             // A session lock ends with its connection; the core never detaches one.
             return Err(Error::Unsupported(
                 "a session lock cannot outlive its holder".into(),
             ));
         }
         Ok(sole(
-            self.extend_leases(std::slice::from_ref(hold), true).await?,
+            self.inner
+                .extend_leases(std::slice::from_ref(hold), true)
+                .await?,
         ))
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
-        timed(&self.shown, self.describe_rows(prefix)).await
+        self.inner.describe_rows(prefix).await
     }
 
     async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced> {
         let name = name.as_str();
-        if self.mode == HoldMode::Session {
-            return timed(&self.shown, self.session_force_release(name, how)).await;
+        if self.inner.mode == HoldMode::Session {
+            return self.inner.session_force_release(name, how).await;
         }
-        let done = timed(&self.shown, async {
+        let done = async {
             let r = async {
-                let st = &self.st;
-                let mut tx = self.pool.begin().await?;
+                let st = &self.inner.st;
+                let mut tx = self.inner.pool.begin().await?;
                 sqlx::query(&st.ensure_fence)
                     .bind(name)
                     .execute(&mut *tx)
@@ -1947,7 +1927,7 @@ impl Backend for SqlBackend {
                     .bind(name)
                     .fetch_one(&mut *tx)
                     .await?;
-                let now = self.db_now(&mut tx).await?;
+                let now = self.inner.db_now(&mut tx).await?;
                 let removed = sqlx::query(match how {
                     Force::Break => &st.force_live,
                     Force::Revoke => &st.force_detached,
@@ -1997,11 +1977,90 @@ impl Backend for SqlBackend {
                 Ok::<_, sqlx::Error>(done)
             }
             .await;
-            r.map_err(|e| self.err(e))
-        })
+            r.map_err(|e| self.inner.err(e))
+        }
         .await?;
-        self.wake(name).await;
+        self.inner.wake(name).await;
         Ok(done)
+    }
+}
+
+/// What a waiting attempt knew when it was sent: the count of the listener's wake-ups of its
+/// name and the listener's state, so a notification between the attempt and the wait counts.
+struct Since {
+    signal: Arc<crate::signal::NameSignal>,
+    wakes: u64,
+    listener: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+/// One acquisition on PostgreSQL or MySQL: what it knew when its last attempt was sent.
+struct SqlAcquisition {
+    store: Arc<Sql>,
+    want: Want,
+    since: Option<Since>,
+}
+
+#[async_trait::async_trait]
+impl Acquisition for SqlAcquisition {
+    async fn attempt(&mut self) -> Result<Attempt> {
+        let req = self.want.req();
+        if req.waiting && self.store.mode == HoldMode::Lease {
+            let signal = self.store.signals.subscribe(req.name.as_str());
+            self.since = Some(Since {
+                wakes: signal.wakes(),
+                signal,
+                listener: self.store.listener.as_ref().map(|(s, _)| s.up.subscribe()),
+            });
+        }
+        match self.store.mode {
+            HoldMode::Lease => self.store.acquire_tx(&req).await,
+            HoldMode::Session => self.store.session_acquire(&req).await,
+        }
+    }
+
+    async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
+        let poll = Watch::Poll {
+            min: POLL_MIN,
+            max: POLL_MAX,
+        };
+        // MySQL has no notification, and a session lock freed by a dying connection sends none.
+        let Some(since) = self.since.as_mut() else {
+            return Ok(poll);
+        };
+        let Some(listener) = since.listener.as_mut() else {
+            return Ok(poll);
+        };
+        // News of the listener (it went down or came back) since the attempt: look again.
+        if listener.has_changed().unwrap_or(true) {
+            let up = *listener.borrow_and_update();
+            return Ok(if up { Watch::Woken } else { poll });
+        }
+        if !*listener.borrow() {
+            return Ok(poll);
+        }
+        let notified = since.signal.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let wakes = since.signal.wakes();
+        if wakes != since.wakes {
+            since.wakes = wakes;
+            return Ok(Watch::Woken);
+        }
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = listener.changed() => {}
+            _ = tokio::time::sleep_until(until.into()) => {}
+        }
+        since.wakes = since.signal.wakes();
+        Ok(Watch::Woken)
+    }
+
+    async fn look(&mut self) -> Result<Option<Look>> {
+        self.store.still_busy(&self.want.req()).await.map(Some)
+    }
+
+    async fn cancel(&mut self) -> Result<()> {
+        self.store.cancel_place(&self.want.req()).await
     }
 }
 

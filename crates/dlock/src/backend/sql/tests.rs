@@ -35,18 +35,16 @@ async fn open_session(d: Dialect, table: &str) -> SqlBackend {
         .unwrap()
 }
 
-/// A backend with its own in-process wake-ups, as if in another process.
+/// A backend as if in another process: driven without a client, nothing in this process wakes
+/// its waiters (the core's in-process wake-ups are a client's).
 async fn open_isolated(d: Dialect, table: &str) -> SqlBackend {
-    let cfg = SqlConfig::parse(&url(d, table, "")).unwrap();
-    SqlBackend::open_with_signals(cfg, Arc::new(NameSignals::default()))
-        .await
-        .unwrap()
+    open(d, table).await
 }
 
 async fn stored_fence(b: &SqlBackend, n: &str) -> i64 {
-    sqlx::query(&b.st.read_fence)
+    sqlx::query(&b.inner.st.read_fence)
         .bind(n)
-        .fetch_one(&b.pool)
+        .fetch_one(&b.inner.pool)
         .await
         .unwrap()
         .try_get(0)
@@ -232,7 +230,7 @@ async fn fence_increases_across_expiry_and_reconnect(d: Dialect) {
         assert!(t > last, "{t} after {last}");
         last = t;
         assert_eq!(a.release(&hr(&r)).await.unwrap(), Released::Released);
-        a.pool.close().await;
+        a.inner.pool.close().await;
     }
     assert_eq!(last, 6);
 }
@@ -490,15 +488,21 @@ async fn dead_database_is_unavailable_quickly(d: Dialect) {
 
 /// The holder's server session id in session mode.
 async fn holder_pid(b: &SqlBackend, owner: &str) -> i64 {
-    b.sessions.lock().unwrap().get(owner).unwrap().server_pid
+    b.inner
+        .sessions
+        .lock()
+        .unwrap()
+        .get(owner)
+        .unwrap()
+        .server_pid
 }
 
 async fn kill(b: &SqlBackend, pid: i64) {
-    let sql = match b.dialect {
+    let sql = match b.dialect() {
         Dialect::Postgres => format!("SELECT pg_terminate_backend({pid})"),
         Dialect::MySql => format!("KILL CONNECTION {pid}"),
     };
-    (&b.pool).execute(sql.as_str()).await.unwrap();
+    (&b.inner.pool).execute(sql.as_str()).await.unwrap();
 }
 
 async fn session_mode_exclusion_and_kill(d: Dialect) {
@@ -601,7 +605,7 @@ async fn session_mode_lost_fires_on_kill(d: Dialect) {
         Dialect::MySql => sqlx::query("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
             .bind(mysql_lock_name("dlt_session_client", &n)),
     }
-    .fetch_one(&admin.pool)
+    .fetch_one(&admin.inner.pool)
     .await
     .unwrap()
     .try_get(0)
@@ -775,7 +779,7 @@ fn hashes_are_stable() {
 async fn drop_tables(b: &SqlBackend, table: &str) {
     for t in ["", "_queue", "_fences", "_meta"] {
         sqlx::query(&format!("DROP TABLE {table}{t}"))
-            .execute(&b.pool)
+            .execute(&b.inner.pool)
             .await
             .unwrap();
     }
@@ -783,7 +787,7 @@ async fn drop_tables(b: &SqlBackend, table: &str) {
 
 /// The routine's answers so far: (granted, refused, full path).
 fn fast_counts(b: &SqlBackend) -> (u64, u64, u64) {
-    let [g, r, f] = &b.fast_answers;
+    let [g, r, f] = &b.inner.fast_answers;
     (
         g.load(Ordering::Relaxed),
         r.load(Ordering::Relaxed),
@@ -798,7 +802,10 @@ fn fast_counts(b: &SqlBackend) -> (u64, u64, u64) {
 async fn grant_routine_answers_the_common_cases(d: Dialect) {
     let a = open(d, "dlt_fast").await;
     let b = open(d, "dlt_fast").await;
-    assert!(a.fast.load(Ordering::Relaxed), "the routine was created");
+    assert!(
+        a.inner.fast.load(Ordering::Relaxed),
+        "the routine was created"
+    );
     let n = name(&uniq("fast"));
     let m = meta("m");
     let ra = rq(&n, "owner-a", &m);
@@ -897,26 +904,26 @@ async fn missing_grant_routine_falls_back(d: Dialect) {
         &uuid::Uuid::new_v4().simple().to_string()[..8]
     );
     let a = open(d, &table).await;
-    assert!(a.fast.load(Ordering::Relaxed));
+    assert!(a.inner.fast.load(Ordering::Relaxed));
     let drop = match d {
         Dialect::Postgres => format!("DROP PROCEDURE {}", fast::routine(&table)),
         Dialect::MySql => format!("DROP PROCEDURE {}", fast::routine(&table)),
     };
-    sqlx::query(&drop).execute(&a.pool).await.unwrap();
+    sqlx::query(&drop).execute(&a.inner.pool).await.unwrap();
     let n = name(&uniq("gone"));
     let m = meta("m");
     let r = rq(&n, "o", &m);
     assert_eq!(token(a.acquire(&r).await.unwrap()), 1);
-    assert!(!a.fast.load(Ordering::Relaxed), "the backend noticed");
+    assert!(!a.inner.fast.load(Ordering::Relaxed), "the backend noticed");
     assert_eq!(fast_counts(&a), (0, 0, 0));
     assert_eq!(a.release(&hr(&r)).await.unwrap(), Released::Released);
     let b = open(d, &table).await;
-    assert!(b.fast.load(Ordering::Relaxed), "created again");
+    assert!(b.inner.fast.load(Ordering::Relaxed), "created again");
     assert_eq!(token(b.acquire(&r).await.unwrap()), 2);
     assert_eq!(fast_counts(&b), (1, 0, 0));
     assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
     drop_tables(&a, &table).await;
-    sqlx::query(&drop).execute(&a.pool).await.unwrap();
+    sqlx::query(&drop).execute(&a.inner.pool).await.unwrap();
 }
 
 /// A wait that follows a busy attempt does not repeat the attempt's look when nothing was
@@ -935,7 +942,7 @@ async fn wait_after_a_busy_attempt_skips_the_repeat_look(d: Dialect) {
     // Nothing happens: PostgreSQL trusts its listener and never looks; MySQL polls, but not at
     // once.
     let b = busy(a.acquire(&w).await.unwrap());
-    let looks = a.looks.load(Ordering::Relaxed);
+    let looks = a.inner.looks.load(Ordering::Relaxed);
     let t = Instant::now();
     a.wait(&w, &b, t + Duration::from_millis(300))
         .await
@@ -945,7 +952,7 @@ async fn wait_after_a_busy_attempt_skips_the_repeat_look(d: Dialect) {
         "{:?}",
         t.elapsed()
     );
-    let looked = a.looks.load(Ordering::Relaxed) - looks;
+    let looked = a.inner.looks.load(Ordering::Relaxed) - looks;
     match d {
         Dialect::Postgres => assert_eq!(looked, 0),
         Dialect::MySql => assert!((1..=15).contains(&looked), "{looked}"),
@@ -965,7 +972,9 @@ async fn wait_after_a_busy_attempt_skips_the_repeat_look(d: Dialect) {
         t.elapsed()
     );
     token(a.acquire(&w).await.unwrap());
-    // A release in this process between the attempt and the wait: the wake count moved.
+    // A release by another backend of this process between the attempt and the wait: without
+    // a client (whose in-process wake-ups are the core's) it reaches the waiter as a
+    // notification (PostgreSQL) or at its first poll (MySQL), and one look confirms it.
     let same = open(d, "dlt_fresh").await;
     let same_holder = open(d, "dlt_fresh").await;
     let n2 = name(&uniq("fresh"));
@@ -980,16 +989,20 @@ async fn wait_after_a_busy_attempt_skips_the_repeat_look(d: Dialect) {
         same_holder.release(&hr(&h2)).await.unwrap(),
         Released::Released
     );
-    let looks = same.looks.load(Ordering::Relaxed);
+    let looks = same.inner.looks.load(Ordering::Relaxed);
     let t = Instant::now();
     same.wait(&w2, &b, t + Duration::from_secs(5))
         .await
         .unwrap();
-    assert!(t.elapsed() < Duration::from_millis(20), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
     assert_eq!(
-        same.looks.load(Ordering::Relaxed),
-        looks,
-        "returned without a look"
+        same.inner.looks.load(Ordering::Relaxed),
+        looks + 1,
+        "one look before the attempt"
     );
     token(same.acquire(&w2).await.unwrap());
 }
@@ -1006,7 +1019,7 @@ async fn mysql_without_routine_privileges_falls_back() {
                  ON test.* TO 'dlt_noroutine'@'{host}'"
             ),
         ] {
-            sqlx::query(&stmt).execute(&root.pool).await.unwrap();
+            sqlx::query(&stmt).execute(&root.inner.pool).await.unwrap();
         }
     }
     let mut u = url::Url::parse(&base(Dialect::MySql)).unwrap();
@@ -1024,7 +1037,7 @@ async fn mysql_without_routine_privileges_falls_back() {
     );
     let b = SqlBackend::open(&restricted(&table)).await.unwrap();
     assert!(
-        !b.fast.load(Ordering::Relaxed),
+        !b.inner.fast.load(Ordering::Relaxed),
         "no routine without CREATE ROUTINE"
     );
     let n = name(&uniq("priv"));
@@ -1040,7 +1053,7 @@ async fn mysql_without_routine_privileges_falls_back() {
     let shared = SqlBackend::open(&restricted("dlt_priv_shared"))
         .await
         .unwrap();
-    assert!(!shared.fast.load(Ordering::Relaxed));
+    assert!(!shared.inner.fast.load(Ordering::Relaxed));
     let n2 = name(&uniq("priv"));
     let r3 = rq(&n2, "three", &m);
     assert!(token(shared.acquire(&r3).await.unwrap()) >= 1);
@@ -1072,25 +1085,25 @@ async fn a_look_tells_a_fair_waiter_its_place(d: Dialect) {
         Look::Busy { state, place } => (state, place),
         Look::Free => panic!("free"),
     };
-    let (s0, p0) = look(a.still_busy(&w0).await.unwrap());
-    let (s1, p1) = look(a.still_busy(&w1).await.unwrap());
-    let (_, p2) = look(a.still_busy(&w2).await.unwrap());
+    let (s0, p0) = look(a.inner.still_busy(&w0).await.unwrap());
+    let (s1, p1) = look(a.inner.still_busy(&w1).await.unwrap());
+    let (_, p2) = look(a.inner.still_busy(&w2).await.unwrap());
     assert_eq!((p0, p1, p2), (Some(0), Some(1), Some(2)));
     // Looking again with nothing changed gives the same fingerprint.
-    assert_eq!(look(a.still_busy(&w0).await.unwrap()), (s0, p0));
+    assert_eq!(look(a.inner.still_busy(&w0).await.unwrap()), (s0, p0));
     // A plain waiter has no place.
     let plain = Request {
         waiting: true,
         ..rq(&n, "plain", &m)
     };
-    assert_eq!(look(a.still_busy(&plain).await.unwrap()).1, None);
+    assert_eq!(look(a.inner.still_busy(&plain).await.unwrap()).1, None);
     // The holder releases: the head may go; the others still wait, and see the change only
     // once the head has the lock.
     other.release(&hr(&holder)).await.unwrap();
-    assert_eq!(a.still_busy(&w0).await.unwrap(), Look::Free);
-    assert_eq!(look(a.still_busy(&w1).await.unwrap()).1, Some(1));
+    assert_eq!(a.inner.still_busy(&w0).await.unwrap(), Look::Free);
+    assert_eq!(look(a.inner.still_busy(&w1).await.unwrap()).1, Some(1));
     token(other.acquire(&w0).await.unwrap());
-    let (s1b, p1b) = look(a.still_busy(&w1).await.unwrap());
+    let (s1b, p1b) = look(a.inner.still_busy(&w1).await.unwrap());
     assert_eq!(p1b, Some(0));
     assert_ne!(s1b, s1);
     other.release(&hr(&w0)).await.unwrap();

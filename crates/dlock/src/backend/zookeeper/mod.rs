@@ -106,8 +106,8 @@ struct Shared {
     granted_timeout_ms: AtomicU64,
     /// The current session; replaced by a new one after it expired or closed.
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
-    /// Owner token → its node (waiting or holding).
-    nodes: StdMutex<HashMap<String, NodeRec>>,
+    /// The nodes of this backend's holds, by owner (for release and renewal).
+    held: StdMutex<HashMap<String, NodeRec>>,
     stats: Stats,
 }
 
@@ -434,6 +434,126 @@ fn revoked_data(data: &[u8]) -> bool {
 }
 
 impl ZooKeeperBackend {
+    /// One attempt of `req` whose node (from an earlier attempt) is `node`: creates the node
+    /// if there is none, grants if it is first among those it must wait for.
+    async fn attempt(&self, req: &Request<'_>, node: &mut Option<NodeRec>) -> Result<Attempt> {
+        let rec = match node.take() {
+            // Its session expired or the node was removed: start over in a fresh session.
+            Some(rec) if rec.session.is_dead() || rec.deleted.load(Ordering::Acquire) => None,
+            other => other,
+        };
+        let (s, mut rec) = match rec {
+            Some(rec) => (rec.session.clone(), rec),
+            None => {
+                let s = self.session().await?;
+                let lock_path = format!("/{}", escape_name(req.name.as_str()));
+                let (node, czxid) = self.create_node(&s, req, &lock_path).await?;
+                let rec = NodeRec {
+                    session: s.clone(),
+                    lock_path,
+                    node,
+                    czxid,
+                    granted: false,
+                    deleted: Arc::new(AtomicBool::new(false)),
+                    revoked: Arc::new(AtomicBool::new(false)),
+                    watch: None,
+                };
+                (s, rec)
+            }
+        };
+        if rec.granted {
+            let valid_for = s.valid_for();
+            *node = Some(rec.clone());
+            return Ok(match valid_for {
+                Some(valid_for) => Attempt::Granted(Grant {
+                    token: Some(rec.czxid as u64),
+                    valid_for: valid_for.min(req.lease),
+                }),
+                None => Attempt::Busy(Busy::default()),
+            });
+        }
+        let place = match self.check(&s, req, &rec).await {
+            Ok(p) => p,
+            Err(e) => {
+                if matches!(e, Error::InvalidConfig(_)) {
+                    let _ = self.delete_node(&s, &rec.lock_path, &rec.node).await;
+                } else {
+                    *node = Some(rec);
+                }
+                return Err(e);
+            }
+        };
+        let Some((granted, watch)) = place else {
+            // Our node vanished (removed by an administrator): queue again next time.
+            return Ok(Attempt::Busy(Busy {
+                retry_in: Some(Duration::ZERO),
+            }));
+        };
+        if granted {
+            if let Some(valid_for) = s.valid_for() {
+                rec.granted = true;
+                rec.watch = None;
+                self.held().insert(req.owner.to_owned(), rec.clone());
+                self.watch_held(&rec);
+                *node = Some(rec.clone());
+                return Ok(Attempt::Granted(Grant {
+                    token: Some(rec.czxid as u64),
+                    valid_for: valid_for.min(req.lease),
+                }));
+            }
+        }
+        if !req.waiting {
+            self.delete_node(&s, &rec.lock_path, &rec.node).await?;
+            return Ok(Attempt::Busy(Busy::default()));
+        }
+        rec.watch = watch;
+        *node = Some(rec);
+        Ok(Attempt::Busy(Busy::default()))
+    }
+
+    /// Waits for the node `rec` waits behind (or the lock's children) to change, or `until`.
+    async fn changed(&self, rec: Option<&NodeRec>, until: Instant) -> Result<Watch> {
+        let Some(rec) = rec.cloned() else {
+            return Ok(Watch::Woken);
+        };
+        let s = rec.session.clone();
+        let watcher = match &rec.watch {
+            Some(pred) => {
+                let path = format!("{}/{}", rec.lock_path, pred);
+                match s.run(s.client.check_and_watch_stat(&path)).await {
+                    // Gone between our listing and the watch: look again at once.
+                    Ok((None, _)) => return Ok(Watch::Woken),
+                    Ok((Some(_), w)) => w,
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
+            None => {
+                self.shared.stats.lists.fetch_add(1, Ordering::Relaxed);
+                match s
+                    .run(s.client.list_and_watch_children(&rec.lock_path))
+                    .await
+                {
+                    Ok((names, w)) => {
+                        let children = sorted_children(names);
+                        match children.iter().position(|c| c.name == rec.node) {
+                            Some(i) if !position(&children, i).0 => w,
+                            _ => return Ok(Watch::Woken),
+                        }
+                    }
+                    Err(zk::Error::NoNode) => return Ok(Watch::Woken),
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
+        };
+        if tokio::time::timeout_at(until.into(), watcher.changed())
+            .await
+            .is_ok()
+        {
+            self.shared.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Watch::Woken)
+    }
+
     /// Connects to the ensemble of a `zk://` URL (as [`crate::connect`] does), for callers that
     /// build the client themselves with [`crate::Client::with_backend`].
     pub async fn connect(url: &str) -> Result<Self> {
@@ -449,7 +569,7 @@ impl ZooKeeperBackend {
                 session_timeout: target.session_timeout,
                 granted_timeout_ms: AtomicU64::new(0),
                 session: tokio::sync::Mutex::new(None),
-                nodes: StdMutex::new(HashMap::new()),
+                held: StdMutex::new(HashMap::new()),
                 stats: Stats::default(),
             }),
         };
@@ -469,8 +589,8 @@ impl ZooKeeperBackend {
         s.as_ref().map(|s| (s.client.session().clone(), s.id))
     }
 
-    fn nodes(&self) -> std::sync::MutexGuard<'_, HashMap<String, NodeRec>> {
-        self.shared.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, NodeRec>> {
+        self.shared.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The live session, opening a new one if there is none or it expired.
@@ -778,151 +898,20 @@ impl Backend for ZooKeeperBackend {
             fencing: true,
             wakeups: Wakeups::Native,
             validity: Validity::Session,
+            queues_waiters: true,
         }
     }
 
-    async fn acquire(&self, req: &Request<'_>) -> Result<Attempt> {
-        let existing = self.nodes().get(req.owner).cloned();
-        let rec = match existing {
-            Some(rec) if !rec.session.is_dead() && !rec.deleted.load(Ordering::Acquire) => {
-                Some(rec)
-            }
-            Some(_) => {
-                // Its session expired or the node was removed: start over in a fresh session.
-                self.nodes().remove(req.owner);
-                None
-            }
-            None => None,
-        };
-        let (s, mut rec) = match rec {
-            Some(rec) => (rec.session.clone(), rec),
-            None => {
-                let s = self.session().await?;
-                let lock_path = format!("/{}", escape_name(req.name.as_str()));
-                let (node, czxid) = self.create_node(&s, req, &lock_path).await?;
-                let rec = NodeRec {
-                    session: s.clone(),
-                    lock_path,
-                    node,
-                    czxid,
-                    granted: false,
-                    deleted: Arc::new(AtomicBool::new(false)),
-                    revoked: Arc::new(AtomicBool::new(false)),
-                    watch: None,
-                };
-                self.nodes().insert(req.owner.to_owned(), rec.clone());
-                (s, rec)
-            }
-        };
-        if rec.granted {
-            return Ok(match s.valid_for() {
-                Some(valid_for) => Attempt::Granted(Grant {
-                    token: Some(rec.czxid as u64),
-                    valid_for: valid_for.min(req.lease),
-                }),
-                None => Attempt::Busy(Busy::default()),
-            });
-        }
-        let place = match self.check(&s, req, &rec).await {
-            Ok(p) => p,
-            Err(e) => {
-                if matches!(e, Error::InvalidConfig(_)) {
-                    self.nodes().remove(req.owner);
-                    let _ = self.delete_node(&s, &rec.lock_path, &rec.node).await;
-                }
-                return Err(e);
-            }
-        };
-        let Some((granted, watch)) = place else {
-            // Our node vanished (removed by an administrator): queue again next time.
-            self.nodes().remove(req.owner);
-            return Ok(Attempt::Busy(Busy {
-                retry_in: Some(Duration::ZERO),
-            }));
-        };
-        if granted {
-            if let Some(valid_for) = s.valid_for() {
-                rec.granted = true;
-                rec.watch = None;
-                self.nodes().insert(req.owner.to_owned(), rec.clone());
-                self.watch_held(&rec);
-                return Ok(Attempt::Granted(Grant {
-                    token: Some(rec.czxid as u64),
-                    valid_for: valid_for.min(req.lease),
-                }));
-            }
-        }
-        if !req.waiting {
-            self.nodes().remove(req.owner);
-            self.delete_node(&s, &rec.lock_path, &rec.node).await?;
-            return Ok(Attempt::Busy(Busy::default()));
-        }
-        rec.watch = watch;
-        if let Some(r) = self.nodes().get_mut(req.owner) {
-            r.watch = rec.watch.clone();
-        }
-        Ok(Attempt::Busy(Busy::default()))
-    }
-
-    async fn wait(&self, req: &Request<'_>, _busy: &Busy, until: Instant) -> Result<()> {
-        let Some(rec) = self.nodes().get(req.owner).cloned() else {
-            return Ok(());
-        };
-        let s = rec.session.clone();
-        let watcher = match &rec.watch {
-            Some(pred) => {
-                let path = format!("{}/{}", rec.lock_path, pred);
-                match s.run(s.client.check_and_watch_stat(&path)).await {
-                    // Gone between our listing and the watch: look again at once.
-                    Ok((None, _)) => return Ok(()),
-                    Ok((Some(_), w)) => w,
-                    Err(e) => return Err(unavailable(e)),
-                }
-            }
-            None => {
-                self.shared.stats.lists.fetch_add(1, Ordering::Relaxed);
-                match s
-                    .run(s.client.list_and_watch_children(&rec.lock_path))
-                    .await
-                {
-                    Ok((names, w)) => {
-                        let children = sorted_children(names);
-                        match children.iter().position(|c| c.name == rec.node) {
-                            Some(i) if !position(&children, i).0 => w,
-                            _ => return Ok(()),
-                        }
-                    }
-                    Err(zk::Error::NoNode) => return Ok(()),
-                    Err(e) => return Err(unavailable(e)),
-                }
-            }
-        };
-        if tokio::time::timeout_at(until.into(), watcher.changed())
-            .await
-            .is_ok()
-        {
-            self.shared.stats.wakeups.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(())
-    }
-
-    async fn cancel(&self, req: &Request<'_>) -> Result<()> {
-        let rec = {
-            let mut nodes = self.nodes();
-            match nodes.get(req.owner) {
-                Some(r) if !r.granted => nodes.remove(req.owner),
-                _ => None,
-            }
-        };
-        if let Some(rec) = rec {
-            self.delete_node(&rec.session, &rec.lock_path, &rec.node)
-                .await?;
-        }
-        Ok(())
+    fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        Box::new(ZkAcquisition {
+            store: self.clone(),
+            want: Want::new(req),
+            rec: None,
+        })
     }
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
-        let rec = self.nodes().remove(hold.owner);
+        let rec = self.held().remove(hold.owner);
         match rec {
             Some(rec) => {
                 if rec.session.is_dead() || rec.deleted.swap(true, Ordering::AcqRel) {
@@ -936,7 +925,7 @@ impl Backend for ZooKeeperBackend {
                     Ok(false) => Ok(Released::NotHeld),
                     Err(e) => {
                         rec.deleted.store(false, Ordering::Release);
-                        self.nodes().insert(hold.owner.to_owned(), rec);
+                        self.held().insert(hold.owner.to_owned(), rec);
                         Err(e)
                     }
                 }
@@ -964,7 +953,7 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
-        let nodes = self.nodes();
+        let nodes = self.held();
         Ok(holds
             .iter()
             .map(|h| match nodes.get(h.owner) {
@@ -1118,6 +1107,38 @@ impl Backend for ZooKeeperBackend {
         } else {
             Duration::from_millis(ms)
         })
+    }
+}
+
+/// One acquisition: its node in the lock's queue (from its first attempt on) and what it
+/// watches while it waits.
+struct ZkAcquisition {
+    store: ZooKeeperBackend,
+    want: Want,
+    rec: Option<NodeRec>,
+}
+
+#[async_trait::async_trait]
+impl Acquisition for ZkAcquisition {
+    async fn attempt(&mut self) -> Result<Attempt> {
+        let req = self.want.req();
+        self.store.attempt(&req, &mut self.rec).await
+    }
+
+    async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
+        self.store.changed(self.rec.as_ref(), until).await
+    }
+
+    async fn cancel(&mut self) -> Result<()> {
+        match self.rec.take() {
+            Some(rec) if !rec.granted => {
+                self.store
+                    .delete_node(&rec.session, &rec.lock_path, &rec.node)
+                    .await?;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 }
 
