@@ -13,10 +13,23 @@
 //! running in parallel against one server do not meet. The scenarios that need separate OS
 //! processes (`dlock run`) are in `crates/dlock-cli/tests/conformance.rs`.
 
-use dlock::conformance::{env_url, with_option};
+use dlock::backend::{memory::MemoryBackend, Backend};
+use dlock::conformance::{env_url, with_option, Ctx, Factory};
+use std::sync::Arc;
 
 // In-process store: one store per test (the test's unique id as the store name).
 dlock::conformance!(mem, |t| format!("mem://{t}"));
+
+// The in-process store again, reached through a backend factory rather than a URL: the way a
+// store written outside this crate runs the suite.
+fn mem_backend(t: &Ctx) -> Factory {
+    let name = t.id().to_owned();
+    Factory::backend(format!("mem-backend://{name}"), move || {
+        let name = name.clone();
+        async move { Ok(Arc::new(MemoryBackend::named(&name)) as Arc<dyn Backend>) }
+    })
+}
+dlock::conformance!(mem_factory, mem_backend);
 
 // Embedded SQLite: a fresh database file per test.
 dlock::conformance!(sqlite, |t| format!(
