@@ -1,226 +1,135 @@
-//! # The dlock conformance suite
+//! # The conformance suite's multi-process scenarios
 //!
-//! One suite, generic over the store URL, that every backend must pass. Each scenario is an
-//! `async fn(Store)` in `conformance/scenarios/`; the [`conformance!`] macro below turns every
-//! scenario into one `#[tokio::test]` per backend, named `<backend>::<scenario>`:
+//! The conformance suite lives in the library ([`dlock::conformance`], cargo feature
+//! `conformance`) and runs on every store in `crates/dlock/tests/conformance.rs`. The scenarios
+//! here are the ones that need separate OS processes: they start `dlock run` processes of this
+//! package's binary against the store the test uses, so they run only on stores that processes
+//! share (not `mem://`):
 //!
-//! ```text
-//! cargo nextest run -p dlock-cli --test conformance                        # every backend
-//! cargo nextest run -p dlock-cli --test conformance -E 'test(/^sqlite::/)' # one backend
-//! cargo nextest run -p dlock-cli --test conformance fair_fifo_order         # one scenario
-//! ```
+//! - `mutual_exclusion_processes`: 32 `dlock run` read-sleep-write rounds, 4 processes at a time;
+//! - `holder_killed_taken_over`: a SIGKILLed `dlock run` holder is taken over after its lease
+//!   (the in-process part, a forgotten guard, is the library's scenario of the same name);
+//! - `waiter_wakes_by_notification`: a `dlock run` waiting in another process is woken (the
+//!   in-process waiters are the library's scenario of the same name).
 //!
-//! (The names are `sqlite::fair_fifo_order` rather than `sqlite_fair_fifo_order` because
-//! `macro_rules!` cannot glue identifiers together without the `paste` crate; a module per
-//! backend gives the same grouping and filtering.)
-//!
-//! ## Adding a backend: one line
-//!
-//! ```text
-//! conformance!(NAME, URL_FN, Caps { cross_process: BOOL });
-//! ```
-//!
-//! - `NAME`: the backend's short name (the test module, e.g. `redis`).
-//! - `URL_FN`: `|t| ...` gets the test's [`harness::Ctx`] and returns the store URL as a `String`,
-//!   or an `Option<String>` where `None` means "not configured here": the backend's tests then
-//!   fail with a message saying to run them through `scripts/test.sh` (never skip). `t` displays
-//!   as an id unique to the test (`[a-z0-9_-]`; use it for an in-process store name, a database or
-//!   key prefix) and `t.path("file")` is a file in a temporary directory of the test.
-//! - `cross_process`: whether separate OS processes with the same URL share locks. Only when true
-//!   are the multi-process scenarios generated; they run `dlock run` processes against the URL
-//!   (they need the backend in the `dlock` binary too).
-//!
-//! A server-backed store takes its URL from the environment; every scenario already uses lock
-//! names under `conf/<unique id>/`, so tests running in parallel against one server do not meet:
+//! Each store line generates one `#[test]` per scenario, named `<backend>::<scenario>`, on the
+//! library's harness ([`dlock::conformance::run_test`], [`Store`](dlock::conformance::Store)):
 //!
 //! ```text
-//! conformance!(redis, |_| env_url("DLOCK_TEST_REDIS_URL"), Caps { cross_process: true });
-//! conformance!(postgres, |_| env_url("DLOCK_TEST_POSTGRES_URL"), Caps { cross_process: true });
+//! cargo nextest run -p dlock-cli --test conformance                         # every backend
+//! cargo nextest run -p dlock-cli --test conformance -E 'test(/^sqlite::/)'  # one backend
 //! ```
 //!
-//! ## Adding a scenario
-//!
-//! Write `pub async fn my_scenario(s: Store)` in `conformance/scenarios/` (real assertions;
-//! every wait bounded through `within`/`must`/`eventually`; lock names from `s.name(..)`), and add
-//! its name to the list in the macro below. Time bounds are generous: they prove a mechanism
-//! (a renewal, a wake-up, an expiry), not a speed. One backend's whole suite should stay under
-//! about a minute of wall time.
+//! A store line is `processes!(NAME, SETUP, Caps { .. })` as in the library's `conformance!`,
+//! except that `SETUP` must answer a URL (the processes connect to it): a server-backed store
+//! takes it from the environment (`DLOCK_TEST_*_URL`, set by `scripts/test.sh`; unset fails the
+//! test, it never skips), and the store must be in the `dlock` binary.
 
-#[path = "conformance/harness.rs"]
-mod harness;
-#[path = "conformance/scenarios/mod.rs"]
-mod scenarios;
+#[path = "conformance/processes.rs"]
+mod processes;
 
-#[allow(unused_imports)]
-use harness::{env_url, Caps};
+use dlock::conformance::{env_url, with_option, Store};
+use std::path::Path;
 
-/// `conformance!(backend, |t| url, Caps { .. })`: one test per scenario for this backend. The
-/// multi-process scenarios are generated only for stores shared between processes (a scenario that
-/// does not apply is not a test, rather than a test that passes without running).
-macro_rules! conformance {
-    // A mutex-only store without fencing (Redlock): the scenarios run their mutex parts and check
-    // that fair mode, rwlocks and semaphores answer `Unsupported` (the fencing assertions accept
-    // `token() == None` only because the store reports `fencing: false`). Not generated, one line
-    // each:
-    // - rwlock_shared_exclusive, semaphore_limit, fair_fifo_order: nothing of them is a mutex.
-    // - describe_shows_holders: its listing assertions are built on held rwlocks and semaphores;
-    //   Redlock's describe is covered by its own tests (holders seen on a majority, no token).
-    ($backend:ident, $url:expr, Caps { cross_process: true, mutex_only: true } $(,)?) => {
-        conformance!(@tests $backend, $url, Caps { cross_process: true, mutex_only: true };
-            mutual_exclusion_tasks,
-            try_and_timeout,
-            owner_only_release_after_expiry,
-            holder_killed_taken_over,
-            renewal_keeps_lock,
-            lost_fires_when_store_removes_hold,
-            revoked_hold_keeps_others_out,
-            lost_fires_at_deadline_without_renewal,
-            fencing_tokens_increase,
-            reentrancy_counts,
-            waiter_wakes_by_notification,
-            bad_input,
-            dropped_guard_releases,
-            mutual_exclusion_processes,
-        );
-    };
-    ($backend:ident, $url:expr, Caps { cross_process: true } $(,)?) => {
-        conformance!(@all $backend, $url, Caps { cross_process: true, mutex_only: false }; mutual_exclusion_processes,);
-    };
-    ($backend:ident, $url:expr, Caps { cross_process: false } $(,)?) => {
-        conformance!(@all $backend, $url, Caps { cross_process: false, mutex_only: false };);
-    };
-    (@all $backend:ident, $url:expr, $caps:expr; $($extra:ident,)*) => {
-        conformance!(@tests $backend, $url, $caps;
-            mutual_exclusion_tasks,
-            try_and_timeout,
-            owner_only_release_after_expiry,
-            holder_killed_taken_over,
-            renewal_keeps_lock,
-            lost_fires_when_store_removes_hold,
-            revoked_hold_keeps_others_out,
-            lost_fires_at_deadline_without_renewal,
-            fencing_tokens_increase,
-            reentrancy_counts,
-            rwlock_shared_exclusive,
-            semaphore_limit,
-            fair_fifo_order,
-            waiter_wakes_by_notification,
-            bad_input,
-            describe_shows_holders,
-            dropped_guard_releases,
-            $($extra,)*
-        );
-    };
-    (@tests $backend:ident, $url:expr, $caps:expr; $($scenario:ident),+ $(,)?) => {
+/// The `dlock` binary of this package.
+pub const DLOCK_BIN: &str = env!("CARGO_BIN_EXE_dlock");
+
+/// The URL of the store, which the `dlock` processes connect to.
+pub fn store_url(s: &Store) -> &str {
+    s.url()
+        .expect("the multi-process scenarios need a store URL that `dlock run` can connect to")
+}
+
+/// A `dlock run --url URL OPTS... NAME -- CMD...` command (the child is killed if the test drops
+/// it; stdin is closed; `DLOCK_URL` is not inherited).
+pub fn dlock_run(url: &str, opts: &[&str], name: &str, cmd: &[&str]) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(DLOCK_BIN);
+    c.arg("run")
+        .args(["--url", url])
+        .args(opts)
+        .args([name, "--"])
+        .args(cmd)
+        .env_remove("DLOCK_URL")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    c
+}
+
+/// Reads a file the test's child processes wrote ("" if it does not exist).
+pub fn read_text(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// `processes!(backend, |t| url, Caps { .. })`: one test per multi-process scenario for this
+/// store, in a module named `backend`.
+macro_rules! processes {
+    ($backend:ident, $setup:expr $(, Caps { $($field:ident : $value:tt),* $(,)? })? $(,)?) => {
         mod $backend {
             #[allow(unused_imports)]
             use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    crate::harness::run(
-                        stringify!($backend),
-                        stringify!($scenario),
-                        $caps,
-                        $url,
-                        crate::scenarios::$scenario,
-                    )
-                    .await;
-                }
-            )+
+            processes!(@tests $backend, $setup,
+                dlock::conformance::Caps { $($($field: $value,)*)? ..Default::default() };
+                mutual_exclusion_processes,
+                holder_killed_taken_over,
+                waiter_wakes_by_notification,
+            );
         }
+    };
+    (@tests $backend:ident, $setup:expr, $caps:expr; $($scenario:ident),+ $(,)?) => {
+        $(
+            #[test]
+            #[allow(clippy::needless_update)] // `Caps { .. }` may name every field
+            fn $scenario() {
+                dlock::conformance::run_test(
+                    stringify!($backend),
+                    stringify!($scenario),
+                    $caps,
+                    $setup,
+                    crate::processes::$scenario,
+                );
+            }
+        )+
     };
 }
 
-// ---- the backends ------------------------------------------------------------------------------
+// ---- the backends (every store the `dlock` binary has that processes share) ------------------
 
-// In-process store: one store per test (the test's unique id as the store name). Not shared with
-// other processes, so the multi-process scenarios are not generated for it (and
-// `holder_killed_taken_over` simulates the dead holder in-process).
-conformance!(
-    mem,
-    |t| format!("mem://{t}"),
-    Caps {
-        cross_process: false
-    }
-);
-
-// Embedded SQLite: a fresh database file per test, shared with the `dlock run` processes the
-// multi-process scenarios start.
-conformance!(
-    sqlite,
-    |t| format!("sqlite://{}", t.path("locks.db").display()),
-    Caps {
-        cross_process: true
-    }
-);
+// Embedded SQLite: a fresh database file per test, shared with the `dlock run` processes.
+processes!(sqlite, |t| format!(
+    "sqlite://{}",
+    t.path("locks.db").display()
+));
 
 // ZooKeeper: the three-server ensemble `scripts/test.sh` starts (DLOCK_TEST_ZK_URL, with a 2 s
 // session timeout: a dead holder is taken over after the session timeout, not the lease).
-conformance!(
-    zookeeper,
-    |_| env_url("DLOCK_TEST_ZK_URL"),
-    Caps {
-        cross_process: true
-    }
-);
+processes!(zookeeper, |_| env_url("DLOCK_TEST_ZK_URL"));
 
-// Redis: the server `scripts/test.sh` starts (its URL in DLOCK_TEST_REDIS_URL); every scenario
-// uses lock names under `conf/<unique id>/`, so tests share the server without meeting.
-conformance!(
-    redis,
-    |_| env_url("DLOCK_TEST_REDIS_URL"),
-    Caps {
-        cross_process: true
-    }
-);
-
-// Redlock: five private redis-servers `scripts/test.sh` starts (DLOCK_TEST_REDLOCK_URL); mutex
-// only and no fencing token: see the mutex-only arm above.
-conformance!(
+// Redis, Redlock (five private redis-servers), PostgreSQL and MariaDB (lease tables), as
+// `scripts/test.sh` provides them.
+processes!(redis, |_| env_url("DLOCK_TEST_REDIS_URL"));
+processes!(
     redlock,
     |_| env_url("DLOCK_TEST_REDLOCK_URL"),
-    Caps {
-        cross_process: true,
-        mutex_only: true
-    }
+    Caps { mutex_only: true }
 );
+processes!(postgres, |_| env_url("DLOCK_TEST_POSTGRES_URL"));
+processes!(mysql, |_| env_url("DLOCK_TEST_MYSQL_URL"));
 
-// PostgreSQL and MariaDB: the machine's servers (`scripts/test.sh` starts them when down); lease
-// tables named `dlock_locks`, lock names unique per test.
-conformance!(
-    postgres,
-    |_| env_url("DLOCK_TEST_POSTGRES_URL"),
-    Caps {
-        cross_process: true
-    }
-);
-
-conformance!(
-    mysql,
-    |_| env_url("DLOCK_TEST_MYSQL_URL"),
-    Caps {
-        cross_process: true
-    }
-);
-
-// PostgreSQL and MariaDB in session mode (advisory / GET_LOCK session locks on a connection per
-// hold): mutexes only, no fair mode, as the mutex-only arm checks; fencing tokens from the
-// fence table.
-conformance!(
+// PostgreSQL and MariaDB in session mode: a hold ends with its holder's connection, so a killed
+// holder is taken over at once.
+processes!(
     postgres_session,
-    |_| env_url("DLOCK_TEST_POSTGRES_URL").map(|u| harness::with_option(&u, "mode=session")),
+    |_| env_url("DLOCK_TEST_POSTGRES_URL").map(|u| with_option(&u, "mode=session")),
     Caps {
-        cross_process: true,
-        mutex_only: true
+        mutex_only: true,
+        ends_with_connection: true
     }
 );
-
-conformance!(
+processes!(
     mysql_session,
-    |_| env_url("DLOCK_TEST_MYSQL_URL").map(|u| harness::with_option(&u, "mode=session")),
+    |_| env_url("DLOCK_TEST_MYSQL_URL").map(|u| with_option(&u, "mode=session")),
     Caps {
-        cross_process: true,
-        mutex_only: true
+        mutex_only: true,
+        ends_with_connection: true
     }
 );

@@ -32,6 +32,8 @@
 
 pub mod backend;
 mod client;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod error;
 pub mod fencing;
 mod hold;

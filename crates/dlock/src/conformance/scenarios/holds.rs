@@ -23,7 +23,7 @@ pub async fn fencing_tokens_increase(s: Store) {
             let g = must(
                 &what,
                 c.mutex(&name)
-                    .unwrap()
+                    .expect(NAME_OK)
                     .lease(ms(300))
                     .auto_renew(false)
                     .acquire(),
@@ -33,7 +33,7 @@ pub async fn fencing_tokens_increase(s: Store) {
             std::mem::forget(g);
             continue;
         }
-        let m = c.mutex(&name).unwrap();
+        let m = c.mutex(&name).expect(NAME_OK);
         let g = must(&what, m.acquire_timeout(secs(5))).await;
         if i == 10 {
             let again = must("reentrant try_acquire on the same handle", m.try_acquire()).await;
@@ -72,9 +72,9 @@ pub async fn fencing_tokens_increase(s: Store) {
 pub async fn reentrancy_counts(s: Store) {
     let (c1, c2) = (s.client().await, s.client().await);
     let name = s.name("reentrant");
-    let h = c1.mutex(&name).unwrap();
-    let same_client = c1.mutex(&name).unwrap();
-    let other_client = c2.mutex(&name).unwrap();
+    let h = c1.mutex(&name).expect(NAME_OK);
+    let same_client = c1.mutex(&name).expect(NAME_OK);
+    let other_client = c2.mutex(&name).expect(NAME_OK);
 
     let g1 = must("acquire #1", h.acquire()).await;
     let g2 = must("acquire #2 (try) on the same handle", h.try_acquire()).await;
@@ -150,10 +150,14 @@ pub async fn reentrancy_counts(s: Store) {
     // Semaphores: every acquire takes a permit, on the same handle and on clones.
     let sname = s.name("reentrant-sem");
     if s.caps.mutex_only {
-        assert_unsupported("semaphore", c1.semaphore(&sname, 2).unwrap().acquire()).await;
+        assert_unsupported(
+            "semaphore",
+            c1.semaphore(&sname, 2).expect(NAME_OK).acquire(),
+        )
+        .await;
         return;
     }
-    let sem = c1.semaphore(&sname, 2).unwrap();
+    let sem = c1.semaphore(&sname, 2).expect(NAME_OK);
     let p1 = must("permit 1", sem.acquire()).await;
     let p2 = must("permit 2 on the same handle", sem.acquire()).await;
     assert_ne!(

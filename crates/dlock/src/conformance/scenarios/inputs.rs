@@ -51,7 +51,7 @@ pub async fn bad_input(s: Store) {
             within(
                 STEP,
                 "force_release",
-                c1.force_release(bad, dlock::Force::Revoke)
+                c1.force_release(bad, crate::Force::Revoke)
             )
             .await,
             Error::InvalidName(_),
@@ -68,9 +68,9 @@ pub async fn bad_input(s: Store) {
     for (label, lease) in [
         ("0", Duration::ZERO),
         ("50 ms", ms(50)),
-        ("over the maximum", dlock::MAX_LEASE + secs(1)),
+        ("over the maximum", crate::MAX_LEASE + secs(1)),
     ] {
-        let m = c1.mutex(&name).unwrap().lease(lease);
+        let m = c1.mutex(&name).expect(NAME_OK).lease(lease);
         assert_err!(
             within(STEP, "acquire", m.acquire()).await,
             Error::InvalidConfig(_),
@@ -86,7 +86,7 @@ pub async fn bad_input(s: Store) {
             Error::InvalidConfig(_),
             "mutex lease {label}: acquire_timeout"
         );
-        let rw = c1.rwlock(&name).unwrap().lease(lease);
+        let rw = c1.rwlock(&name).expect(NAME_OK).lease(lease);
         assert_err!(
             within(STEP, "read", rw.read()).await,
             Error::InvalidConfig(_),
@@ -97,7 +97,7 @@ pub async fn bad_input(s: Store) {
             Error::InvalidConfig(_),
             "rwlock lease {label}: write"
         );
-        let sem = c1.semaphore(&name, 2).unwrap().lease(lease);
+        let sem = c1.semaphore(&name, 2).expect(NAME_OK).lease(lease);
         assert_err!(
             within(STEP, "acquire", sem.acquire()).await,
             Error::InvalidConfig(_),
@@ -106,12 +106,12 @@ pub async fn bad_input(s: Store) {
         assert_err!(
             within(
                 STEP,
-                "connect_with",
-                dlock::connect_with(&s.url, ClientOptions::default().lease(lease))
+                "connect with a default lease",
+                s.connect(ClientOptions::default().lease(lease))
             )
             .await,
             Error::InvalidConfig(_),
-            "connect_with(default lease {label})"
+            "connect with default lease {label}"
         );
     }
     assert!(
@@ -132,7 +132,7 @@ pub async fn bad_input(s: Store) {
         "sqlite:///",
     ] {
         assert_err!(
-            within(STEP, "connect", dlock::connect(url)).await,
+            within(STEP, "connect", crate::connect(url)).await,
             Error::InvalidConfig(_),
             "connect({url:?})"
         );
@@ -218,7 +218,7 @@ pub async fn bad_input(s: Store) {
             within(
                 STEP,
                 "try_acquire",
-                c2.mutex(n.as_str()).unwrap().try_acquire()
+                c2.mutex(n.as_str()).expect(NAME_OK).try_acquire()
             )
             .await,
             Error::Busy { .. },
@@ -275,19 +275,23 @@ pub async fn bad_input(s: Store) {
     // A hostile name works for the other primitives too.
     let n = format!("{p}'; DROP TABLE x; --");
     if s.caps.mutex_only {
-        assert_unsupported("rwlock", c1.rwlock(n.as_str()).unwrap().read()).await;
-        assert_unsupported("semaphore", c1.semaphore(n.as_str(), 1).unwrap().acquire()).await;
+        assert_unsupported("rwlock", c1.rwlock(n.as_str()).expect(NAME_OK).read()).await;
+        assert_unsupported(
+            "semaphore",
+            c1.semaphore(n.as_str(), 1).expect(NAME_OK).acquire(),
+        )
+        .await;
         return;
     }
     let r = must(
         "read on a hostile name",
-        c1.rwlock(n.as_str()).unwrap().read(),
+        c1.rwlock(n.as_str()).expect(NAME_OK).read(),
     )
     .await;
     must("release", r.release()).await;
     let p1 = must(
         "permit on a hostile name",
-        c1.semaphore(n.as_str(), 1).unwrap().acquire(),
+        c1.semaphore(n.as_str(), 1).expect(NAME_OK).acquire(),
     )
     .await;
     must("release", p1.release()).await;
@@ -311,7 +315,7 @@ pub async fn describe_shows_holders(s: Store) {
 
     let g = must(
         "mutex acquire",
-        c1.mutex(&m).unwrap().lease(lease).acquire(),
+        c1.mutex(&m).expect(NAME_OK).lease(lease).acquire(),
     )
     .await;
     let info = describe(&c2, &m).await.expect("a held mutex is described");
@@ -337,7 +341,7 @@ pub async fn describe_shows_holders(s: Store) {
     }
     let now_ms = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
+        .expect("the clock is after 1970")
         .as_millis() as u64;
     assert!(
         h.acquired_at_ms.abs_diff(now_ms) < 60_000,
@@ -345,8 +349,8 @@ pub async fn describe_shows_holders(s: Store) {
         h.acquired_at_ms
     );
 
-    let r1 = must("read 1", c1.rwlock(&rw).unwrap().read()).await;
-    let r2 = must("read 2", c2.rwlock(&rw).unwrap().read()).await;
+    let r1 = must("read 1", c1.rwlock(&rw).expect(NAME_OK).read()).await;
+    let r2 = must("read 2", c2.rwlock(&rw).expect(NAME_OK).read()).await;
     let info = describe(&c1, &rw)
         .await
         .expect("a read-held rwlock is described");
@@ -374,7 +378,7 @@ pub async fn describe_shows_holders(s: Store) {
         "reader clients"
     );
 
-    let p = must("permit", c2.semaphore(&sem, 3).unwrap().acquire()).await;
+    let p = must("permit", c2.semaphore(&sem, 3).expect(NAME_OK).acquire()).await;
     let info = describe(&c1, &sem)
         .await
         .expect("a held semaphore is described");
@@ -383,7 +387,7 @@ pub async fn describe_shows_holders(s: Store) {
     assert_eq!(info.holders[0].mode, Mode::Shared);
 
     let root = format!("conf/{}/", s.id);
-    let names = |v: Vec<dlock::LockInfo>| v.into_iter().map(|i| i.name).collect::<Vec<_>>();
+    let names = |v: Vec<crate::LockInfo>| v.into_iter().map(|i| i.name).collect::<Vec<_>>();
     assert_eq!(
         names(must("list(root)", c1.list(&root)).await),
         [m.as_str(), rw.as_str(), sem.as_str()]

@@ -2,7 +2,8 @@
 //!
 //! Every scenario uses lock names of its own (`s.name(..)`) in a store of its own, bounds every
 //! wait, and asserts the property itself: each would fail on a lock that lacks it. The numbers in
-//! the section comments are the scenario numbers of the suite's specification.
+//! the section comments are the scenario numbers of the suite's specification (2, mutual
+//! exclusion between processes, and the process parts of 5 and 14 are in the CLI's tests).
 
 mod exclusion;
 mod holds;
@@ -16,8 +17,9 @@ pub use inputs::*;
 pub use leases::*;
 pub use primitives::*;
 
-pub(crate) use crate::harness::*;
-pub(crate) use dlock::{Client, ClientOptions, Error, LockKind, Mode, Validity, Wakeups};
+pub(crate) use super::harness::*;
+pub(crate) use super::{assert_err, Store};
+pub(crate) use crate::{Client, ClientOptions, Error, LockKind, Mode, Validity, Wakeups};
 pub(crate) use rand::Rng;
 pub(crate) use std::collections::BTreeSet;
 pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -25,16 +27,11 @@ pub(crate) use std::sync::{Arc, Mutex as StdMutex};
 pub(crate) use std::time::{Duration, Instant, SystemTime};
 pub(crate) use tokio::time::sleep;
 
-pub(crate) fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-pub(crate) fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+/// The `expect` message of a handle the suite makes: its names (and permit counts) are valid.
+const NAME_OK: &str = "a handle of a valid name and permit count";
 
 /// Asserts that `m.try_acquire()` is refused with Busy (within [`STEP`]).
-pub(crate) async fn assert_busy(m: &dlock::Mutex, what: &str) {
+pub(crate) async fn assert_busy(m: &crate::Mutex, what: &str) {
     assert_err!(
         within(STEP, what, m.try_acquire()).await,
         Error::Busy { .. },

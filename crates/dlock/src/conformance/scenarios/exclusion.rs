@@ -29,7 +29,10 @@ pub async fn mutual_exclusion_tasks(s: Store) {
                     others, 0,
                     "{what}: entered the critical section while {others} other task(s) were in it"
                 );
-                tokens.lock().unwrap().push(g.token());
+                tokens
+                    .lock()
+                    .expect("a test mutex poisoned by a failed task")
+                    .push(g.token());
                 let seen = counter.load(SeqCst);
                 let pause = ms(rand::thread_rng().gen_range(1..=3));
                 sleep(pause).await;
@@ -54,7 +57,10 @@ pub async fn mutual_exclusion_tasks(s: Store) {
         (TASKS * ROUNDS) as u64,
         "lost updates: the read-sleep-write rounds overlapped"
     );
-    let tokens = tokens.lock().unwrap().clone();
+    let tokens = tokens
+        .lock()
+        .expect("a test mutex poisoned by a failed task")
+        .clone();
     assert_eq!(tokens.len(), TASKS * ROUNDS);
     if fencing {
         let t: Vec<u64> = tokens
@@ -65,83 +71,6 @@ pub async fn mutual_exclusion_tasks(s: Store) {
     }
 }
 
-// ---- 2 ------------------------------------------------------------------------------------------
-
-/// 4 worker tasks each run `dlock run --ttl 5s NAME -- sh -c '<read counter; sleep; write +1;
-/// log token>'` 8 times (4 processes at a time, 32 in all): the counter ends at 32, and the
-/// tokens in the log, in append order, strictly increase.
-pub async fn mutual_exclusion_processes(s: Store) {
-    assert!(
-        s.caps.cross_process,
-        "generated only for stores shared between processes"
-    );
-    let fencing = s.client().await.capabilities().fencing;
-    let name = s.name("procs");
-    let counter = s.dir.join("counter");
-    let log = s.dir.join("tokens.log");
-    std::fs::write(&counter, "0\n").expect("write the counter file");
-    let script = r#"n=$(cat "$1"); sleep 0.02; echo $((n + 1)) > "$1"; echo "$DLOCK_TOKEN $DLOCK_NAME" >> "$2""#;
-    let mut workers = Vec::new();
-    for w in 0..4 {
-        let url = s.url.clone();
-        let name = name.clone();
-        let counter = counter.to_str().expect("utf-8 temp path").to_owned();
-        let log = log.to_str().expect("utf-8 temp path").to_owned();
-        workers.push(tokio::spawn(async move {
-            for k in 0..8 {
-                let what = format!("worker {w} run {k}: `dlock run`");
-                let cmd = ["sh", "-c", script, "sh", &counter, &log];
-                let out = within(
-                    secs(30),
-                    &what,
-                    dlock_run(&url, &["--ttl", "5s"], &name, &cmd).output(),
-                )
-                .await
-                .unwrap_or_else(|e| panic!("{what}: cannot start {DLOCK_BIN}: {e}"));
-                assert!(
-                    out.status.success(),
-                    "{what} exited with {} (75 = not acquired); stderr: {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-        }));
-    }
-    within(
-        secs(50),
-        "32 `dlock run` processes, 4 at a time",
-        join_all("mutual_exclusion_processes", workers),
-    )
-    .await;
-    assert_eq!(
-        read_text(&counter).trim(),
-        "32",
-        "the counter after 32 locked read-sleep-write runs in 4 concurrent processes \
-         (less means two runs overlapped)"
-    );
-    let log = read_text(&log);
-    let lines: Vec<&str> = log.lines().collect();
-    assert_eq!(lines.len(), 32, "token log lines: {log:?}");
-    let mut tokens = Vec::new();
-    for line in &lines {
-        let (token, got_name) = line.split_once(' ').unwrap_or((line, ""));
-        assert_eq!(
-            got_name, name,
-            "DLOCK_NAME given to the command (line {line:?})"
-        );
-        if fencing {
-            tokens.push(
-                token
-                    .parse::<u64>()
-                    .unwrap_or_else(|_| panic!("DLOCK_TOKEN {token:?} is not a number")),
-            );
-        }
-    }
-    if fencing {
-        assert_strictly_increasing("DLOCK_TOKEN values in append order", &tokens);
-    }
-}
-
 // ---- 3 ------------------------------------------------------------------------------------------
 
 /// try_acquire on a held lock is Busy at once; acquire_timeout gives up with Timeout after its
@@ -149,8 +78,8 @@ pub async fn mutual_exclusion_processes(s: Store) {
 pub async fn try_and_timeout(s: Store) {
     let (c1, c2) = (s.client().await, s.client().await);
     let name = s.name("busy");
-    let g = must("holder: acquire", c1.mutex(&name).unwrap().acquire()).await;
-    let other = c2.mutex(&name).unwrap();
+    let g = must("holder: acquire", c1.mutex(&name).expect(NAME_OK).acquire()).await;
+    let other = c2.mutex(&name).expect(NAME_OK);
 
     let (e, took) = fails("try_acquire on a held lock", other.try_acquire()).await;
     assert!(
@@ -168,7 +97,7 @@ pub async fn try_and_timeout(s: Store) {
     if !fair {
         assert_unsupported(
             "fair acquire",
-            c2.mutex(&name).unwrap().fair(true).acquire(),
+            c2.mutex(&name).expect(NAME_OK).fair(true).acquire(),
         )
         .await;
     }
@@ -176,7 +105,7 @@ pub async fn try_and_timeout(s: Store) {
         ("acquire_timeout(300ms)", other.clone()),
         (
             "fair acquire_timeout(300ms)",
-            c2.mutex(&name).unwrap().fair(fair),
+            c2.mutex(&name).expect(NAME_OK).fair(fair),
         ),
     ] {
         let (e, took) = fails(
@@ -201,7 +130,7 @@ pub async fn try_and_timeout(s: Store) {
         within(
             STEP,
             "fair try_acquire",
-            c2.mutex(&name).unwrap().fair(fair).try_acquire()
+            c2.mutex(&name).expect(NAME_OK).fair(fair).try_acquire()
         )
         .await,
         Error::Busy { .. },
@@ -210,7 +139,7 @@ pub async fn try_and_timeout(s: Store) {
 
     // A fair acquisition abandoned by the caller's own timeout (the future is dropped while it
     // waits in the queue) removes its queue place too (in the background, so allow a moment).
-    let dropper = c2.mutex(&name).unwrap().fair(fair);
+    let dropper = c2.mutex(&name).expect(NAME_OK).fair(fair);
     let abandoned = tokio::time::timeout(ms(300), dropper.acquire()).await;
     assert!(
         abandoned.is_err(),
@@ -257,14 +186,19 @@ pub async fn try_and_timeout(s: Store) {
         t.elapsed()
     );
     assert_err!(
-        within(STEP, "try_acquire", c1.mutex(&name).unwrap().try_acquire()).await,
+        within(
+            STEP,
+            "try_acquire",
+            c1.mutex(&name).expect(NAME_OK).try_acquire()
+        )
+        .await,
         Error::Busy { .. },
         "a third contender while the former waiter holds"
     );
     must("release", g2.release()).await;
     let g3 = must(
         "fair try_acquire of the free lock",
-        c1.mutex(&name).unwrap().fair(fair).try_acquire(),
+        c1.mutex(&name).expect(NAME_OK).fair(fair).try_acquire(),
     )
     .await;
     must("release", g3.release()).await;
@@ -277,9 +211,9 @@ pub async fn try_and_timeout(s: Store) {
 pub async fn dropped_guard_releases(s: Store) {
     let (c1, c2) = (s.client().await, s.client().await);
     let name = s.name("dropped");
-    let other = c2.mutex(&name).unwrap();
+    let other = c2.mutex(&name).expect(NAME_OK);
 
-    let g = must("acquire", c1.mutex(&name).unwrap().acquire()).await;
+    let g = must("acquire", c1.mutex(&name).expect(NAME_OK).acquire()).await;
     assert_busy(&other, "a contender while the guard lives").await;
     let t = Instant::now();
     drop(g);
@@ -297,7 +231,7 @@ pub async fn dropped_guard_releases(s: Store) {
     must("release", g2.release()).await;
 
     // One of two reentrant guards dropped: still held.
-    let h = c1.mutex(&name).unwrap();
+    let h = c1.mutex(&name).expect(NAME_OK);
     let ga = must("acquire", h.acquire()).await;
     let gb = must("reentrant acquire", h.acquire()).await;
     drop(ga);
@@ -328,16 +262,22 @@ pub async fn dropped_guard_releases(s: Store) {
     // Semaphore permits and rwlock guards too.
     let sname = s.name("dropped-sem");
     if s.caps.mutex_only {
-        assert_unsupported("semaphore", c1.semaphore(&sname, 1).unwrap().acquire()).await;
-        assert_unsupported("rwlock", c1.rwlock(&sname).unwrap().write()).await;
+        assert_unsupported(
+            "semaphore",
+            c1.semaphore(&sname, 1).expect(NAME_OK).acquire(),
+        )
+        .await;
+        assert_unsupported("rwlock", c1.rwlock(&sname).expect(NAME_OK).write()).await;
         return;
     }
-    let p = must("permit", c1.semaphore(&sname, 1).unwrap().acquire()).await;
+    let p = must("permit", c1.semaphore(&sname, 1).expect(NAME_OK).acquire()).await;
     let t = Instant::now();
     drop(p);
     let p2 = must(
         "a permit after the only one was dropped",
-        c2.semaphore(&sname, 1).unwrap().acquire_timeout(secs(5)),
+        c2.semaphore(&sname, 1)
+            .expect(NAME_OK)
+            .acquire_timeout(secs(5)),
     )
     .await;
     assert!(
@@ -347,12 +287,12 @@ pub async fn dropped_guard_releases(s: Store) {
     );
     must("release", p2.release()).await;
     let rname = s.name("dropped-rw");
-    let w = must("write", c1.rwlock(&rname).unwrap().write()).await;
+    let w = must("write", c1.rwlock(&rname).expect(NAME_OK).write()).await;
     let t = Instant::now();
     drop(w);
     let r = must(
         "a reader after the write guard was dropped",
-        c2.rwlock(&rname).unwrap().read_timeout(secs(5)),
+        c2.rwlock(&rname).expect(NAME_OK).read_timeout(secs(5)),
     )
     .await;
     assert!(
