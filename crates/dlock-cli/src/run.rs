@@ -4,7 +4,7 @@ use crate::child::{Child, Exit};
 use crate::exit::{self, CliResult, Failure};
 use crate::signals::{self, Received};
 use crate::store;
-use crate::take::{self, TakeOpts, Taken};
+use crate::take::{self, fmt_dur, TakeOpts, Taken};
 use nix::sys::signal::Signal;
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
@@ -32,10 +32,6 @@ pub async fn next_signal(rx: &mut UnboundedReceiver<Received>) -> Received {
         Some(r) => r,
         None => std::future::pending().await,
     }
-}
-
-pub(crate) fn fmt_dur(d: Duration) -> String {
-    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 
 /// Takes the lock, unless a signal comes first (then nothing runs).

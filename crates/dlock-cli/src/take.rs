@@ -2,7 +2,6 @@
 //! to say about it.
 
 use crate::exit::{self, Failure};
-use crate::run::fmt_dur;
 use crate::store;
 use std::time::{Duration, Instant};
 
@@ -192,6 +191,11 @@ pub async fn take(o: &TakeOpts, url: &str) -> Result<Taken, Failure> {
             format!("cannot acquire lock {name:?} on {}: {e}", client.url()),
         )),
     }
+}
+
+/// A duration for messages, to the millisecond (`1s 500ms`).
+pub(crate) fn fmt_dur(d: Duration) -> String {
+    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
 
 #[cfg(test)]

@@ -71,3 +71,17 @@ impl Error {
         matches!(self, Error::Busy { .. } | Error::Timeout { .. })
     }
 }
+
+/// `fut`, or [`Error::Unavailable`] naming `shown` once `d` has passed.
+pub(crate) async fn bounded<T>(
+    d: std::time::Duration,
+    shown: &str,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(d, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Unavailable(format!(
+            "{shown} did not answer within {d:?}"
+        ))),
+    }
+}

@@ -31,26 +31,24 @@
 #![warn(missing_docs)]
 
 pub mod backend;
-mod client;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod core;
 mod error;
 pub mod fencing;
-mod hold;
-mod lock;
 mod name;
 mod signal;
 mod stores;
 mod url;
-mod wait;
 
+pub use crate::core::client::Client;
+pub use crate::core::handles::{Guard, Mutex, RwLock, Semaphore};
+pub use crate::core::rules::{ClientOptions, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
 pub use backend::{
     Capabilities, Force, Forced, HoldStatus, HolderInfo, HolderMeta, LockInfo, LockKind, Mode,
     Validity, WaiterInfo, Wakeups, QUEUE_PLACE_TTL,
 };
-pub use client::{Client, ClientOptions, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
 pub use error::{Error, Result};
-pub use lock::{Guard, Mutex, RwLock, Semaphore};
 pub use name::{LockName, MAX_NAME_LEN};
 pub use stores::{connect, connect_with, enabled_backends, validate_url};
 pub use url::redact_url;

@@ -3,7 +3,9 @@
 //! `backend/` plus one entry here.
 
 use crate::backend::Backend;
-use crate::client::{check_lease, Client, ClientOptions};
+use crate::core::client::Client;
+use crate::core::rules::check_lease;
+use crate::core::rules::ClientOptions;
 use crate::error::{Error, Result};
 use crate::url::{clip, redact_url};
 use std::future::Future;

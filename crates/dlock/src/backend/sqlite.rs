@@ -1024,7 +1024,7 @@ mod tests {
 
     /// The store's poll interval (the shared one with this store's bounds).
     fn poll_interval(step: u32) -> Duration {
-        crate::wait::poll_interval(step, POLL_MIN, POLL_MAX)
+        crate::core::wait::poll_interval(step, POLL_MIN, POLL_MAX)
     }
 
     #[test]
@@ -1888,48 +1888,19 @@ mod tests {
         assert!(b.describe("").await.unwrap().is_empty());
     }
 
+    /// Through clients: the grants of a name in a new file count from 1.
     #[tokio::test(flavor = "multi_thread")]
-    async fn client_end_to_end() {
+    async fn a_name_in_a_new_file_counts_from_one() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("e2e.db").display());
         let c1 = crate::connect(&url).await.unwrap();
         let c2 = crate::connect(&url).await.unwrap();
         assert_eq!(c1.backend_name(), "sqlite");
-        let g = c1.mutex("e2e/job").unwrap().acquire().await.unwrap();
-        assert_eq!(g.token(), Some(1));
-        let e = c2
-            .mutex("e2e/job")
-            .unwrap()
-            .try_acquire()
-            .await
-            .unwrap_err();
-        assert!(e.is_not_granted(), "{e}");
-        let info = c2.describe("e2e/job").await.unwrap().unwrap();
-        assert_eq!(info.holders[0].meta.client_id, c1.id());
-        // a waiter on the other client gets it right after the release
-        let waiter = {
-            let c2 = c2.clone();
-            tokio::spawn(async move {
-                let g = c2
-                    .mutex("e2e/job")
-                    .unwrap()
-                    .acquire_timeout(Duration::from_secs(10))
-                    .await
-                    .unwrap();
-                let t = g.token();
-                g.release().await.unwrap();
-                (t, Instant::now())
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let released = Instant::now();
-        g.release().await.unwrap();
-        let (t, got) = waiter.await.unwrap();
-        assert_eq!(t, Some(2));
-        assert!(got.duration_since(released) < Duration::from_millis(200));
+        for (c, token) in [(&c1, 1), (&c2, 2), (&c1, 3)] {
+            let g = c.mutex("e2e/job").unwrap().try_acquire().await.unwrap();
+            assert_eq!(g.token(), Some(token));
+            g.release().await.unwrap();
+        }
         assert!(c1.list("").await.unwrap().is_empty());
-        let g = c1.mutex("e2e/job").unwrap().try_acquire().await.unwrap();
-        assert_eq!(g.token(), Some(3));
-        g.release().await.unwrap();
     }
 }

@@ -109,8 +109,8 @@ impl<B: Backend> Drive for B {
 
     async fn wait(&self, req: &Request<'_>, busy: &Busy, until: Instant) -> Result<()> {
         let mut acq = take(self, req);
-        let calls = crate::wait::Calls::new(self, "test");
-        let r = crate::wait::wait_for_turn(acq.as_mut(), &calls, busy, until).await;
+        let calls = crate::core::wait::Calls::new(self, "test");
+        let r = crate::core::wait::wait_for_turn(acq.as_mut(), &calls, busy, until).await;
         keep(self, req, acq);
         r
     }

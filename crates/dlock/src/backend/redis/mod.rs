@@ -1979,8 +1979,11 @@ mod tests {
         assert!(!format!("{b:?}").contains("right-horse-battery"));
     }
 
+    /// Through clients: the first grants of a name count from 1, and once every hold is
+    /// released only the fence keys are left (what the conformance suite cannot see: the store's
+    /// own keys).
     #[tokio::test(flavor = "multi_thread")]
-    async fn client_end_to_end() {
+    async fn a_name_counts_from_one_and_leaves_only_its_fence() {
         let prefix = format!("e2e-{}:", uuid::Uuid::new_v4());
         let u = format!("{}?prefix={prefix}", url());
         let c1 = crate::connect(&u).await.unwrap();
@@ -1988,43 +1991,15 @@ mod tests {
         assert_eq!(c1.backend_name(), "redis");
         let g = c1.mutex("e2e/job").unwrap().acquire().await.unwrap();
         assert_eq!(g.token(), Some(1));
-        let e = c2
-            .mutex("e2e/job")
-            .unwrap()
-            .try_acquire()
-            .await
-            .unwrap_err();
-        assert!(e.is_not_granted(), "{e}");
-        let info = c2.describe("e2e/job").await.unwrap().unwrap();
-        assert_eq!(info.holders[0].meta.client_id, c1.id());
-        let waiter = {
-            let c2 = c2.clone();
-            tokio::spawn(async move {
-                let g = c2
-                    .mutex("e2e/job")
-                    .unwrap()
-                    .acquire_timeout(Duration::from_secs(10))
-                    .await
-                    .unwrap();
-                let t = g.token();
-                g.release().await.unwrap();
-                (t, Instant::now())
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let released = Instant::now();
         g.release().await.unwrap();
-        let (t, got) = waiter.await.unwrap();
-        assert_eq!(t, Some(2));
-        assert!(got.duration_since(released) < Duration::from_millis(200));
-        assert!(c1.list("").await.unwrap().is_empty());
+        let g = c2.mutex("e2e/job").unwrap().acquire().await.unwrap();
+        assert_eq!(g.token(), Some(2));
+        g.release().await.unwrap();
         let sem = c1.semaphore("e2e/sem", 2).unwrap();
         let (g1, g2) = (sem.acquire().await.unwrap(), sem.acquire().await.unwrap());
-        assert!(sem.try_acquire().await.unwrap_err().is_not_granted());
-        drop(g1);
-        let g3 = sem.acquire_timeout(Duration::from_secs(5)).await.unwrap();
+        g1.release().await.unwrap();
         g2.release().await.unwrap();
-        g3.release().await.unwrap();
+        assert!(c1.list("").await.unwrap().is_empty());
         let mut c = raw().await;
         let keys: Vec<String> = c.keys(format!("{prefix}*")).await.unwrap();
         let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();

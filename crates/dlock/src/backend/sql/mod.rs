@@ -131,9 +131,9 @@ use super::sql_common::{
     StateRow, WaiterListing, STATE_REVOKED,
 };
 use super::*;
+use crate::error::bounded;
 use crate::error::Error;
 use crate::signal::NameSignals;
-use crate::wait::bounded;
 pub use config::{HoldMode, SqlConfig};
 use rand::Rng;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};

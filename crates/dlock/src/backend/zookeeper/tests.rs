@@ -4,7 +4,7 @@
 //! missing ZooKeeper is a failure.
 
 use super::*;
-use crate::client::{Client, ClientOptions};
+use crate::{Client, ClientOptions};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 

@@ -1,9 +1,10 @@
 //! Lock handles ([`Mutex`], [`RwLock`], [`Semaphore`]) and the [`Guard`] of a hold.
 
+use super::client::Client;
+use super::hold::{Hold, HoldState};
+use super::rules::{check_lease, margin, Spec, Wait, MAX_LEASE};
 use crate::backend::{Extended, LockKind, Mode, Released, Validity};
-use crate::client::{check_lease, margin, Client, Spec, Wait};
 use crate::error::{Error, Result};
-use crate::hold::{Hold, HoldState};
 use crate::name::LockName;
 use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
@@ -121,6 +122,31 @@ macro_rules! settings {
             self.core.name.as_str()
         }
     };
+}
+
+impl Client {
+    /// A mutex handle for `name`. Fails with [`Error::InvalidName`] for a bad name.
+    pub fn mutex(&self, name: impl Into<String>) -> Result<Mutex> {
+        Ok(Mutex::new(self.clone(), LockName::new(name)?))
+    }
+
+    /// A read-write lock handle for `name`.
+    pub fn rwlock(&self, name: impl Into<String>) -> Result<RwLock> {
+        Ok(RwLock::new(self.clone(), LockName::new(name)?))
+    }
+
+    /// A semaphore handle for `name` with `permits` permits (≥ 1). Every user of the name must ask
+    /// for the same number; a mismatch is reported as [`Error::InvalidConfig`] while the other
+    /// side holds permits.
+    pub fn semaphore(&self, name: impl Into<String>, permits: u32) -> Result<Semaphore> {
+        let name = LockName::new(name)?;
+        if permits == 0 {
+            return Err(Error::InvalidConfig(
+                "a semaphore needs at least one permit".into(),
+            ));
+        }
+        Ok(Semaphore::new(self.clone(), name, permits))
+    }
 }
 
 /// A distributed mutex: one holder at a time.
@@ -475,26 +501,26 @@ impl Guard {
             self.done = true;
             return release_hold(hold).await;
         }
-        if after > crate::client::MAX_LEASE {
+        if after > MAX_LEASE {
             return Err(Error::InvalidConfig(format!(
                 "expire_in({after:?}) is longer than the longest lease ({:?})",
-                crate::client::MAX_LEASE
+                MAX_LEASE
             )));
         }
-        if hold.client.backend.capabilities().validity == Validity::Session {
+        if hold.store.backend.capabilities().validity == Validity::Session {
             return Err(Error::Unsupported(format!(
                 "the {} store ends holds with the client's session; it cannot keep a hold after \
                  the holder lets go",
-                hold.client.backend.name()
+                hold.store.backend.name()
             )));
         }
         let renewing = hold.renews();
         hold.stop_renewing();
         let sent = Instant::now();
         let answer = match hold
-            .client
+            .store
             .calls
-            .timed(hold.client.backend.detach(&hold.as_ref_with(after)))
+            .timed(hold.store.backend.detach(&hold.as_ref_with(after)))
             .await
         {
             Ok(a) => a,
@@ -535,17 +561,17 @@ async fn release_hold(hold: Arc<Hold>) -> Result<()> {
         return Ok(()); // another reentrant guard still holds it
     }
     let before = hold.mark_released();
-    hold.client.forget(&hold.owner);
+    hold.store.forget(&hold.owner);
     let span = tracing::debug_span!("dlock.release", name = %hold.name, token = ?hold.token);
     let r = {
         use tracing::Instrument;
-        hold.client
+        hold.store
             .calls
-            .timed(hold.client.backend.release(&hold.as_ref_with(hold.lease)))
+            .timed(hold.store.backend.release(&hold.as_ref_with(hold.lease)))
             .instrument(span)
             .await
     };
-    hold.client.wake_local(hold.name.as_str());
+    hold.store.wake_local(hold.name.as_str());
     match (r?, before) {
         (_, HoldState::Lost(reason)) => Err(Error::Lost {
             name: hold.name.to_string(),
@@ -567,7 +593,7 @@ impl Drop for Guard {
         if hold.is_detached() {
             // `expire_in`: the store's lease ends the hold; nothing to send.
             if hold.leave() {
-                hold.client.forget(&hold.owner);
+                hold.store.forget(&hold.owner);
             }
             return;
         }
@@ -583,7 +609,7 @@ impl Drop for Guard {
                 // No runtime to send the release on: stop renewing; the lease ends the hold.
                 if hold.leave() {
                     hold.mark_released();
-                    hold.client.forget(&hold.owner);
+                    hold.store.forget(&hold.owner);
                 }
             }
         }

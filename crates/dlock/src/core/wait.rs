@@ -3,7 +3,7 @@
 //! store; and the clean-up of an acquisition the caller dropped half-way.
 
 use crate::backend::{Acquisition, Backend, Busy, HoldRef, Look, Want, Watch};
-use crate::error::{Error, Result};
+use crate::error::{bounded, Error, Result};
 use rand::Rng;
 use std::future::Future;
 use std::sync::Arc;
@@ -36,20 +36,6 @@ impl Calls {
     /// The call timeout, if the store has one.
     pub(crate) fn timeout(&self) -> Option<Duration> {
         self.timeout
-    }
-}
-
-/// `fut`, or [`Error::Unavailable`] naming `shown` once `d` has passed.
-pub(crate) async fn bounded<T>(
-    d: Duration,
-    shown: &str,
-    fut: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    match tokio::time::timeout(d, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(Error::Unavailable(format!(
-            "{shown} did not answer within {d:?}"
-        ))),
     }
 }
 

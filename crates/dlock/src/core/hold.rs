@@ -1,12 +1,86 @@
-//! One hold in the store, shared by the reentrant guards that use it.
+//! One hold in the store, shared by the reentrant guards that use it, and the [`Store`] the
+//! holds of one client share.
 
-use crate::backend::{HoldRef, LockKind, Mode, Validity};
-use crate::client::{Inner, Spec};
+use super::rules::Spec;
+use super::wait::Calls;
+use crate::backend::{Backend, Capabilities, HoldRef, LockKind, Mode, Validity};
 use crate::name::LockName;
+use crate::signal::NameSignals;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
+use tokio::sync::Notify;
+
+/// What the holds of one client share: the backend, its call timeout, the holds the watchdog
+/// renews and the in-process wake-ups. Dropped with the client and its last hold (the watchdog
+/// then stops).
+#[derive(Debug)]
+pub(crate) struct Store {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) caps: Capabilities,
+    /// Every call to the store goes through this (its timeout).
+    pub(crate) calls: Calls,
+    /// In-process wake-ups by lock name, shared with the clients of this process on the same
+    /// store (see [`Backend::shared_key`]).
+    pub(crate) local: Arc<NameSignals>,
+    /// Live holds by owner token, for the watchdog.
+    holds: StdMutex<HashMap<String, Weak<Hold>>>,
+    /// Wakes the watchdog.
+    pub(crate) kick: Arc<Notify>,
+}
+
+impl Store {
+    pub(crate) fn new(
+        backend: Arc<dyn Backend>,
+        caps: Capabilities,
+        calls: Calls,
+        local: Arc<NameSignals>,
+    ) -> Store {
+        Store {
+            backend,
+            caps,
+            calls,
+            local,
+            holds: StdMutex::new(HashMap::new()),
+            kick: Arc::new(Notify::new()),
+        }
+    }
+
+    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Hold>>> {
+        // The map stays consistent even if a holder panicked.
+        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands a new hold to the watchdog.
+    pub(crate) fn keep(&self, hold: &Arc<Hold>) {
+        self.holds()
+            .insert(hold.owner.clone(), Arc::downgrade(hold));
+    }
+
+    /// The live holds (forgetting those whose guards are all gone).
+    pub(crate) fn live(&self) -> Vec<Arc<Hold>> {
+        let mut map = self.holds();
+        map.retain(|_, w| w.strong_count() > 0);
+        map.values().filter_map(Weak::upgrade).collect()
+    }
+
+    pub(crate) fn forget(&self, owner: &str) {
+        self.holds().remove(owner);
+    }
+
+    /// Wakes this process's tasks waiting on `name` (after a release in this process).
+    pub(crate) fn wake_local(&self, name: &str) {
+        self.local.wake(name);
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.kick.notify_one();
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum HoldState {
@@ -24,7 +98,7 @@ pub(crate) enum HoldState {
 
 #[derive(Debug)]
 pub(crate) struct Hold {
-    pub(crate) client: Arc<Inner>,
+    pub(crate) store: Arc<Store>,
     pub(crate) name: LockName,
     pub(crate) kind: LockKind,
     pub(crate) mode: Mode,
@@ -46,7 +120,7 @@ pub(crate) struct Hold {
 
 impl Hold {
     pub(crate) fn new(
-        client: Arc<Inner>,
+        store: Arc<Store>,
         spec: &Spec,
         owner: String,
         token: Option<u64>,
@@ -55,7 +129,7 @@ impl Hold {
     ) -> Arc<Hold> {
         let (state, _) = watch::channel(HoldState::Held { deadline, renew_at });
         Arc::new(Hold {
-            client,
+            store,
             name: spec.name.clone(),
             kind: spec.kind,
             mode: spec.mode,
@@ -152,7 +226,7 @@ impl Hold {
             _ => false,
         });
         if changed {
-            metrics::counter!("dlock_lost_total", "backend" => self.client.backend.name())
+            metrics::counter!("dlock_lost_total", "backend" => self.store.backend.name())
                 .increment(1);
             tracing::warn!(name = %self.name, token = ?self.token, reason, "lock lost");
         }
@@ -176,8 +250,7 @@ impl Hold {
     /// (in the background) — written once here for every session store, instead of a timer per
     /// hold in the backend.
     pub(crate) fn lease_ran_out(&self, reason: &str) {
-        if self.mark_lost(reason)
-            && self.client.backend.capabilities().validity == Validity::Session
+        if self.mark_lost(reason) && self.store.backend.capabilities().validity == Validity::Session
         {
             self.end_in_background();
         }
@@ -199,8 +272,8 @@ impl Hold {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let backend = self.client.backend.clone();
-        let calls = self.client.calls.clone();
+        let backend = self.store.backend.clone();
+        let calls = self.store.calls.clone();
         let (name, kind, mode, owner, lease) = (
             self.name.clone(),
             self.kind,

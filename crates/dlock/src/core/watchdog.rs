@@ -1,0 +1,214 @@
+//! The renewal watchdog of one client: wakes when the earliest hold is due, renews every hold
+//! that is due (or nearly due) in one `extend` call, and fires `lost()` on holds the store no
+//! longer has or whose local deadline passed.
+
+use super::hold::{Hold, HoldState, Store};
+use super::rules::margin;
+use crate::backend::{Extended, HoldRef, Validity};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// When the watchdog wakes next, shared by the watchdog (which publishes it) and the
+/// acquisitions (which kick it only when a new hold is due before that).
+#[derive(Debug)]
+pub(crate) struct Schedule {
+    /// Nanoseconds after `epoch` plus one; 0 while the watchdog is working out its next round.
+    next: AtomicU64,
+    epoch: Instant,
+}
+
+impl Schedule {
+    pub(crate) fn new() -> Schedule {
+        Schedule {
+            next: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Whether the watchdog's next wake-up comes after `t` (or is being worked out). A hold
+    /// registered before this is asked is always seen: the watchdog marks "working out" before
+    /// it reads the holds and publishes its next wake-up after, so either its read includes the
+    /// hold, or this sees the mark or a wake-up computed without the hold (then `t` decides).
+    pub(crate) fn wakes_after(&self, t: Instant) -> bool {
+        match self.next.load(Ordering::SeqCst) {
+            0 => true,
+            n => t < self.epoch + Duration::from_nanos(n - 1),
+        }
+    }
+
+    /// Publishes the watchdog's next wake-up (`None`: working it out).
+    fn publish(&self, next: Option<Instant>) {
+        let v = next.map_or(0, |t| {
+            u64::try_from(t.saturating_duration_since(self.epoch).as_nanos())
+                .unwrap_or(u64::MAX - 1)
+                .saturating_add(1)
+        });
+        self.next.store(v, Ordering::SeqCst);
+    }
+}
+
+/// The renewal watchdog of one client: wakes when the earliest hold is due, renews every hold
+/// that is due (or nearly due) in **one** `extend` call, and fires `lost()` on holds the store no
+/// longer has or whose local deadline passed. Exits when the client is dropped.
+pub(crate) async fn watchdog(store: Weak<Store>, schedule: Arc<Schedule>) {
+    loop {
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        schedule.publish(None);
+        let next = renew_due(&store).await;
+        schedule.publish(Some(next));
+        let kick = store.kick.clone();
+        drop(store);
+        tokio::select! {
+            _ = tokio::time::sleep_until(next.into()) => {}
+            _ = kick.notified() => {}
+        }
+    }
+}
+
+/// One watchdog round; returns when the next round is due.
+async fn renew_due(inner: &Arc<Store>) -> Instant {
+    let now = Instant::now();
+    let mut next = now + Duration::from_secs(3600);
+    let mut batch: Vec<Arc<Hold>> = Vec::new();
+    let mut nearly: Vec<Arc<Hold>> = Vec::new();
+    let mut due = false;
+    let holds = inner.live();
+    for h in holds {
+        match h.state() {
+            HoldState::Held { deadline, renew_at } => {
+                if now >= deadline {
+                    h.lease_ran_out("the lease ran out before it could be renewed");
+                    inner.forget(&h.owner);
+                    continue;
+                }
+                next = next.min(deadline);
+                if h.renews() {
+                    if renew_at <= now {
+                        due = true;
+                        batch.push(h);
+                    } else {
+                        next = next.min(renew_at);
+                        // Due within the next sixth of its lease: rides along if a batch goes out.
+                        if renew_at <= now + h.lease / 6 {
+                            nearly.push(h);
+                        }
+                    }
+                }
+            }
+            // A revoked hold of a session store stays until its guards release it, or until
+            // its lease would have run out: then it is ended here.
+            HoldState::Lost(_) => match h.end_at() {
+                Some(at) if at > now => next = next.min(at),
+                Some(_) => {
+                    h.end_in_background();
+                    inner.forget(&h.owner);
+                }
+                None => inner.forget(&h.owner),
+            },
+            HoldState::Released => inner.forget(&h.owner),
+        }
+    }
+    if !due {
+        return next;
+    }
+    batch.append(&mut nearly);
+    // Most urgent first; at most RENEW_BATCH holds per `extend` call and RENEW_IN_FLIGHT calls at
+    // once, so one slow or huge batch (tens of thousands of holds) neither outlasts the lease of
+    // all of them nor opens more connections.
+    batch.sort_by_key(|h| match h.state() {
+        HoldState::Held { deadline, .. } => deadline,
+        _ => now,
+    });
+    use futures_util::stream::StreamExt;
+    futures_util::stream::iter(batch.chunks(RENEW_BATCH))
+        .for_each_concurrent(RENEW_IN_FLIGHT, |chunk| renew_chunk(inner, chunk))
+        .await;
+    Instant::now()
+}
+
+/// The most holds the watchdog puts in one [`Backend::extend`] call.
+pub(crate) const RENEW_BATCH: usize = 500;
+/// How many `extend` calls of one watchdog round may be in flight at once.
+const RENEW_IN_FLIGHT: usize = 4;
+
+/// Renews one batch of holds in one `extend` call and applies the answers.
+async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
+    let now = Instant::now();
+    let refs: Vec<HoldRef<'_>> = batch.iter().map(|h| h.as_ref_with(h.lease)).collect();
+    let earliest = batch
+        .iter()
+        .filter_map(|h| match h.state() {
+            HoldState::Held { deadline, .. } => Some(deadline),
+            _ => None,
+        })
+        .min()
+        .unwrap_or(now + Duration::from_secs(1));
+    let span = tracing::debug_span!("dlock.renew", holds = refs.len());
+    let sent = Instant::now();
+    let result = {
+        use tracing::Instrument;
+        let bound = match inner.calls.timeout() {
+            Some(d) => earliest.min(Instant::now() + d),
+            None => earliest,
+        };
+        tokio::time::timeout_at(bound.into(), inner.backend.extend(&refs))
+            .instrument(span)
+            .await
+    };
+    metrics::counter!("dlock_renew_batches_total", "backend" => inner.backend.name()).increment(1);
+    match result {
+        Ok(Ok(answers)) if answers.len() == batch.len() => {
+            for (h, a) in batch.iter().zip(answers) {
+                match a {
+                    Extended::Held { valid_for } => h.confirmed(
+                        sent + valid_for.saturating_sub(margin(valid_for)),
+                        sent + valid_for / 3,
+                    ),
+                    Extended::Gone => {
+                        h.mark_lost(
+                            "the store no longer has this hold (expired, removed or taken over)",
+                        );
+                        inner.forget(&h.owner);
+                    }
+                    Extended::Revoked => {
+                        // The store keeps others out until this hold is released: the guard's
+                        // release (or drop) is the holder's acknowledgement. A lease store ends
+                        // it at its lease anyway; a session store would keep it while the
+                        // session lives, so the watchdog ends it when the lease would have.
+                        let deadline = match h.state() {
+                            HoldState::Held { deadline, .. } => Some(deadline),
+                            _ => None,
+                        };
+                        h.mark_lost(
+                            "the lock was revoked by a forced unlock; others are kept out until \
+                             this holder lets go or its lease runs out",
+                        );
+                        match deadline {
+                            Some(d) if inner.caps.validity == Validity::Session => {
+                                h.end_at_latest(d + margin(h.lease));
+                            }
+                            _ => inner.forget(&h.owner),
+                        }
+                    }
+                }
+            }
+        }
+        other => {
+            let why = match other {
+                Ok(Ok(_)) => {
+                    "the store answered a renewal with the wrong number of results".to_string()
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "renewal did not finish before the lease deadline".to_string(),
+            };
+            tracing::warn!(error = %why, holds = batch.len(), "renewal failed; retrying until the lease deadline");
+            for h in batch {
+                // Retry soon, but never later than the deadline allows.
+                h.retry_renewal_at(Instant::now() + (h.lease / 10).min(Duration::from_secs(1)));
+            }
+        }
+    }
+}
