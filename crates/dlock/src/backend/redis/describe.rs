@@ -1,0 +1,152 @@
+//! `describe`: the lock names under a prefix (`SCAN`), then each name's holders and waiters
+//! (the `describe` script, in pipelines).
+
+use super::keys::{glob_escape, name_of_key};
+use super::scripts::{array, int, text, unexpected};
+use super::{parse_kind, parse_mode, RedisBackend};
+use crate::backend::*;
+use crate::error::Result;
+use ::redis::{Cmd, Value};
+
+/// How many keys one `SCAN` step asks for.
+const SCAN_COUNT: usize = 1000;
+/// How many `describe` scripts go in one pipeline.
+const DESCRIBE_BATCH: usize = 100;
+
+impl RedisBackend {
+    /// The locks whose name starts with `prefix`.
+    pub(super) async fn describe_all(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let sh = &self.shared;
+        let t = &sh.target;
+        let pattern = if t.hashtag {
+            format!("{}{{{}*", glob_escape(&t.prefix), glob_escape(prefix))
+        } else {
+            format!("{}{}*", glob_escape(&t.prefix), glob_escape(prefix))
+        };
+        let mut names: Vec<String> = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let mut c = Cmd::new();
+            c.arg("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT);
+            let mut conn = sh.conn.clone();
+            let (next, keys): (u64, Vec<Vec<u8>>) =
+                c.query_async(&mut conn).await.map_err(|e| sh.err(e))?;
+            for k in keys {
+                let Ok(k) = String::from_utf8(k) else {
+                    continue;
+                };
+                if let Some(n) = name_of_key(&sh.target, &k).filter(|n| n.starts_with(prefix)) {
+                    names.push(n);
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        names.sort();
+        names.dedup();
+        let mut out = Vec::new();
+        for chunk in names.chunks(DESCRIBE_BATCH) {
+            let calls: Vec<(Vec<String>, Vec<String>)> = chunk
+                .iter()
+                .map(|n| {
+                    let base = sh.base(n);
+                    (
+                        vec![
+                            base.clone(),
+                            format!("{base}:exp"),
+                            format!("{base}:q"),
+                            format!("{base}:qexp"),
+                            format!("{base}:qinfo"),
+                        ],
+                        vec![format!("{base}:meta:")],
+                    )
+                })
+                .collect();
+            let answers = sh.eval_pipeline(&sh.scripts.describe, &calls).await?;
+            for (n, v) in chunk.iter().zip(answers) {
+                if let Some(info) = parse_describe(n, &v)? {
+                    out.push(info);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Decodes the answer of `describe.lua` for `name`.
+fn parse_describe(name: &str, v: &Value) -> Result<Option<LockInfo>> {
+    let a = array(v).ok_or_else(|| unexpected("describe answer", v))?;
+    if a.is_empty() {
+        return Ok(None);
+    }
+    let bad = || unexpected("describe answer", v);
+    let kind_s = a.first().and_then(text).ok_or_else(bad)?;
+    let permits = a.get(1).and_then(int).unwrap_or(0);
+    let Some(kind) = parse_kind(&kind_s, permits) else {
+        return Ok(None);
+    };
+    let mut holders = Vec::new();
+    for h in a.get(2).and_then(array).ok_or_else(bad)? {
+        let f: Vec<String> = array(h)
+            .ok_or_else(bad)?
+            .iter()
+            .map(|x| text(x).unwrap_or_default())
+            .collect();
+        if f.len() < 9 {
+            return Err(bad());
+        }
+        holders.push(HolderInfo {
+            owner: f[0].clone(),
+            meta: HolderMeta {
+                client_id: f[3].clone(),
+                host: f[4].clone(),
+                pid: f[5].parse().unwrap_or(0),
+            },
+            mode: parse_mode(&f[1]),
+            token: f[7].parse().ok(),
+            acquired_at_ms: f[6].parse().unwrap_or(0),
+            lease_left_ms: f[2].parse::<u64>().ok(),
+            status: match f[8].as_str() {
+                "revoked" => HoldStatus::Revoked,
+                "detached" => HoldStatus::Detached,
+                _ => HoldStatus::Held,
+            },
+        });
+    }
+    // Grant order, like the other stores.
+    holders.sort_by_key(|h| h.token.unwrap_or(0));
+    let mut waiters = Vec::new();
+    for (i, w) in a.get(3).and_then(array).ok_or_else(bad)?.iter().enumerate() {
+        let f = array(w).ok_or_else(bad)?;
+        let owner = f.first().and_then(text).ok_or_else(bad)?;
+        let info = f.get(1).and_then(text).unwrap_or_default();
+        let mut parts = info.splitn(4, '\n');
+        let mode = parse_mode(parts.next().unwrap_or(""));
+        let client_id = parts.next().unwrap_or("").to_owned();
+        let host = parts.next().unwrap_or("").to_owned();
+        let pid = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        waiters.push(WaiterInfo {
+            owner,
+            meta: HolderMeta {
+                client_id,
+                host,
+                pid,
+            },
+            mode,
+            position: u32::try_from(i).unwrap_or(u32::MAX),
+        });
+    }
+    Ok(Some(LockInfo {
+        name: name.to_owned(),
+        kind,
+        holders,
+        waiters,
+    }))
+}

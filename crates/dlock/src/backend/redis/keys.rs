@@ -1,0 +1,86 @@
+//! The key layout (see the module docs): a lock's base key, the keys next to it, its release
+//! channel, and how scanned keys map back to lock names.
+
+use super::{RedisBackend, RedisTarget, Shared};
+use crate::error::{Error, Result};
+use crate::name::LockName;
+
+/// Suffixes of the keys next to a base key (skipped by `describe` with `hashtag=false`).
+pub(super) const SUFFIXES: &[&str] = &[":fence", ":exp", ":q", ":qexp", ":qinfo", ":qseq"];
+/// The lock name of a scanned key, if it is a base key.
+pub(super) fn name_of_key(target: &RedisTarget, key: &str) -> Option<String> {
+    let rest = key.strip_prefix(target.prefix.as_str())?;
+    let name = if target.hashtag {
+        rest.strip_prefix('{')?.strip_suffix('}')?
+    } else {
+        if SUFFIXES.iter().any(|s| rest.ends_with(s)) {
+            return None;
+        }
+        if let Some((_, owner)) = rest.rsplit_once(":meta:") {
+            if uuid::Uuid::parse_str(owner).is_ok() {
+                return None;
+            }
+        }
+        rest
+    };
+    LockName::new(name).ok().map(|n| n.as_str().to_owned())
+}
+
+/// With `hashtag=false` the keys of lock `n` are `prefix + n + suffix`, so a name ending with a
+/// suffix would be another lock's key (`a:fence` is the fencing counter of `a`): such names are
+/// refused there rather than corrupting that lock.
+pub(super) fn check_verbatim_name(target: &RedisTarget, name: &str) -> Result<()> {
+    if target.hashtag {
+        return Ok(());
+    }
+    let meta = name
+        .rsplit_once(":meta:")
+        .is_some_and(|(_, owner)| uuid::Uuid::parse_str(owner).is_ok());
+    match SUFFIXES.iter().find(|s| name.ends_with(*s)) {
+        Some(s) => Err(Error::InvalidName(format!(
+            "with hashtag=false a lock name must not end with {s:?}: its key would be another \
+             lock's (use the default hashtag=true)"
+        ))),
+        None if meta => Err(Error::InvalidName(
+            "with hashtag=false a lock name must not end with \":meta:<uuid>\": its key would be \
+             another lock's (use the default hashtag=true)"
+                .into(),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Escapes Redis glob characters so `s` matches only itself in `SCAN MATCH`.
+pub(super) fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^' | '-') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+impl Shared {
+    pub(super) fn base(&self, name: &str) -> String {
+        if self.target.hashtag {
+            format!("{}{{{}}}", self.target.prefix, name)
+        } else {
+            format!("{}{}", self.target.prefix, name)
+        }
+    }
+
+    pub(super) fn channel(base: &str) -> String {
+        format!("{base}:released")
+    }
+}
+
+impl RedisBackend {
+    pub(super) fn hold_keys(&self, name: &str, owner: &str) -> (String, String, String) {
+        let base = self.shared.base(name);
+        let exp = format!("{base}:exp");
+        let meta = format!("{base}:meta:{owner}");
+        (base, exp, meta)
+    }
+}

@@ -1,0 +1,755 @@
+//! The Redis store's own tests (the conformance suite covers what every store shares).
+
+use super::keys::{glob_escape, name_of_key};
+use super::*;
+use crate::backend::test_support::*;
+use ::redis::AsyncCommands;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn url() -> String {
+    std::env::var("DLOCK_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}
+
+async fn backend() -> RedisBackend {
+    RedisBackend::connect(&url())
+        .await
+        .unwrap_or_else(|e| panic!("the test Redis at {} is not reachable: {e}", url()))
+}
+
+async fn raw() -> ::redis::aio::MultiplexedConnection {
+    ::redis::Client::open(url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+fn uniq(tag: &str) -> LockName {
+    LockName::new(format!("test/{tag}/{}", uuid::Uuid::new_v4())).unwrap()
+}
+
+#[test]
+fn glob_escaping_and_key_names() {
+    assert_eq!(glob_escape(r"a*b?[c]\d"), r"a\*b\?\[c\]\\d");
+    let target = |hashtag| RedisTarget {
+        url: String::new(),
+        shown: String::new(),
+        password: None,
+        prefix: "p:".into(),
+        hashtag,
+        connect_timeout: Duration::from_secs(1),
+        timeout: Duration::from_secs(1),
+    };
+    let t = target(true);
+    assert_eq!(name_of_key(&t, "p:{a/b}").as_deref(), Some("a/b"));
+    assert_eq!(name_of_key(&t, "p:{x}}").as_deref(), Some("x}"));
+    assert_eq!(name_of_key(&t, "p:{a}:fence"), None);
+    assert_eq!(
+        name_of_key(&t, "p:{a}:meta:0b9a3c6e-6b1d-4d3f-9a57-1f2e3d4c5b6a"),
+        None
+    );
+    assert_eq!(name_of_key(&t, "q:{a}"), None);
+    assert_eq!(name_of_key(&t, "p:{}"), None);
+    let f = target(false);
+    assert_eq!(name_of_key(&f, "p:jobs").as_deref(), Some("jobs"));
+    assert_eq!(name_of_key(&f, "p:jobs:fence"), None);
+    assert_eq!(name_of_key(&f, "p:jobs:qseq"), None);
+    assert_eq!(
+        name_of_key(&f, "p:jobs:meta:0b9a3c6e-6b1d-4d3f-9a57-1f2e3d4c5b6a"),
+        None
+    );
+    assert_eq!(
+        name_of_key(&f, "p:jobs:meta:x").as_deref(),
+        Some("jobs:meta:x")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_clients_exclude_and_the_key_is_a_plain_string() {
+    let (a, b) = (backend().await, backend().await);
+    let n = uniq("plain");
+    let (ma, mb) = (meta("a"), meta("b"));
+    let ra = rq(&n, "owner-a", &ma);
+    let rb = rq(&n, "owner-b", &mb);
+    let t = token(a.acquire(&ra).await.unwrap());
+    let bz = busy(b.acquire(&rb).await.unwrap());
+    let left = bz.retry_in.unwrap();
+    assert!(left > Duration::from_secs(29) && left <= LONG, "{left:?}");
+    // regrant: same token
+    assert_eq!(token(a.acquire(&ra).await.unwrap()), t);
+    let mut c = raw().await;
+    let key = a.base_key(&n);
+    assert_eq!(key, format!("dlock:{{{}}}", n.as_str()));
+    let ty: String = ::redis::cmd("TYPE")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(ty, "string");
+    let v: String = c.get(&key).await.unwrap();
+    assert_eq!(v, "owner-a");
+    let pttl: i64 = c.pttl(&key).await.unwrap();
+    assert!(pttl > 29_000 && pttl <= 30_000, "{pttl}");
+    let fence: u64 = c.get(format!("{key}:fence")).await.unwrap();
+    assert_eq!(fence, t);
+    let meta_ttl: i64 = c.pttl(format!("{key}:meta:owner-a")).await.unwrap();
+    assert!(meta_ttl > 29_000, "{meta_ttl}");
+    assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::NotHeld);
+    assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::Released);
+    let exists: bool = c.exists(&key).await.unwrap();
+    assert!(!exists);
+    let meta_exists: bool = c.exists(format!("{key}:meta:owner-a")).await.unwrap();
+    assert!(!meta_exists);
+    assert_eq!(token(b.acquire(&rb).await.unwrap()), t + 1);
+    b.release(&hr(&rb)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn raw_set_nx_px_and_dlock_exclude_each_other() {
+    let b = backend().await;
+    let mut c = raw().await;
+    let n = uniq("interop");
+    let key = b.base_key(&n);
+    let m = meta("a");
+    let r = rq(&n, "dlock-owner", &m);
+    let set: Option<String> = ::redis::cmd("SET")
+        .arg(&key)
+        .arg("other")
+        .arg("NX")
+        .arg("PX")
+        .arg(5000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(set.as_deref(), Some("OK"));
+    let bz = busy(b.acquire(&r).await.unwrap());
+    assert!(bz.retry_in.unwrap() <= Duration::from_secs(5));
+    // describe shows the foreign holder by its token
+    let info = b.describe(n.as_str()).await.unwrap();
+    assert_eq!(info[0].holders[0].owner, "other");
+    assert_eq!(info[0].holders[0].token, None);
+    // dlock's release leaves the foreign key alone
+    assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::NotHeld);
+    let v: String = c.get(&key).await.unwrap();
+    assert_eq!(v, "other");
+    let _: () = c.del(&key).await.unwrap();
+    token(b.acquire(&r).await.unwrap());
+    let set: Option<String> = ::redis::cmd("SET")
+        .arg(&key)
+        .arg("other")
+        .arg("NX")
+        .arg("PX")
+        .arg(5000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(set, None, "SET NX must fail while dlock holds");
+    b.release(&hr(&r)).await.unwrap();
+    // a hand-written compare-and-delete sees dlock's token as the value
+    token(b.acquire(&r).await.unwrap());
+    let v: String = c.get(&key).await.unwrap();
+    assert_eq!(v, "dlock-owner");
+    b.release(&hr(&r)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn release_of_an_expired_hold_leaves_the_next_holder_alone() {
+    let (a, b) = (backend().await, backend().await);
+    let n = uniq("expired");
+    let (ma, mb) = (meta("a"), meta("b"));
+    let ra = Request {
+        lease: Duration::from_millis(150),
+        ..rq(&n, "old", &ma)
+    };
+    let rb = rq(&n, "new", &mb);
+    let t1 = token(a.acquire(&ra).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t2 = token(b.acquire(&rb).await.unwrap());
+    assert!(t2 > t1);
+    assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::NotHeld);
+    assert_eq!(a.extend(&[hr(&ra)]).await.unwrap(), [Extended::Gone]);
+    let mut c = raw().await;
+    let v: String = c.get(b.base_key(&n)).await.unwrap();
+    assert_eq!(v, "new");
+    assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::Released);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fence_increases_across_expiry_and_force_release() {
+    let b = backend().await;
+    let n = uniq("fence");
+    let m = meta("a");
+    let short = Request {
+        lease: Duration::from_millis(120),
+        ..rq(&n, "o1", &m)
+    };
+    let t1 = token(b.acquire(&short).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let r2 = rq(&n, "o2", &m);
+    let t2 = token(b.acquire(&r2).await.unwrap());
+    assert!(t2 > t1);
+    assert_eq!(b.force_release(&n, Force::Break).await.unwrap().removed, 1);
+    assert!(b.describe(n.as_str()).await.unwrap().is_empty());
+    let r3 = rq(&n, "o3", &m);
+    let t3 = token(b.acquire(&r3).await.unwrap());
+    assert!(t3 > t2);
+    assert_eq!(b.release(&hr(&r2)).await.unwrap(), Released::NotHeld);
+    // rwlock and semaphore share the counter of the name
+    b.release(&hr(&r3)).await.unwrap();
+    let rw = Request {
+        kind: LockKind::RwLock,
+        mode: Mode::Shared,
+        ..rq(&n, "o4", &m)
+    };
+    let t4 = token(b.acquire(&rw).await.unwrap());
+    assert!(t4 > t3);
+    assert_eq!(b.force_release(&n, Force::Break).await.unwrap().removed, 1);
+    let mut c = raw().await;
+    let key = b.base_key(&n);
+    let fence: u64 = c.get(format!("{key}:fence")).await.unwrap();
+    assert_eq!(fence, t4);
+    let ttl: i64 = c.pttl(format!("{key}:fence")).await.unwrap();
+    assert_eq!(ttl, -1, "the fence never expires");
+    let _: () = c.del(format!("{key}:fence")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn extend_of_mixed_live_and_gone_holds_in_one_call() {
+    let b = backend().await;
+    let m = meta("a");
+    let (n1, n2, n3, n4) = (uniq("x1"), uniq("x2"), uniq("x3"), uniq("x4"));
+    let live = rq(&n1, "live", &m);
+    let dead = Request {
+        lease: Duration::from_millis(100),
+        ..rq(&n2, "dead", &m)
+    };
+    let reader = Request {
+        kind: LockKind::RwLock,
+        mode: Mode::Shared,
+        ..rq(&n3, "reader", &m)
+    };
+    let permit = Request {
+        kind: LockKind::Semaphore { permits: 2 },
+        mode: Mode::Shared,
+        ..rq(&n4, "permit", &m)
+    };
+    for r in [&live, &dead, &reader, &permit] {
+        token(b.acquire(r).await.unwrap());
+    }
+    b.release(&hr(&permit)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let longer = Duration::from_secs(60);
+    let holds: Vec<HoldRef<'_>> = [&live, &dead, &reader, &permit]
+        .iter()
+        .map(|r| HoldRef {
+            lease: longer,
+            ..hr(r)
+        })
+        .collect();
+    let out = b.extend(&holds).await.unwrap();
+    let held = Extended::Held { valid_for: longer };
+    assert_eq!(out, [held.clone(), Extended::Gone, held, Extended::Gone]);
+    let mut c = raw().await;
+    let pttl: i64 = c.pttl(b.base_key(&n1)).await.unwrap();
+    assert!(pttl > 59_000, "{pttl}");
+    let pttl: i64 = c.pttl(b.base_key(&n3)).await.unwrap();
+    assert!(pttl > 59_000, "{pttl}");
+    for r in [&live, &reader] {
+        assert_eq!(b.release(&hr(r)).await.unwrap(), Released::Released);
+    }
+    assert!(b.extend(&[]).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fair_waiters_are_granted_in_arrival_order_across_clients() {
+    let (a, b) = (backend().await, backend().await);
+    let n = uniq("fair");
+    let (ma, mb) = (meta("a"), meta("b"));
+    let h = rq(&n, "holder", &ma);
+    token(a.acquire(&h).await.unwrap());
+    let w1 = Request {
+        fair: true,
+        waiting: true,
+        ..rq(&n, "w1", &mb)
+    };
+    let w2 = Request {
+        fair: true,
+        waiting: true,
+        ..rq(&n, "w2", &ma)
+    };
+    busy(b.acquire(&w1).await.unwrap());
+    busy(a.acquire(&w2).await.unwrap());
+    let info = a.describe(n.as_str()).await.unwrap();
+    let order: Vec<&str> = info[0].waiters.iter().map(|w| w.owner.as_str()).collect();
+    assert_eq!(order, ["w1", "w2"]);
+    assert_eq!(info[0].waiters[0].meta, mb);
+    a.release(&hr(&h)).await.unwrap();
+    // w2 is behind w1; a plain request does not barge past the queue
+    busy(a.acquire(&w2).await.unwrap());
+    let plain = rq(&n, "plain", &mb);
+    busy(b.acquire(&plain).await.unwrap());
+    token(b.acquire(&w1).await.unwrap());
+    b.release(&hr(&w1)).await.unwrap();
+    token(a.acquire(&w2).await.unwrap());
+    // cancel removes a place
+    let w3 = Request {
+        fair: true,
+        waiting: true,
+        ..rq(&n, "w3", &mb)
+    };
+    busy(b.acquire(&w3).await.unwrap());
+    b.cancel(&w3).await.unwrap();
+    a.release(&hr(&w2)).await.unwrap();
+    token(b.acquire(&plain).await.unwrap());
+    b.release(&hr(&plain)).await.unwrap();
+    let mut c = raw().await;
+    let q: bool = c.exists(format!("{}:q", b.base_key(&n))).await.unwrap();
+    assert!(!q, "an empty queue leaves no key");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rwlock_and_semaphore_rules() {
+    let (a, b) = (backend().await, backend().await);
+    let m = meta("a");
+    let n = uniq("rw");
+    let rd = |o: &'static str| Request {
+        kind: LockKind::RwLock,
+        mode: Mode::Shared,
+        waiting: true,
+        ..rq(&n, o, &m)
+    };
+    let (r1, r2) = (rd("r1"), rd("r2"));
+    token(a.acquire(&r1).await.unwrap());
+    token(b.acquire(&r2).await.unwrap());
+    let w = Request {
+        mode: Mode::Exclusive,
+        ..rd("w")
+    };
+    busy(a.acquire(&w).await.unwrap());
+    // a waiting writer blocks new readers, even when not fair
+    busy(b.acquire(&rd("r3")).await.unwrap());
+    // a mutex on an rwlock name is a configuration error
+    let e = a.acquire(&rq(&n, "mx", &m)).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    assert!(e.to_string().contains("held as rwlock"), "{e}");
+    a.release(&hr(&r1)).await.unwrap();
+    b.release(&hr(&r2)).await.unwrap();
+    token(a.acquire(&w).await.unwrap());
+    a.release(&hr(&w)).await.unwrap();
+
+    let s = uniq("sem");
+    let k = LockKind::Semaphore { permits: 2 };
+    let p = |o: &'static str, lease| Request {
+        kind: k,
+        mode: Mode::Shared,
+        lease,
+        ..rq(&s, o, &m)
+    };
+    let dying = p("dying", Duration::from_millis(300));
+    token(a.acquire(&dying).await.unwrap());
+    token(b.acquire(&p("p2", LONG)).await.unwrap());
+    let third = p("p3", LONG);
+    let bz = busy(a.acquire(&third).await.unwrap());
+    assert!(bz.retry_in.unwrap() <= Duration::from_millis(300));
+    let e = a
+        .acquire(&Request {
+            kind: LockKind::Semaphore { permits: 3 },
+            ..p("p4", LONG)
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("semaphore(2)"), "{e}");
+    let e = a.acquire(&rq(&s, "mx", &m)).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    // the dead holder's permit expires by itself
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    token(a.acquire(&third).await.unwrap());
+    let info = a.describe(s.as_str()).await.unwrap();
+    assert_eq!(info[0].kind, k);
+    let owners: Vec<&str> = info[0].holders.iter().map(|h| h.owner.as_str()).collect();
+    assert_eq!(owners, ["p2", "p3"]);
+    assert_eq!(a.release(&hr(&dying)).await.unwrap(), Released::NotHeld);
+    assert_eq!(a.force_release(&s, Force::Break).await.unwrap().removed, 2);
+    // an rwlock request on a mutex name
+    let mx = uniq("mx");
+    token(a.acquire(&rq(&mx, "m", &m)).await.unwrap());
+    let e = b
+        .acquire(&Request {
+            kind: LockKind::RwLock,
+            ..rq(&mx, "x", &m)
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("held as mutex"), "{e}");
+    a.force_release(&mx, Force::Break).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_wakeup_is_lost_in_quick_hand_offs() {
+    let (c1, c2) = (
+        crate::connect(&url()).await.unwrap(),
+        crate::connect(&url()).await.unwrap(),
+    );
+    let name = uniq("handoff").as_str().to_owned();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let rounds = 60;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in [c1, c2] {
+        let (name, inside) = (name.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            let mx = c.mutex(name).unwrap().lease(LONG);
+            let mut slowest = Duration::ZERO;
+            for _ in 0..rounds {
+                let t = Instant::now();
+                let g = mx.acquire_timeout(Duration::from_secs(20)).await.unwrap();
+                slowest = slowest.max(t.elapsed());
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+            slowest
+        }));
+    }
+    for t in tasks {
+        let slowest = t.await.unwrap();
+        assert!(
+            slowest < Duration::from_secs(2),
+            "a waiter took {slowest:?}"
+        );
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiter_is_woken_by_a_release_on_another_connection() {
+    let (a, b) = (backend().await, backend().await);
+    let n = uniq("wake");
+    let (ma, mb) = (meta("a"), meta("b"));
+    for round in 0..5 {
+        let (ho, wo) = (format!("h{round}"), format!("w{round}"));
+        let h = rq(&n, &ho, &ma);
+        token(a.acquire(&h).await.unwrap());
+        let w = Request {
+            waiting: true,
+            ..rq(&n, &wo, &mb)
+        };
+        let mut bz = busy(b.acquire(&w).await.unwrap());
+        if round == 0 {
+            // the first wait of a name subscribes and returns at once
+            let t = Instant::now();
+            b.wait(&w, &bz, Instant::now() + Duration::from_secs(10))
+                .await
+                .unwrap();
+            assert!(t.elapsed() < Duration::from_secs(1));
+            bz = busy(b.acquire(&w).await.unwrap());
+        }
+        let released = Arc::new(StdMutex::new(None));
+        let rel = {
+            let released = released.clone();
+            let a_ref = &a;
+            let h = hr(&h);
+            async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                *lock(&released) = Some(Instant::now());
+                a_ref.release(&h).await.unwrap();
+            }
+        };
+        let waited = async {
+            b.wait(&w, &bz, Instant::now() + Duration::from_secs(10))
+                .await
+                .unwrap();
+            Instant::now()
+        };
+        let (woke, ()) = tokio::join!(waited, rel);
+        let released_at = lock(&released).unwrap();
+        let after = woke.saturating_duration_since(released_at);
+        assert!(
+            after < Duration::from_millis(200),
+            "round {round}: {after:?}"
+        );
+        token(b.acquire(&w).await.unwrap());
+        b.release(&hr(&w)).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn describe_scans_with_glob_characters_in_the_prefix() {
+    let b = backend().await;
+    let m = meta("describer");
+    let root = format!("g-{}/", uuid::Uuid::new_v4());
+    let names: Vec<LockName> = ["a*b", "a?c", "axb", "a[x]", "a\\d"]
+        .iter()
+        .map(|s| LockName::new(format!("{root}{s}")).unwrap())
+        .collect();
+    let owners: Vec<String> = (0..names.len()).map(|i| format!("o{i}")).collect();
+    for (n, o) in names.iter().zip(&owners) {
+        token(b.acquire(&rq(n, o, &m)).await.unwrap());
+    }
+    let got = |p: String| {
+        let b = &b;
+        async move {
+            b.describe(&p)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|i| i.name)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(got(format!("{root}a*")).await, [format!("{root}a*b")]);
+    assert_eq!(got(format!("{root}a?")).await, [format!("{root}a?c")]);
+    assert_eq!(got(format!("{root}a[")).await, [format!("{root}a[x]")]);
+    assert_eq!(got(format!("{root}a\\")).await, [format!("{root}a\\d")]);
+    assert_eq!(got(format!("{root}a")).await.len(), 5);
+    assert!(got(format!("{root}zzz")).await.is_empty());
+    let info = b.describe(&format!("{root}axb")).await.unwrap();
+    let h = &info[0].holders[0];
+    assert_eq!(h.owner, "o2");
+    assert_eq!(h.meta, m);
+    assert_eq!(h.mode, Mode::Exclusive);
+    assert!(h.token.is_some());
+    assert!(h.acquired_at_ms > 1_600_000_000_000);
+    assert!(h.lease_left_ms.unwrap() > 29_000);
+    for n in &names {
+        b.force_release(n, Force::Break).await.unwrap();
+    }
+    assert!(got(root).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hashtag_false_uses_names_verbatim() {
+    let b = RedisBackend::connect(&format!(
+        "{}?hashtag=false&prefix=dlt-{}:",
+        url(),
+        uuid::Uuid::new_v4()
+    ))
+    .await
+    .unwrap();
+    let n = LockName::new("jobs").unwrap();
+    let key = b.base_key(&n);
+    assert!(key.ends_with(":jobs") && !key.contains('{'), "{key}");
+    let m = meta("a");
+    let r = rq(&n, "o", &m);
+    token(b.acquire(&r).await.unwrap());
+    let mut c = raw().await;
+    let v: String = c.get(&key).await.unwrap();
+    assert_eq!(v, "o");
+    let info = b.describe("").await.unwrap();
+    assert_eq!(info.len(), 1, "{info:?}");
+    assert_eq!(info[0].name, "jobs");
+    b.force_release(&n, Force::Break).await.unwrap();
+    let _: () = c.del(format!("{key}:fence")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_foreign_key_is_not_a_lock() {
+    let b = backend().await;
+    let n = uniq("foreign");
+    let mut c = raw().await;
+    let key = b.base_key(&n);
+    let _: () = c.rpush(&key, "x").await.unwrap();
+    let m = meta("a");
+    let e = b.acquire(&rq(&n, "o", &m)).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    assert!(b.force_release(&n, Force::Break).await.is_err());
+    let len: usize = c.llen(&key).await.unwrap();
+    assert_eq!(len, 1);
+    let _: () = c.del(&key).await.unwrap();
+}
+
+/// A private `redis-server` on a free loopback port, killed when dropped.
+struct Server {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Server {
+    async fn start(extra: &[&str]) -> Server {
+        let port = free_port();
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Server { child, port }
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_down_at_connect_is_unavailable_quickly() {
+    let port = free_port();
+    let t = Instant::now();
+    let e = RedisBackend::connect(&format!("redis://127.0.0.1:{port}/?connect_timeout=1s"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+    let e = crate::connect(&format!("redis://127.0.0.1:{port}/"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_server_gives_unavailable_not_a_hang() {
+    let srv = Server::start(&[]).await;
+    let b = RedisBackend::connect(&format!(
+        "redis://127.0.0.1:{}/?timeout=300ms&connect_timeout=300ms",
+        srv.port
+    ))
+    .await
+    .unwrap();
+    let n = uniq("paused");
+    let m = meta("a");
+    let r = rq(&n, "o", &m);
+    token(b.acquire(&r).await.unwrap());
+    srv.signal("-STOP");
+    let t = Instant::now();
+    let e = b.acquire(&r).await.unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+    let e = b.extend(&[hr(&r)]).await.unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+    let e = b.describe("").await.unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+    let w = Request {
+        waiting: true,
+        ..rq(&n, "w", &m)
+    };
+    b.wait(
+        &w,
+        &Busy::default(),
+        Instant::now() + Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    srv.signal("-CONT");
+    // the connection recovers
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match b.acquire(&r).await {
+            Ok(a) => {
+                token(a);
+                break;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no recovery: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wrong_password_is_a_clear_error_without_the_password() {
+    let srv = Server::start(&["--requirepass", "right-horse-battery"]).await;
+    for url in [
+        format!("redis://:wrong-staple-42@127.0.0.1:{}/", srv.port),
+        format!("redis://default:wrong-staple-42@127.0.0.1:{}/", srv.port),
+        format!("redis://127.0.0.1:{}/", srv.port),
+    ] {
+        let e = crate::connect(&url).await.unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::InvalidConfig(_)), "{url}: {e:?}");
+        assert!(msg.contains("authentication failed"), "{msg}");
+        assert!(!msg.contains("wrong-staple-42"), "{msg}");
+        assert!(!format!("{e:?}").contains("wrong-staple-42"), "{e:?}");
+    }
+    let b = RedisBackend::connect(&format!(
+        "redis://:right-horse-battery@127.0.0.1:{}/3",
+        srv.port
+    ))
+    .await
+    .unwrap();
+    let n = uniq("auth");
+    let m = meta("a");
+    token(b.acquire(&rq(&n, "o", &m)).await.unwrap());
+    assert!(!format!("{b:?}").contains("right-horse-battery"));
+}
+
+/// Through clients: the first grants of a name count from 1, and once every hold is
+/// released only the fence keys are left (what the conformance suite cannot see: the store's
+/// own keys).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_name_counts_from_one_and_leaves_only_its_fence() {
+    let prefix = format!("e2e-{}:", uuid::Uuid::new_v4());
+    let u = format!("{}?prefix={prefix}", url());
+    let c1 = crate::connect(&u).await.unwrap();
+    let c2 = crate::connect(&u).await.unwrap();
+    assert_eq!(c1.backend_name(), "redis");
+    let g = c1.mutex("e2e/job").unwrap().acquire().await.unwrap();
+    assert_eq!(g.token(), Some(1));
+    g.release().await.unwrap();
+    let g = c2.mutex("e2e/job").unwrap().acquire().await.unwrap();
+    assert_eq!(g.token(), Some(2));
+    g.release().await.unwrap();
+    let sem = c1.semaphore("e2e/sem", 2).unwrap();
+    let (g1, g2) = (sem.acquire().await.unwrap(), sem.acquire().await.unwrap());
+    g1.release().await.unwrap();
+    g2.release().await.unwrap();
+    assert!(c1.list("").await.unwrap().is_empty());
+    let mut c = raw().await;
+    let keys: Vec<String> = c.keys(format!("{prefix}*")).await.unwrap();
+    let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            format!("{prefix}{{e2e/job}}:fence"),
+            format!("{prefix}{{e2e/sem}}:fence")
+        ],
+        "only the fences stay"
+    );
+    let _: () = c.del(&keys).await.unwrap();
+}
