@@ -464,3 +464,106 @@ pub(crate) fn listing(
     }
     Ok(locks.into_values().collect())
 }
+
+/// An error inside a transaction: SQL errors (some of which a store retries) told apart from
+/// dlock's own.
+pub(crate) enum TxError {
+    Sql(sqlx::Error),
+    Dlock(Error),
+}
+
+impl From<sqlx::Error> for TxError {
+    fn from(e: sqlx::Error) -> Self {
+        TxError::Sql(e)
+    }
+}
+
+impl From<Error> for TxError {
+    fn from(e: Error) -> Self {
+        TxError::Dlock(e)
+    }
+}
+
+/// The writes of a grant decision, in one store's SQL, inside its transaction.
+#[async_trait::async_trait]
+pub(crate) trait GrantWrites: Send {
+    /// Moves the expiry of `owner`'s hold of `name` (a re-grant).
+    async fn regrant(
+        &mut self,
+        name: &str,
+        owner: &str,
+        expires_ms: i64,
+    ) -> Result<(), sqlx::Error>;
+    /// Stores the name's new fence (`stored`: whether it had a fence row before).
+    async fn set_fence(&mut self, name: &str, fence: i64, stored: bool) -> Result<(), sqlx::Error>;
+    /// Removes `owner`'s queue place of `name`.
+    async fn drop_place(&mut self, name: &str, owner: &str) -> Result<(), sqlx::Error>;
+    /// Inserts the hold of `req` with fence `fence`, granted at `now`.
+    async fn insert_hold(
+        &mut self,
+        req: &Request<'_>,
+        fence: i64,
+        now: i64,
+    ) -> Result<(), sqlx::Error>;
+    /// Moves the expiry of `owner`'s queue place of `name`.
+    async fn refresh_place(
+        &mut self,
+        name: &str,
+        owner: &str,
+        expires_ms: i64,
+    ) -> Result<(), sqlx::Error>;
+    /// Inserts a queue place for `req`.
+    async fn insert_place(&mut self, req: &Request<'_>, expires_ms: i64)
+        -> Result<(), sqlx::Error>;
+}
+
+/// Decides `req` against `state` (at `now`, the stored fence `stored`) and writes the decision
+/// with `w`: the one grant transaction of the SQL stores and SQLite. Answers the attempt and
+/// whether anything was written (a refusal that wrote nothing can roll back).
+pub(crate) async fn grant(
+    w: &mut impl GrantWrites,
+    state: &NameState,
+    req: &Request<'_>,
+    stored: Option<u64>,
+    now: i64,
+) -> Result<(Attempt, bool), TxError> {
+    let name = req.name.as_str();
+    let fence = state.fence(stored);
+    Ok(match state.decide(req, fence, now)? {
+        Decision::Regrant { token } => {
+            w.regrant(name, req.owner, expiry(now, req.lease)).await?;
+            let grant = Grant {
+                token,
+                valid_for: req.lease,
+            };
+            (Attempt::Granted(grant), true)
+        }
+        Decision::Grant { token } => {
+            let token_i64 = fence_column(name, token)?;
+            w.set_fence(name, token_i64, stored.is_some()).await?;
+            if state.queue.iter().any(|q| q.owner == req.owner) {
+                w.drop_place(name, req.owner).await?;
+            }
+            w.insert_hold(req, token_i64, now).await?;
+            let grant = Grant {
+                token: Some(token),
+                valid_for: req.lease,
+            };
+            (Attempt::Granted(grant), true)
+        }
+        Decision::Busy { retry_in, enqueue } => {
+            let wrote = match state.queue_place(req.owner, enqueue, now) {
+                QueuePlace::Keep => false,
+                QueuePlace::Refresh { expires_at_ms } => {
+                    w.refresh_place(name, req.owner, expires_at_ms).await?;
+                    true
+                }
+                QueuePlace::Insert { expires_at_ms } => {
+                    w.insert_place(req, expires_at_ms).await?;
+                    true
+                }
+            };
+            (Attempt::Busy(Busy { retry_in }), wrote)
+        }
+    })
+}

@@ -101,10 +101,9 @@
 //!   lost and fencing tokens restart.
 //! - On platforms other than Linux, stepping the wall clock (see *Clock*).
 
-use super::logic::Decision;
 use super::sql_common::{
-    bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, listing,
-    name_owner_pairs, HoldListing, Loaded, QueuePlace, Renewed, Rows, StateRow, WaiterListing,
+    bind_hold, bind_waiter, extend_answers, extend_groups, grant, listing, name_owner_pairs,
+    GrantWrites, HoldListing, Loaded, Renewed, Rows, StateRow, TxError, WaiterListing,
     STATE_REVOKED,
 };
 use super::sqlite_machine::{self as machine, now_ms};
@@ -530,93 +529,11 @@ impl SqliteBackend {
             Some(f) => Some(ROWS.token(f)?),
             None => None,
         };
-        let fence = state.fence(stored);
-        let attempt = match state.decide(req, fence, now)? {
-            Decision::Regrant { token } => {
-                sqlx::query("UPDATE dlock_holds SET expires_ms = ? WHERE owner = ? AND name = ?")
-                    .bind(expiry(now, req.lease))
-                    .bind(req.owner)
-                    .bind(name)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Attempt::Granted(Grant {
-                    token,
-                    valid_for: req.lease,
-                })
-            }
-            Decision::Grant { token } => {
-                let token_i64 = fence_column(name, token)?;
-                let updated = if stored.is_some() {
-                    sqlx::query("UPDATE dlock_fences SET fence = ? WHERE name = ?")
-                        .bind(token_i64)
-                        .bind(name)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| self.err(e))?
-                        .rows_affected()
-                } else {
-                    0
-                };
-                if updated == 0 {
-                    sqlx::query("INSERT INTO dlock_fences (name, fence) VALUES (?, ?)")
-                        .bind(name)
-                        .bind(token_i64)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| self.err(e))?;
-                }
-                if state.queue.iter().any(|w| w.owner == req.owner) {
-                    sqlx::query("DELETE FROM dlock_queue WHERE name = ? AND owner = ?")
-                        .bind(name)
-                        .bind(req.owner)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| self.err(e))?;
-                }
-                let insert = sqlx::query(
-                    "INSERT INTO dlock_holds (name, owner, kind, permits, mode, fence,
-                         expires_ms, acquired_at_ms, client_id, host, pid)
-                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                );
-                bind_hold(insert, req, token_i64, now, machine::wall_ms())
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Attempt::Granted(Grant {
-                    token: Some(token),
-                    valid_for: req.lease,
-                })
-            }
-            Decision::Busy { retry_in, enqueue } => {
-                match state.queue_place(req.owner, enqueue, now) {
-                    QueuePlace::Keep => {}
-                    QueuePlace::Refresh { expires_at_ms } => {
-                        sqlx::query(
-                            "UPDATE dlock_queue SET expires_ms = ?
-                             WHERE name = ? AND owner = ?",
-                        )
-                        .bind(expires_at_ms)
-                        .bind(name)
-                        .bind(req.owner)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| self.err(e))?;
-                    }
-                    QueuePlace::Insert { expires_at_ms } => {
-                        let insert = sqlx::query(
-                            "INSERT INTO dlock_queue (name, owner, mode, expires_ms,
-                                 client_id, host, pid)
-                             VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        );
-                        bind_waiter(insert, req, expires_at_ms)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(|e| self.err(e))?;
-                    }
-                }
-                Attempt::Busy(Busy { retry_in })
-            }
+        let mut writes = SqliteWrites(&mut tx);
+        let (attempt, _) = match grant(&mut writes, &state, req, stored, now).await {
+            Ok(done) => done,
+            Err(TxError::Sql(e)) => return Err(self.err(e)),
+            Err(TxError::Dlock(e)) => return Err(e),
         };
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(attempt)
@@ -954,6 +871,64 @@ impl Backend for SqliteBackend {
             revoked: u64::try_from(revoked).unwrap_or(0),
             revoked_lease_left_ms: longest.map(|e| u64::try_from(e - now).unwrap_or(0)),
         })
+    }
+}
+
+/// The grant transaction's writes in SQLite's statements.
+struct SqliteWrites<'a>(&'a mut sqlx::Transaction<'static, sqlx::Sqlite>);
+
+type SqlResult = std::result::Result<(), sqlx::Error>;
+
+#[async_trait::async_trait]
+impl GrantWrites for SqliteWrites<'_> {
+    async fn regrant(&mut self, name: &str, owner: &str, expires_ms: i64) -> SqlResult {
+        let q = sqlx::query("UPDATE dlock_holds SET expires_ms = ? WHERE owner = ? AND name = ?");
+        let q = q.bind(expires_ms).bind(owner).bind(name);
+        q.execute(&mut **self.0).await.map(drop)
+    }
+
+    async fn set_fence(&mut self, name: &str, fence: i64, stored: bool) -> SqlResult {
+        let sql = if stored {
+            "UPDATE dlock_fences SET fence = ?1 WHERE name = ?2"
+        } else {
+            "INSERT INTO dlock_fences (fence, name) VALUES (?1, ?2)"
+        };
+        let q = sqlx::query(sql).bind(fence).bind(name);
+        q.execute(&mut **self.0).await.map(drop)
+    }
+
+    async fn drop_place(&mut self, name: &str, owner: &str) -> SqlResult {
+        let q = sqlx::query("DELETE FROM dlock_queue WHERE name = ? AND owner = ?");
+        q.bind(name)
+            .bind(owner)
+            .execute(&mut **self.0)
+            .await
+            .map(drop)
+    }
+
+    async fn insert_hold(&mut self, req: &Request<'_>, fence: i64, now: i64) -> SqlResult {
+        let insert = sqlx::query(
+            "INSERT INTO dlock_holds (name, owner, kind, permits, mode, fence,
+                 expires_ms, acquired_at_ms, client_id, host, pid)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        );
+        let q = bind_hold(insert, req, fence, now, machine::wall_ms());
+        q.execute(&mut **self.0).await.map(drop)
+    }
+
+    async fn refresh_place(&mut self, name: &str, owner: &str, expires_ms: i64) -> SqlResult {
+        let q = sqlx::query("UPDATE dlock_queue SET expires_ms = ? WHERE name = ? AND owner = ?");
+        let q = q.bind(expires_ms).bind(name).bind(owner);
+        q.execute(&mut **self.0).await.map(drop)
+    }
+
+    async fn insert_place(&mut self, req: &Request<'_>, expires_ms: i64) -> SqlResult {
+        let insert = sqlx::query(
+            "INSERT INTO dlock_queue (name, owner, mode, expires_ms, client_id, host, pid)
+             VALUES (?, ?, ?, ?, ?, ?, ?)",
+        );
+        let q = bind_waiter(insert, req, expires_ms);
+        q.execute(&mut **self.0).await.map(drop)
     }
 }
 

@@ -124,11 +124,10 @@
 pub mod config;
 pub mod fast;
 
-use super::logic::Decision;
 use super::sql_common::{
-    bind_hold, bind_waiter, expiry, extend_answers, extend_groups, fence_column, kind_columns,
-    listing, ms, name_owner_pairs, HoldListing, Loaded, NameState, QueuePlace, Renewed, Rows,
-    StateRow, WaiterListing, STATE_REVOKED,
+    bind_hold, bind_waiter, expiry, extend_answers, extend_groups, grant, kind_columns, listing,
+    ms, name_owner_pairs, GrantWrites, HoldListing, Loaded, NameState, Renewed, Rows, StateRow,
+    TxError, WaiterListing, STATE_REVOKED,
 };
 use super::*;
 use crate::error::bounded;
@@ -1233,66 +1232,9 @@ impl Sql {
         let stored = ROWS.token(stored)?;
         // Whether the transaction changed anything but the row lock (else it rolls back).
         let (state, mut wrote) = self.load_state(&mut tx, name, now, true).await?;
-        let fence = state.fence(Some(stored));
-        let attempt = match state.decide(req, fence, now)? {
-            Decision::Regrant { token } => {
-                wrote = true;
-                sqlx::query(&st.regrant)
-                    .bind(expiry(now, req.lease))
-                    .bind(req.owner)
-                    .bind(name)
-                    .execute(&mut *tx)
-                    .await?;
-                Attempt::Granted(Grant {
-                    token,
-                    valid_for: req.lease,
-                })
-            }
-            Decision::Grant { token } => {
-                wrote = true;
-                let token_i64 = fence_column(name, token)?;
-                sqlx::query(&st.set_fence)
-                    .bind(token_i64)
-                    .bind(name)
-                    .execute(&mut *tx)
-                    .await?;
-                if state.queue.iter().any(|w| w.owner == req.owner) {
-                    sqlx::query(&st.del_queue_owner)
-                        .bind(name)
-                        .bind(req.owner)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                bind_hold(sqlx::query(&st.insert_hold), req, token_i64, now, now)
-                    .execute(&mut *tx)
-                    .await?;
-                Attempt::Granted(Grant {
-                    token: Some(token),
-                    valid_for: req.lease,
-                })
-            }
-            Decision::Busy { retry_in, enqueue } => {
-                match state.queue_place(req.owner, enqueue, now) {
-                    QueuePlace::Keep => {}
-                    QueuePlace::Refresh { expires_at_ms } => {
-                        wrote = true;
-                        sqlx::query(&st.refresh_queue)
-                            .bind(expires_at_ms)
-                            .bind(name)
-                            .bind(req.owner)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    QueuePlace::Insert { expires_at_ms } => {
-                        wrote = true;
-                        bind_waiter(sqlx::query(&st.insert_queue), req, expires_at_ms)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                }
-                Attempt::Busy(Busy { retry_in })
-            }
-        };
+        let mut writes = SqlWrites { tx: &mut tx, st };
+        let (attempt, changed) = grant(&mut writes, &state, req, Some(stored), now).await?;
+        wrote |= changed;
         // A refusal that changed nothing ends with ROLLBACK: no commit record to flush to disk,
         // so the waiters that lose a race for a released lock cost no fsync each.
         if wrote {
@@ -1753,24 +1695,6 @@ fn d_sql(d: Dialect, s: &str) -> String {
     d.sql(s)
 }
 
-/// An error inside a transaction: retryable SQL errors are told apart from dlock's own.
-enum TxError {
-    Sql(sqlx::Error),
-    Dlock(Error),
-}
-
-impl From<sqlx::Error> for TxError {
-    fn from(e: sqlx::Error) -> Self {
-        TxError::Sql(e)
-    }
-}
-
-impl From<Error> for TxError {
-    fn from(e: Error) -> Self {
-        TxError::Dlock(e)
-    }
-}
-
 #[async_trait::async_trait]
 impl Backend for SqlBackend {
     fn name(&self) -> &'static str {
@@ -1984,6 +1908,50 @@ impl Backend for SqlBackend {
         Ok(done)
     }
 }
+
+/// The grant transaction's writes in this dialect's statements.
+struct SqlWrites<'a> {
+    tx: &'a mut sqlx::Transaction<'static, sqlx::Any>,
+    st: &'a Stmts,
+}
+
+#[async_trait::async_trait]
+impl GrantWrites for SqlWrites<'_> {
+    async fn regrant(&mut self, name: &str, owner: &str, expires_ms: i64) -> SqlResult {
+        let q = sqlx::query(&self.st.regrant).bind(expires_ms).bind(owner);
+        q.bind(name).execute(&mut **self.tx).await.map(drop)
+    }
+
+    async fn set_fence(&mut self, name: &str, fence: i64, _stored: bool) -> SqlResult {
+        // The fence row exists: the transaction began by locking it.
+        let q = sqlx::query(&self.st.set_fence).bind(fence).bind(name);
+        q.execute(&mut **self.tx).await.map(drop)
+    }
+
+    async fn drop_place(&mut self, name: &str, owner: &str) -> SqlResult {
+        let q = sqlx::query(&self.st.del_queue_owner).bind(name).bind(owner);
+        q.execute(&mut **self.tx).await.map(drop)
+    }
+
+    async fn insert_hold(&mut self, req: &Request<'_>, fence: i64, now: i64) -> SqlResult {
+        let q = bind_hold(sqlx::query(&self.st.insert_hold), req, fence, now, now);
+        q.execute(&mut **self.tx).await.map(drop)
+    }
+
+    async fn refresh_place(&mut self, name: &str, owner: &str, expires_ms: i64) -> SqlResult {
+        let q = sqlx::query(&self.st.refresh_queue)
+            .bind(expires_ms)
+            .bind(name);
+        q.bind(owner).execute(&mut **self.tx).await.map(drop)
+    }
+
+    async fn insert_place(&mut self, req: &Request<'_>, expires_ms: i64) -> SqlResult {
+        let q = bind_waiter(sqlx::query(&self.st.insert_queue), req, expires_ms);
+        q.execute(&mut **self.tx).await.map(drop)
+    }
+}
+
+type SqlResult = std::result::Result<(), sqlx::Error>;
 
 /// What a waiting attempt knew when it was sent: the count of the listener's wake-ups of its
 /// name and the listener's state, so a notification between the attempt and the wait counts.
