@@ -335,7 +335,7 @@ impl Backend for Counting {
 }
 
 /// An acquisition whose attempts, waits and cancels are counted (a wait's looks are part of it,
-/// as they were of `Backend::wait` before).
+/// so the counts compare with earlier runs).
 struct CountingAcquisition {
     inner: Box<dyn Acquisition>,
     counts: Arc<Counts>,

@@ -60,7 +60,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 /// How long a waiter's place in a fair queue lives without being refreshed. A waiting client
-/// refreshes it (by repeating [`Backend::acquire`]) at least every quarter of this, so a waiter that
+/// refreshes it (by repeating [`Acquisition::attempt`]) at least every quarter of this, so a waiter that
 /// died blocks the queue for at most this long.
 pub const QUEUE_PLACE_TTL: Duration = Duration::from_secs(5);
 

@@ -108,7 +108,7 @@ const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 /// The longest `retry_in` of a refused attempt (waiters are woken by releases anyway).
 const MAX_RETRY: Duration = Duration::from_secs(1);
 /// A waiter whose repeat attempts go to the lead server alone asks every server at least this
-/// often (see `acquire`).
+/// often (see `attempt`).
 const ASK_ALL_EVERY: Duration = Duration::from_millis(250);
 
 /// A parsed `redlock://` URL.

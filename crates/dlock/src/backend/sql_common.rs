@@ -8,8 +8,8 @@ use super::*;
 use crate::error::Error;
 use std::hash::{Hash, Hasher};
 
-/// A queue place is rewritten by a repeated `acquire` only once it is at least this old, so a
-/// polling fair waiter does not cost a (synced) write on every attempt. Waiters repeat `acquire`
+/// A queue place is rewritten by a repeated `attempt` only once it is at least this old, so a
+/// polling fair waiter does not cost a (synced) write on every attempt. Waiters repeat `attempt`
 /// at least every `QUEUE_PLACE_TTL / 4`, so a place is refreshed long before it expires.
 pub(crate) const QUEUE_REFRESH_AFTER: Duration = Duration::from_secs(1);
 
@@ -369,7 +369,7 @@ impl NameState {
         decide(req, &holds, &queue, fence)
     }
 
-    /// A waiter's look at `now` (for `wait`; the fence only matters for the token of a grant,
+    /// A waiter's look at `now` (the acquisition's look; the fence only matters for the token of a grant,
     /// not for whether it would be granted).
     pub(crate) fn look(&self, req: &Request<'_>, now: i64) -> Look {
         if !matches!(self.decide(req, 0, now), Ok(Decision::Busy { .. })) {

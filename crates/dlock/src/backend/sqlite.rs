@@ -15,17 +15,17 @@
 //! | `dlock_fences` | `name` PK, `fence` | the last fencing token granted per name; **never deleted** |
 //!
 //! Holds and queue places are indexed by name. A row is *live* while `expires_ms` is in the
-//! future; expired rows are ignored everywhere and deleted lazily (by the next `acquire` of the
+//! future; expired rows are ignored everywhere and deleted lazily (by the next `attempt` of the
 //! name, and for all names when a backend opens the file). Names and tokens are always bound
 //! parameters.
 //!
 //! # Transactions
 //!
-//! `acquire`, `extend` and `force_release` run in one write transaction started with
+//! `attempt`, `extend` and `force_release` run in one write transaction started with
 //! `BEGIN IMMEDIATE`, which takes the database's write lock *before* reading: two processes can
-//! never both read "free" and both insert. `acquire` loads the live holds, queue places and fence
+//! never both read "free" and both insert. `attempt` loads the live holds, queue places and fence
 //! of the name, applies the shared grant rule (`logic::decide`) and commits. `release` and
-//! `cancel` are single `DELETE` statements comparing the owner token. A waiter repeating `acquire`
+//! `cancel` are single `DELETE` statements comparing the owner token. A waiter repeating `attempt`
 //! keeps its queue place (same `seq`); the place's expiry (now + [`QUEUE_PLACE_TTL`]) is rewritten
 //! only once it is more than a second old, so a polling fair waiter does not cost a synced write
 //! on every attempt.
@@ -129,7 +129,7 @@ pub const SAFETY_POLL: Duration = Duration::from_millis(250);
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The schema version this build writes and understands.
 const SCHEMA_VERSION: i64 = 2;
-/// Marks the `Unavailable` message of a database whose write lock stayed busy (`acquire` turns it
+/// Marks the `Unavailable` message of a database whose write lock stayed busy (`attempt` turns it
 /// into a busy answer).
 const BUSY_MARK: &str = "is busy";
 /// How often a release is tried when the write lock stays busy for the whole busy timeout.
@@ -455,7 +455,7 @@ impl SqliteBackend {
         tx.commit().await.map_err(|e| self.err(e))
     }
 
-    /// Whether `req` would still be refused now (read-only; used by [`Backend::wait`]).
+    /// Whether `req` would still be refused now (read-only; the acquisition's look).
     async fn still_busy(&self, req: &Request<'_>) -> Result<Look> {
         #[cfg(test)]
         self.looks

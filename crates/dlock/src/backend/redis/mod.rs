@@ -63,8 +63,8 @@
 //!
 //! One multiplexed connection per backend carries every command (it reconnects by itself after
 //! an I/O error), plus one pub/sub connection serving all names. A waiter subscribes the name's
-//! channel before its next attempt (the first `wait` of a name subscribes and returns at once), and
-//! a per-name message counter read before each attempt is compared in `wait`, so a release between
+//! channel before its next attempt (the first wait of a name subscribes and returns at once), and
+//! a per-name message counter read before each attempt is compared when it waits, so a release between
 //! the attempt and the wait is never missed. Subscriptions are dropped after 30 s without
 //! waiters. If the pub/sub connection drops, waiters are woken, poll at most every second
 //! (bounded by the holder's remaining lease, `Busy::retry_in`) and the connection is re-made.

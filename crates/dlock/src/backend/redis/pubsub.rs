@@ -25,7 +25,7 @@ struct Sub {
     generation: u64,
     /// Messages received on it.
     count: u64,
-    /// Tasks inside `wait` for it.
+    /// Tasks waiting on it.
     waiters: usize,
     last_used: Instant,
 }
@@ -243,7 +243,7 @@ impl Shared {
     }
 }
 
-/// Counts a task inside `wait` on a subscription, so the janitor keeps it.
+/// Counts a task waiting on a subscription, so the janitor keeps it.
 struct WaiterMark<'a> {
     shared: &'a Shared,
     name: &'a str,
@@ -275,7 +275,7 @@ impl RedisBackend {
         lock(&self.shared.subs).by_name.contains_key(name)
     }
 
-    /// Makes sure `name`'s release channel is subscribed (the pub/sub machinery of `wait`, without
+    /// Makes sure `name`'s release channel is subscribed (the pub/sub machinery of a wait, without
     /// waiting). `Ok(true)` if this call subscribed it.
     #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     pub(crate) async fn subscribe_name(&self, name: &str, until: Instant) -> Result<bool> {

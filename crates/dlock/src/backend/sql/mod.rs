@@ -30,7 +30,7 @@
 //! [`fast`]). It is created when missing, which needs the `CREATE ROUTINE` privilege
 //! on MySQL/MariaDB (PostgreSQL: `CREATE` on the schema, as for the tables) and PostgreSQL 11 or
 //! newer; without it (or without `EXECUTE` on it) the backend logs a warning once and every
-//! `acquire` takes the multi-statement path below, which is slower and equally correct. To
+//! `attempt` takes the multi-statement path below, which is slower and equally correct. To
 //! remove dlock from a database, drop the four tables and [`fast::drop_sql`]'s procedure.
 //!
 //! MySQL stores names and owners as `VARCHAR(255) CHARACTER SET utf8mb4` with a binary **no-pad**
@@ -40,7 +40,7 @@
 //!
 //! # Transactions and clock
 //!
-//! A lease-mode exclusive `acquire` that takes no queue place (a plain mutex, a `try_write`)
+//! A lease-mode exclusive `attempt` that takes no queue place (a plain mutex, a `try_write`)
 //! first calls the grant routine (one `CALL`): it grants a name that has no rows at all, and
 //! refuses a request that meets live holds of other owners, inside the server; it answers "full
 //! path" for everything else (a re-grant, expired rows, queue places, another kind). Shared
@@ -1163,7 +1163,7 @@ impl Sql {
         Ok((state, expired && cleanup))
     }
 
-    /// `true` if `req` would still be refused now (read-only; for `wait`).
+    /// `true` if `req` would still be refused now (read-only; the acquisition's look).
     async fn still_busy(&self, req: &Request<'_>) -> Result<Look> {
         self.looks.fetch_add(1, Ordering::Relaxed);
         if self.mode == HoldMode::Session {

@@ -1037,7 +1037,7 @@ async fn mysql_without_routine_privileges_falls_back() {
 }
 
 /// A waiter's look on the real store: a fair waiter learns its place in the queue, and the
-/// fingerprint of what stands in its way changes when the lock changes hands (what `wait`'s
+/// fingerprint of what stands in its way changes when the lock changes hands (what the core's
 /// polling uses to look often while a fair queue moves and to back off behind a long hold).
 async fn a_look_tells_a_fair_waiter_its_place(d: Dialect) {
     let a = open_isolated(d, "dlt_look").await;
