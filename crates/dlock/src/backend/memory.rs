@@ -397,7 +397,7 @@ impl Acquisition for MemAcquisition {
 
     async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
         tokio::time::sleep_until(until.into()).await;
-        Ok(Watch::Woken)
+        Ok(Watch::Recheck)
     }
 
     async fn look(&mut self) -> Result<Option<Look>> {

@@ -445,9 +445,13 @@ pub enum Look {
 /// What [`Acquisition::changed`] answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Watch {
-    /// The store reported a change that may let the request in, or the deadline came: the core
-    /// looks (where the store can look) or attempts again.
-    Woken,
+    /// The store reported a change that may let the request in (a release, its queue moving):
+    /// the core attempts at once.
+    Changed,
+    /// The wait ended without such a report (the deadline, a periodic re-check, the change
+    /// source going down or up): the core looks first where the store can look, and attempts
+    /// only if the look finds the request may be granted.
+    Recheck,
     /// The store has no change source for this wait (none at all, or it is down now): the core
     /// polls between these bounds until the deadline.
     Poll {

@@ -676,13 +676,13 @@ impl RedlockBackend {
             let subscribed = join_all(missing.iter().map(|b| b.subscribe_name(name, until))).await;
             if subscribed.iter().any(|r| matches!(r, Ok(true))) {
                 // Subscribed after the attempt: try again; every release from now on wakes us.
-                return Ok(Watch::Woken);
+                return Ok(Watch::Changed);
             }
         }
         if live.is_empty() {
             let r = busy.retry_in.unwrap_or(MAX_RETRY).min(MAX_RETRY);
             tokio::time::sleep_until(until.min(Instant::now() + r).into()).await;
-            return Ok(Watch::Woken);
+            return Ok(Watch::Changed);
         }
         // Refused by the lead alone: only the lead's wait knows what that attempt saw (the other
         // servers were not asked, so theirs would answer "try again" at once). Every release
@@ -692,10 +692,13 @@ impl RedlockBackend {
             .and_then(|r| r.lead_only)
             .and_then(|i| Some((i, self.slots.get(i)?.get()?)))
         {
-            if let Err(e) = b.changed_since(name, seen_of(i), until).await {
-                tracing::debug!(error = %e, "redlock: the lead server's wait failed");
-            }
-            return Ok(Watch::Woken);
+            return Ok(match b.changed_since(name, seen_of(i), until).await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::debug!(error = %e, "redlock: the lead server's wait failed");
+                    Watch::Changed
+                }
+            });
         }
         let waits = self.slots.iter().enumerate().filter_map(|(i, s)| {
             let b = s.get()?;
@@ -704,10 +707,13 @@ impl RedlockBackend {
             }))
         });
         let (r, _, _) = select_all(waits).await;
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "redlock: a server's wait failed");
-        }
-        Ok(Watch::Woken)
+        Ok(match r {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!(error = %e, "redlock: a server's wait failed");
+                Watch::Changed
+            }
+        })
     }
 }
 

@@ -966,7 +966,8 @@ impl Acquisition for SqliteAcquisition {
             }
         }
         watch.borrow_and_update();
-        Ok(Watch::Woken)
+        // The watch says a commit happened, not what it changed: look before attempting.
+        Ok(Watch::Recheck)
     }
 
     async fn look(&mut self) -> Result<Option<Look>> {

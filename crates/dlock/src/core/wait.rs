@@ -65,7 +65,8 @@ pub(crate) async fn wait_for_turn(
 ) -> Result<()> {
     loop {
         match acq.changed(busy, until).await? {
-            Watch::Woken => {
+            Watch::Changed => return Ok(()),
+            Watch::Recheck => {
                 if Instant::now() >= until {
                     return Ok(());
                 }

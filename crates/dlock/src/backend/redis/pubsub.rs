@@ -304,15 +304,19 @@ impl RedisBackend {
             Some(now) => {
                 if Some(now) != seen {
                     // Subscribed after the attempt, or a message came since: try again.
-                    return Ok(Watch::Woken);
+                    return Ok(Watch::Changed);
                 }
                 let _mark = WaiterMark::new(sh, name);
-                let _ = tokio::time::timeout_at(until.into(), notified).await;
-                Ok(Watch::Woken)
+                Ok(
+                    match tokio::time::timeout_at(until.into(), notified).await {
+                        Ok(()) => Watch::Changed,
+                        Err(_) => Watch::Recheck,
+                    },
+                )
             }
             None => match sh.subscribe(name, until).await {
                 // Subscribed now: the caller tries again, and every release from here on wakes it.
-                Ok(_) => Ok(Watch::Woken),
+                Ok(_) => Ok(Watch::Changed),
                 Err(e) => {
                     tracing::debug!(error = %e, "redis pub/sub unavailable; polling");
                     Ok(Watch::Poll {

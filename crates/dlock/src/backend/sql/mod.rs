@@ -2001,7 +2001,7 @@ impl Acquisition for SqlAcquisition {
         // News of the listener (it went down or came back) since the attempt: look again.
         if listener.has_changed().unwrap_or(true) {
             let up = *listener.borrow_and_update();
-            return Ok(if up { Watch::Woken } else { poll });
+            return Ok(if up { Watch::Recheck } else { poll });
         }
         if !*listener.borrow() {
             return Ok(poll);
@@ -2012,15 +2012,16 @@ impl Acquisition for SqlAcquisition {
         let wakes = since.signal.wakes();
         if wakes != since.wakes {
             since.wakes = wakes;
-            return Ok(Watch::Woken);
+            return Ok(Watch::Changed);
         }
-        tokio::select! {
-            _ = &mut notified => {}
-            _ = listener.changed() => {}
-            _ = tokio::time::sleep_until(until.into()) => {}
-        }
+        // A notification: attempt at once; the listener's news or the deadline: look first.
+        let watch = tokio::select! {
+            _ = &mut notified => Watch::Changed,
+            _ = listener.changed() => Watch::Recheck,
+            _ = tokio::time::sleep_until(until.into()) => Watch::Recheck,
+        };
         since.wakes = since.signal.wakes();
-        Ok(Watch::Woken)
+        Ok(watch)
     }
 
     async fn look(&mut self) -> Result<Option<Look>> {

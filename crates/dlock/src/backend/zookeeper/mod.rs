@@ -514,7 +514,7 @@ impl ZooKeeperBackend {
     /// Waits for the node `rec` waits behind (or the lock's children) to change, or `until`.
     async fn changed(&self, rec: Option<&NodeRec>, until: Instant) -> Result<Watch> {
         let Some(rec) = rec.cloned() else {
-            return Ok(Watch::Woken);
+            return Ok(Watch::Changed);
         };
         let s = rec.session.clone();
         let watcher = match &rec.watch {
@@ -522,7 +522,7 @@ impl ZooKeeperBackend {
                 let path = format!("{}/{}", rec.lock_path, pred);
                 match s.run(s.client.check_and_watch_stat(&path)).await {
                     // Gone between our listing and the watch: look again at once.
-                    Ok((None, _)) => return Ok(Watch::Woken),
+                    Ok((None, _)) => return Ok(Watch::Changed),
                     Ok((Some(_), w)) => w,
                     Err(e) => return Err(unavailable(e)),
                 }
@@ -537,21 +537,22 @@ impl ZooKeeperBackend {
                         let children = sorted_children(names);
                         match children.iter().position(|c| c.name == rec.node) {
                             Some(i) if !position(&children, i).0 => w,
-                            _ => return Ok(Watch::Woken),
+                            _ => return Ok(Watch::Changed),
                         }
                     }
-                    Err(zk::Error::NoNode) => return Ok(Watch::Woken),
+                    Err(zk::Error::NoNode) => return Ok(Watch::Changed),
                     Err(e) => return Err(unavailable(e)),
                 }
             }
         };
         if tokio::time::timeout_at(until.into(), watcher.changed())
             .await
-            .is_ok()
+            .is_err()
         {
-            self.shared.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+            return Ok(Watch::Recheck);
         }
-        Ok(Watch::Woken)
+        self.shared.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+        Ok(Watch::Changed)
     }
 
     /// Connects to the ensemble of a `zk://` URL (as [`crate::connect`] does), for callers that
