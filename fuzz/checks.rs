@@ -75,7 +75,13 @@ pub fn url(data: &[u8]) {
     let Ok(s) = std::str::from_utf8(data) else {
         return;
     };
-    let secrets = password_of(s);
+    // A password that is one of the words a refusal carries by itself (the enabled schemes, as
+    // in `postgreredisss://:postgres@h/`) is not shown by carrying them.
+    let listed = dlock::enabled_backends().join(", ");
+    let secrets: Vec<String> = password_of(s)
+        .into_iter()
+        .filter(|p| !listed.contains(p.as_str()))
+        .collect();
     match dlock::validate_url(s) {
         Ok(()) => {}
         Err(Error::InvalidConfig(m)) => {
