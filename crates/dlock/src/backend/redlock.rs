@@ -665,7 +665,6 @@ impl RedlockBackend {
         name: &str,
         refused: Option<Refused>,
         seen: &[Seen],
-        busy: &Busy,
         until: Instant,
     ) -> Result<Watch> {
         let live: Vec<Arc<RedisBackend>> = self.slots.iter().filter_map(|s| s.get()).collect();
@@ -680,9 +679,11 @@ impl RedlockBackend {
             }
         }
         if live.is_empty() {
-            let r = busy.retry_in.unwrap_or(MAX_RETRY).min(MAX_RETRY);
-            tokio::time::sleep_until(until.min(Instant::now() + r).into()).await;
-            return Ok(Watch::Changed);
+            // No server to listen to (they reconnect in the background): the core polls.
+            return Ok(Watch::Poll {
+                min: MAX_RETRY / 2,
+                max: MAX_RETRY,
+            });
         }
         // Refused by the lead alone: only the lead's wait knows what that attempt saw (the other
         // servers were not asked, so theirs would answer "try again" at once). Every release
@@ -901,15 +902,9 @@ impl Acquisition for RedlockAcquisition {
             .await
     }
 
-    async fn changed(&mut self, busy: &Busy, until: Instant) -> Result<Watch> {
+    async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
         self.store
-            .changed(
-                self.want.name.as_str(),
-                self.refused,
-                &self.seen,
-                busy,
-                until,
-            )
+            .changed(self.want.name.as_str(), self.refused, &self.seen, until)
             .await
     }
 

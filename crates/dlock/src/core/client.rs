@@ -85,7 +85,7 @@ impl Client {
             .inner
             .store
             .calls
-            .timed(self.inner.store.backend.describe(name.as_str()))
+            .timed_listing(self.inner.store.backend.describe(name.as_str()))
             .await?
             .into_iter()
             .find(|i| i.name == name.as_str()))
@@ -99,7 +99,7 @@ impl Client {
         self.inner
             .store
             .calls
-            .timed(self.inner.store.backend.describe(prefix))
+            .timed_listing(self.inner.store.backend.describe(prefix))
             .await
     }
 

@@ -33,6 +33,15 @@ impl Calls {
         }
     }
 
+    /// `fut` bounded by 20 call timeouts: a listing pages through many keys (Redis `SCAN`) in
+    /// one call.
+    pub(crate) async fn timed_listing<T>(&self, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        match self.timeout {
+            Some(d) => bounded(d * 20, &self.shown, fut).await,
+            None => fut.await,
+        }
+    }
+
     /// The call timeout, if the store has one.
     pub(crate) fn timeout(&self) -> Option<Duration> {
         self.timeout
