@@ -82,8 +82,10 @@ fn table() -> [Store; 7] {
         store!(
             "sqlite",
             ["sqlite"],
-            |u| crate::backend::sqlite::SqliteBackend::parse_url(u).map(drop),
-            |u| opening(async move { crate::backend::sqlite::SqliteBackend::connect(&u).await })
+            |u| crate::backend::sql::sqlite::SqliteBackend::parse_url(u).map(drop),
+            |u| opening(
+                async move { crate::backend::sql::sqlite::SqliteBackend::connect(&u).await }
+            )
         ),
         store!(
             "redis",
@@ -101,13 +103,13 @@ fn table() -> [Store; 7] {
             "postgres",
             ["postgres", "postgresql"],
             |u| crate::backend::sql::SqlConfig::parse(u).map(drop),
-            |u| opening(async move { crate::backend::sql::SqlBackend::open(&u).await })
+            |u| Box::pin(async move { crate::backend::sql::open(&u).await })
         ),
         store!(
             "mysql",
             ["mysql", "mariadb"],
             |u| crate::backend::sql::SqlConfig::parse(u).map(drop),
-            |u| opening(async move { crate::backend::sql::SqlBackend::open(&u).await })
+            |u| Box::pin(async move { crate::backend::sql::open(&u).await })
         ),
         store!(
             "zookeeper",
@@ -225,7 +227,7 @@ mod tests {
         assert!(validate_url("mem://").is_ok());
         assert!(validate_url("mem://t1").is_ok());
         if cfg!(feature = "sqlite") {
-            use crate::backend::sqlite::SqliteBackend;
+            use crate::backend::sql::sqlite::SqliteBackend;
             assert_eq!(
                 SqliteBackend::parse_url("sqlite:///tmp/a%20b.db").unwrap(),
                 std::path::PathBuf::from("/tmp/a b.db")

@@ -309,18 +309,15 @@ impl Backend for Counting {
         self.counts.release.fetch_add(1, Ordering::Relaxed);
         self.inner.release(hold).await
     }
-    async fn extend(&self, holds: &[HoldRef<'_>]) -> dlock::Result<Vec<Extended>> {
+    async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> dlock::Result<Vec<Extended>> {
         self.counts.extend.fetch_add(1, Ordering::Relaxed);
         self.counts
             .extended
             .fetch_add(holds.len() as u64, Ordering::Relaxed);
-        self.inner.extend(holds).await
+        self.inner.extend(holds, detach).await
     }
     async fn describe(&self, prefix: &str) -> dlock::Result<Vec<LockInfo>> {
         self.inner.describe(prefix).await
-    }
-    async fn detach(&self, hold: &HoldRef<'_>) -> dlock::Result<Extended> {
-        self.inner.detach(hold).await
     }
     async fn force_release(
         &self,
@@ -369,7 +366,7 @@ async fn open_backend(t: &Target) -> dlock::Result<Arc<dyn Backend>> {
                 .sqlite_path
                 .as_ref()
                 .ok_or_else(|| dlock::Error::InvalidConfig("no sqlite path".into()))?;
-            Arc::new(b::sqlite::SqliteBackend::open(path).await?)
+            Arc::new(b::sql::sqlite::SqliteBackend::open(path).await?)
         }
         Kind::Redis => Arc::new(b::redis::RedisBackend::connect(&t.url).await?),
         Kind::Redlock => Arc::new(b::redlock::RedlockBackend::connect(&t.url).await?),

@@ -254,12 +254,7 @@ impl Backend for MemoryBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: true,
-            wakeups: Wakeups::Native,
-            validity: Validity::Lease,
-            queues_waiters: false,
-        }
+        Capabilities::lease(Wakeups::Native)
     }
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
@@ -295,14 +290,10 @@ impl Backend for MemoryBackend {
         }
     }
 
-    async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
+    async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
         let now = Instant::now();
         let mut st = self.lock();
-        Ok(holds.iter().map(|r| st.extend(r, now, false)).collect())
-    }
-
-    async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
-        Ok(self.lock().extend(hold, Instant::now(), true))
+        Ok(holds.iter().map(|r| st.extend(r, now, detach)).collect())
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {

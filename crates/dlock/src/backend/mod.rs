@@ -27,16 +27,8 @@ pub mod memory;
 pub mod redis;
 #[cfg(feature = "redlock")]
 pub mod redlock;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub mod sql;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub(crate) mod sql_common;
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
-#[cfg(feature = "sqlite")]
-mod sqlite_machine;
-#[cfg(feature = "sqlite")]
-mod sqlite_watch;
+pub mod sql;
 #[cfg(test)]
 #[allow(dead_code)] // each store's tests use a different subset
 pub(crate) mod test_support;
@@ -374,6 +366,19 @@ pub struct Capabilities {
     pub queues_waiters: bool,
 }
 
+impl Capabilities {
+    /// A lease store with fencing tokens whose waiters are woken as `wakeups` says: what every
+    /// store but ZooKeeper is (Redlock without fencing, SQL session mode with session validity).
+    pub const fn lease(wakeups: Wakeups) -> Capabilities {
+        Capabilities {
+            fencing: true,
+            wakeups,
+            validity: Validity::Lease,
+            queues_waiters: false,
+        }
+    }
+}
+
 /// A holder as listed by [`Backend::describe`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HolderInfo {
@@ -505,18 +510,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released>;
 
     /// Extends many holds in one round trip, each to its `lease`. The answer has one entry per
-    /// hold, in order.
-    async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>>;
+    /// hold, in order. With `detach` the extension is the last one: nobody renews these holds
+    /// after it (`Guard::expire_in`), so a forced release ([`Force::Revoke`]) may remove them at
+    /// once ([`HoldStatus::Detached`]); a store that cannot mark a hold so extends it plainly.
+    async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>>;
 
     /// Lists the locks whose name starts with `prefix` (all for ""), with holders and waiters.
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>>;
-
-    /// Extends one hold to `hold.lease` for the last time: nobody renews it after this
-    /// (`Guard::expire_in`), so a forced release ([`Force::Revoke`]) may remove it at once. A
-    /// store that cannot mark it keeps the default, a plain [`Backend::extend`].
-    async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
-        Ok(sole(self.extend(std::slice::from_ref(hold)).await?))
-    }
 
     /// An administrator's unlock of `name`, as `how` says. Fencing counters are kept.
     async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced>;

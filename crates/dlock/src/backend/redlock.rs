@@ -748,9 +748,7 @@ impl Backend for RedlockBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: false,
-            wakeups: Wakeups::Native,
-            validity: Validity::Lease,
-            queues_waiters: false,
+            ..Capabilities::lease(Wakeups::Native)
         }
     }
 
@@ -785,14 +783,8 @@ impl Backend for RedlockBackend {
         }
     }
 
-    async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
-        self.extend_holds(holds, false).await
-    }
-
-    async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
-        Ok(sole(
-            self.extend_holds(std::slice::from_ref(hold), true).await?,
-        ))
+    async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
+        self.extend_holds(holds, detach).await
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {

@@ -520,10 +520,14 @@ impl Guard {
         let answer = match hold
             .store
             .calls
-            .timed(hold.store.backend.detach(&hold.as_ref_with(after)))
+            .timed(
+                hold.store
+                    .backend
+                    .extend(std::slice::from_ref(&hold.as_ref_with(after)), true),
+            )
             .await
         {
-            Ok(a) => a,
+            Ok(a) => crate::backend::sole(a),
             Err(e) => {
                 if renewing {
                     hold.resume_renewing();

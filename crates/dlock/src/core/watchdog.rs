@@ -154,7 +154,7 @@ async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
             Some(d) => earliest.min(Instant::now() + d),
             None => earliest,
         };
-        tokio::time::timeout_at(bound.into(), inner.backend.extend(&refs))
+        tokio::time::timeout_at(bound.into(), inner.backend.extend(&refs, false))
             .instrument(span)
             .await
     };

@@ -42,19 +42,20 @@ impl Backend for Counting {
     async fn release(&self, hold: &HoldRef<'_>) -> dlock::Result<Released> {
         self.inner.release(hold).await
     }
-    async fn extend(&self, holds: &[HoldRef<'_>]) -> dlock::Result<Vec<Extended>> {
+    async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> dlock::Result<Vec<Extended>> {
+        if detach {
+            // `expire_in`: not a renewal batch.
+            return self.inner.extend(holds, true).await;
+        }
         if self.failing.load(Ordering::SeqCst) {
             self.failed_calls.fetch_add(1, Ordering::SeqCst);
             return Err(dlock::Error::Unavailable("test: store down".into()));
         }
         self.batches.lock().unwrap().push(holds.len());
-        self.inner.extend(holds).await
+        self.inner.extend(holds, false).await
     }
     async fn describe(&self, prefix: &str) -> dlock::Result<Vec<LockInfo>> {
         self.inner.describe(prefix).await
-    }
-    async fn detach(&self, hold: &HoldRef<'_>) -> dlock::Result<Extended> {
-        self.inner.detach(hold).await
     }
     async fn force_release(
         &self,

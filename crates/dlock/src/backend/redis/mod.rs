@@ -478,12 +478,7 @@ impl Backend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: true,
-            wakeups: Wakeups::Native,
-            validity: Validity::Lease,
-            queues_waiters: false,
-        }
+        Capabilities::lease(Wakeups::Native)
     }
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
@@ -516,14 +511,8 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
-        self.extend_holds(holds, false).await
-    }
-
-    async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
-        Ok(sole(
-            self.extend_holds(std::slice::from_ref(hold), true).await?,
-        ))
+    async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
+        self.extend_holds(holds, detach).await
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {

@@ -167,7 +167,7 @@ async fn release_of_an_expired_hold_leaves_the_next_holder_alone() {
     let t2 = token(b.acquire(&rb).await.unwrap());
     assert!(t2 > t1);
     assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::NotHeld);
-    assert_eq!(a.extend(&[hr(&ra)]).await.unwrap(), [Extended::Gone]);
+    assert_eq!(a.extend(&[hr(&ra)], false).await.unwrap(), [Extended::Gone]);
     let mut c = raw().await;
     let v: String = c.get(b.base_key(&n)).await.unwrap();
     assert_eq!(v, "new");
@@ -246,7 +246,7 @@ async fn extend_of_mixed_live_and_gone_holds_in_one_call() {
             ..hr(r)
         })
         .collect();
-    let out = b.extend(&holds).await.unwrap();
+    let out = b.extend(&holds, false).await.unwrap();
     let held = Extended::Held { valid_for: longer };
     assert_eq!(out, [held.clone(), Extended::Gone, held, Extended::Gone]);
     let mut c = raw().await;
@@ -257,7 +257,7 @@ async fn extend_of_mixed_live_and_gone_holds_in_one_call() {
     for r in [&live, &reader] {
         assert_eq!(b.release(&hr(r)).await.unwrap(), Released::Released);
     }
-    assert!(b.extend(&[]).await.unwrap().is_empty());
+    assert!(b.extend(&[], false).await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -657,7 +657,7 @@ async fn a_paused_server_gives_unavailable_not_a_hang() {
     let t = Instant::now();
     let e = b.acquire(&r).await.unwrap_err();
     assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
-    let e = b.extend(&[hr(&r)]).await.unwrap_err();
+    let e = b.extend(&[hr(&r)], false).await.unwrap_err();
     assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
     let e = b.describe("").await.unwrap_err();
     assert!(matches!(e, Error::Unavailable(_)), "{e:?}");

@@ -1,8 +1,55 @@
 //! URLs of the SQL stores: `postgres://…`, `postgresql://…`, `mysql://…`, `mariadb://…`.
 
-use super::Dialect;
 use crate::error::{Error, Result};
 use url::Url;
+
+/// The SQL flavour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL or MariaDB (InnoDB).
+    MySql,
+}
+
+impl Dialect {
+    /// `postgres` or `mysql`: the backend's short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "postgres",
+            Dialect::MySql => "mysql",
+        }
+    }
+
+    /// The database clock in milliseconds since the Unix epoch, as a BIGINT expression.
+    pub(super) fn now_ms(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "floor(extract(epoch from clock_timestamp()) * 1000)::bigint",
+            Dialect::MySql => "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)",
+        }
+    }
+
+    /// Rewrites `?` placeholders to the dialect's (`$1, $2, …` on PostgreSQL).
+    pub(super) fn sql(self, s: &str) -> String {
+        match self {
+            Dialect::MySql => s.to_string(),
+            Dialect::Postgres => {
+                let mut out = String::with_capacity(s.len() + 8);
+                let mut n = 0;
+                for c in s.chars() {
+                    if c == '?' {
+                        n += 1;
+                        out.push('$');
+                        out.push_str(&n.to_string());
+                    } else {
+                        out.push(c);
+                    }
+                }
+                out
+            }
+        }
+    }
+}
 
 /// The default table name (URL option `table`).
 pub const DEFAULT_TABLE: &str = "dlock_locks";

@@ -20,7 +20,7 @@
 //! when it cannot be created (no privilege) or is dropped later, the backend logs it once and uses
 //! the full path only.
 
-use super::Dialect;
+use super::config::Dialect;
 
 /// The routine's name for table `t` (versioned: a changed routine gets a new name, so clients of
 /// different dlock versions can share a table).

@@ -29,8 +29,8 @@ async fn open(d: Dialect, table: &str) -> SqlBackend {
     SqlBackend::open(&url(d, table, "")).await.unwrap()
 }
 
-async fn open_session(d: Dialect, table: &str) -> SqlBackend {
-    SqlBackend::open(&url(d, table, "&mode=session"))
+async fn open_session(d: Dialect, table: &str) -> super::super::SessionBackend {
+    super::super::SessionBackend::open(&url(d, table, "&mode=session"))
         .await
         .unwrap()
 }
@@ -100,7 +100,9 @@ async fn exclusion_across_two_clients(d: Dialect) {
     token(b.acquire(&r2).await.unwrap());
     let gone = rq(&n2, "nobody", &mb);
     assert_eq!(
-        b.extend(&[hr(&rb), hr(&gone), hr(&r2)]).await.unwrap(),
+        b.extend(&[hr(&rb), hr(&gone), hr(&r2)], false)
+            .await
+            .unwrap(),
         vec![
             Extended::Held { valid_for: LONG },
             Extended::Gone,
@@ -164,7 +166,7 @@ async fn extend_in_bulk(d: Dialect) {
         refs[i].owner = &strangers[i];
     }
     let gone = |i: usize| i % 89 == 7 || i % 97 == 5 || i % 101 == 3;
-    let answers = b.extend(&refs).await.unwrap();
+    let answers = b.extend(&refs, false).await.unwrap();
     assert_eq!(answers.len(), N);
     for (i, a) in answers.iter().enumerate() {
         let want = if gone(i) {
@@ -250,7 +252,10 @@ async fn owner_only_release_after_expiry(d: Dialect) {
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(token(b.acquire(&rb).await.unwrap()), 2);
     assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::NotHeld);
-    assert_eq!(a.extend(&[hr(&ra)]).await.unwrap(), vec![Extended::Gone]);
+    assert_eq!(
+        a.extend(&[hr(&ra)], false).await.unwrap(),
+        vec![Extended::Gone]
+    );
     let info = a.describe(n.as_str()).await.unwrap();
     assert_eq!(info[0].holders.len(), 1);
     assert_eq!(info[0].holders[0].owner, "b");
@@ -461,22 +466,18 @@ async fn dead_database_is_unavailable_quickly(d: Dialect) {
 }
 
 /// The holder's server session id in session mode.
-async fn holder_pid(b: &SqlBackend, owner: &str) -> i64 {
-    b.inner
-        .sessions
-        .lock()
-        .unwrap()
-        .get(owner)
-        .unwrap()
-        .server_pid
+async fn holder_pid(b: &super::super::SessionBackend, owner: &str) -> i64 {
+    b.server_pid(owner).unwrap()
 }
 
-async fn kill(b: &SqlBackend, pid: i64) {
-    let sql = match b.dialect() {
+/// Ends server session `pid`, as an administrator would.
+async fn kill(d: Dialect, pid: i64) {
+    let sql = match d {
         Dialect::Postgres => format!("SELECT pg_terminate_backend({pid})"),
         Dialect::MySql => format!("KILL CONNECTION {pid}"),
     };
-    (&b.inner.pool).execute(sql.as_str()).await.unwrap();
+    let admin = open(d, "dlt_session").await;
+    (&admin.inner.pool).execute(sql.as_str()).await.unwrap();
 }
 
 async fn session_mode_exclusion_and_kill(d: Dialect) {
@@ -492,7 +493,7 @@ async fn session_mode_exclusion_and_kill(d: Dialect) {
     assert_eq!(token(a.acquire(&ra).await.unwrap()), t1);
     assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::NotHeld);
     assert_eq!(
-        a.extend(&[hr(&ra)]).await.unwrap(),
+        a.extend(&[hr(&ra)], false).await.unwrap(),
         vec![Extended::Held { valid_for: LONG }]
     );
     let info = b.describe(&base).await.unwrap();
@@ -523,7 +524,7 @@ async fn session_mode_exclusion_and_kill(d: Dialect) {
     // the server kills b's connection: extend reports Gone, a waiter gets in
     let bz = busy(a.acquire(&ra).await.unwrap());
     let pid = holder_pid(&b, "b").await;
-    kill(&a, pid).await;
+    kill(d, pid).await;
     let start = Instant::now();
     a.wait(&ra, &bz, start + Duration::from_secs(5))
         .await
@@ -535,14 +536,20 @@ async fn session_mode_exclusion_and_kill(d: Dialect) {
     );
     let t3 = token(a.acquire(&ra).await.unwrap());
     assert!(t3 > t2);
-    assert_eq!(b.extend(&[hr(&rb)]).await.unwrap(), vec![Extended::Gone]);
+    assert_eq!(
+        b.extend(&[hr(&rb)], false).await.unwrap(),
+        vec![Extended::Gone]
+    );
     assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::NotHeld);
     let info = b.describe(&base).await.unwrap();
     assert_eq!(info[0].holders[0].owner, "a");
     assert_eq!(info[0].holders[0].token, Some(t3));
     // an administrator's unlock ends the holder's session
     assert_eq!(b.force_release(&n, Force::Break).await.unwrap().removed, 1);
-    assert_eq!(a.extend(&[hr(&ra)]).await.unwrap(), vec![Extended::Gone]);
+    assert_eq!(
+        a.extend(&[hr(&ra)], false).await.unwrap(),
+        vec![Extended::Gone]
+    );
     let t4 = token(b.acquire(&rb).await.unwrap());
     assert!(t4 > t3);
     b.release(&hr(&rb)).await.unwrap();
@@ -585,7 +592,7 @@ async fn session_mode_lost_fires_on_kill(d: Dialect) {
     .try_get(0)
     .unwrap();
     let killed = Instant::now();
-    kill(&admin, pid).await;
+    kill(d, pid).await;
     let why = tokio::time::timeout(Duration::from_secs(3), lost)
         .await
         .expect("lost() did not fire after the holder's connection was killed");
@@ -634,7 +641,10 @@ async fn dropped_holder_frees_session_lock(d: Dialect) {
             "freed {took:?} after a grant with a 1 s lease"
         );
         assert!(t2 > t);
-        assert_eq!(a.extend(&[hr(&short)]).await.unwrap(), vec![Extended::Gone]);
+        assert_eq!(
+            a.extend(&[hr(&short)], false).await.unwrap(),
+            vec![Extended::Gone]
+        );
         t2
     };
     // b was dropped with its hold: its connection closes, the lock is free again

@@ -953,7 +953,8 @@ impl Backend for ZooKeeperBackend {
         }
     }
 
-    async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
+    /// A node cannot be marked detached (`expire_in` is refused on a session store).
+    async fn extend(&self, holds: &[HoldRef<'_>], _detach: bool) -> Result<Vec<Extended>> {
         let nodes = self.held();
         Ok(holds
             .iter()

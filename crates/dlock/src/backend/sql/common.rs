@@ -1,10 +1,10 @@
-//! What the SQL stores share: the SQLite store (`sqlite.rs`) and the PostgreSQL/MySQL store
-//! (`sql/`) keep the same rows (holds, queue places, fences), so they read them, apply the grant
-//! rule, keep fair queue places and list locks in one way. Each store keeps only its SQL, its
-//! transactions and its error mapping.
+//! What the SQL stores share: SQLite (`sqlite/`) and PostgreSQL/MySQL (`server.rs`,
+//! `session.rs`) keep the same rows (holds, queue places, fences), so they grant in one
+//! transaction ([`grant`]), read rows, keep fair queue places and list locks in one way. Each
+//! store keeps only its statements, its connections and its error mapping.
 
-use super::logic::{decide, Decision, LiveHold, LiveWaiter};
-use super::*;
+use crate::backend::logic::{decide, Decision, LiveHold, LiveWaiter};
+use crate::backend::*;
 use crate::error::Error;
 use std::hash::{Hash, Hasher};
 

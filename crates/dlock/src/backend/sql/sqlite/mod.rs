@@ -101,15 +101,17 @@
 //!   lost and fencing tokens restart.
 //! - On platforms other than Linux, stepping the wall clock (see *Clock*).
 
-use super::sql_common::{
+mod machine;
+mod watch;
+
+use crate::backend::sql::common::{
     bind_hold, bind_waiter, extend_answers, extend_groups, grant, listing, name_owner_pairs,
     GrantWrites, HoldListing, Loaded, Renewed, Rows, StateRow, TxError, WaiterListing,
     STATE_REVOKED,
 };
-use super::sqlite_machine::{self as machine, now_ms};
-use super::sqlite_watch::{file_watch_for, FileWatch};
-use super::*;
+use crate::backend::*;
 use crate::error::Error;
+use machine::now_ms;
 use rand::Rng;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -117,6 +119,7 @@ use sqlx::sqlite::{
 use sqlx::ConnectOptions;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use watch::{file_watch_for, FileWatch};
 
 /// The shortest interval between two polls of a waiter (see the module docs).
 pub const POLL_MIN: Duration = Duration::from_millis(5);
@@ -727,19 +730,14 @@ impl Backend for SqliteBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: true,
-            wakeups: if self.watch.is_up() {
-                Wakeups::Native
-            } else {
-                Wakeups::Polling {
-                    min: POLL_MIN,
-                    max: POLL_MAX,
-                }
-            },
-            validity: Validity::Lease,
-            queues_waiters: false,
-        }
+        Capabilities::lease(if self.watch.is_up() {
+            Wakeups::Native
+        } else {
+            Wakeups::Polling {
+                min: POLL_MIN,
+                max: POLL_MAX,
+            }
+        })
     }
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
@@ -784,14 +782,8 @@ impl Backend for SqliteBackend {
         }
     }
 
-    async fn extend(&self, holds: &[HoldRef<'_>]) -> Result<Vec<Extended>> {
-        self.extend_holds(holds, false).await
-    }
-
-    async fn detach(&self, hold: &HoldRef<'_>) -> Result<Extended> {
-        Ok(sole(
-            self.extend_holds(std::slice::from_ref(hold), true).await?,
-        ))
+    async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
+        self.extend_holds(holds, detach).await
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
@@ -1129,7 +1121,10 @@ mod tests {
         let t_new = token(b.acquire(&new).await.unwrap());
         assert!(t_new > t_old);
         assert_eq!(a.release(&hr(&old)).await.unwrap(), Released::NotHeld);
-        assert_eq!(a.extend(&[hr(&old)]).await.unwrap(), vec![Extended::Gone]);
+        assert_eq!(
+            a.extend(&[hr(&old)], false).await.unwrap(),
+            vec![Extended::Gone]
+        );
         // the old owner asking again is a new contender, not a re-grant
         assert!(matches!(a.acquire(&old).await.unwrap(), Attempt::Busy(_)));
         let info = a.describe("take").await.unwrap();
@@ -1190,7 +1185,7 @@ mod tests {
                 ..hr(&w)
             },
         ];
-        let got = b.extend(&refs).await.unwrap();
+        let got = b.extend(&refs, false).await.unwrap();
         assert_eq!(
             got,
             vec![
@@ -1201,7 +1196,7 @@ mod tests {
                 Extended::Held { valid_for: long },
             ]
         );
-        assert!(b.extend(&[]).await.unwrap().is_empty());
+        assert!(b.extend(&[], false).await.unwrap().is_empty());
         let info = a.describe("").await.unwrap();
         let names: Vec<&str> = info.iter().map(|i| i.name.as_str()).collect();
         assert_eq!(names, ["w", "x"]);
@@ -1827,11 +1822,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("shared.db");
         let exe = std::env::current_exe().unwrap();
+        let worker = format!(
+            "{}::child_process_worker",
+            module_path!().trim_start_matches("dlock::")
+        );
         let children: Vec<_> = (0..3)
             .map(|_| {
                 std::process::Command::new(&exe)
                     .args([
-                        "backend::sqlite::tests::child_process_worker",
+                        worker.as_str(),
                         "--exact",
                         "--nocapture",
                         "--test-threads=1",

@@ -1,0 +1,1422 @@
+//! PostgreSQL and MySQL/MariaDB in lease mode: [`SqlBackend`], one backend over a [`Dialect`].
+//! Tables, options and wake-ups are described in the [module docs](super).
+
+use super::common::{
+    bind_hold, bind_waiter, extend_answers, extend_groups, grant, kind_columns, listing, ms,
+    name_owner_pairs, GrantWrites, HoldListing, Loaded, NameState, Renewed, Rows, StateRow,
+    TxError, WaiterListing, STATE_REVOKED,
+};
+use super::config::{Dialect, HoldMode, SqlConfig};
+use super::fast;
+use crate::backend::*;
+use crate::error::bounded;
+use crate::error::Error;
+use crate::signal::NameSignals;
+use rand::Rng;
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyConnection, AnyPool};
+use sqlx::{ConnectOptions, Connection, Executor, Row};
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The shortest poll interval of a waiter without notification.
+pub const POLL_MIN: Duration = Duration::from_millis(10);
+/// The longest poll interval of a waiter without notification.
+pub const POLL_MAX: Duration = Duration::from_millis(100);
+/// Pooled connections per backend.
+pub const MAX_CONNECTIONS: u32 = 5;
+/// The longest any single operation (including connecting) may take before it is
+/// [`Error::Unavailable`].
+pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The server-side statement and lock-wait timeout.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The schema version this build writes and understands.
+const SCHEMA_VERSION: i64 = 2;
+/// Where the rows live, for messages about corrupt rows.
+pub(super) const ROWS: Rows = Rows("the dlock tables");
+/// How often a deadlocked or serialization-failed transaction is tried.
+const TX_TRIES: u32 = 4;
+
+/// FNV-1a, 64 bits, over `table`, a NUL byte and `name`: the session-mode key. Offset basis
+/// `0xcbf29ce484222325`, prime `0x100000001b3`.
+pub fn fnv1a64(table: &str, name: &str) -> u64 {
+    crate::backend::fnv1a64_bytes(table.bytes().chain([0u8]).chain(name.bytes()))
+}
+
+/// The PostgreSQL advisory-lock key of `name` in session mode: [`fnv1a64`] as a signed 64-bit
+/// integer (two's complement).
+pub fn advisory_key(table: &str, name: &str) -> i64 {
+    i64::from_ne_bytes(fnv1a64(table, name).to_ne_bytes())
+}
+
+/// The MySQL `GET_LOCK` string of `name` in session mode: `<table>:<name>` when that is at most
+/// 64 characters (the server's limit), else `<table>#<16 hex digits of fnv1a64>`.
+pub fn mysql_lock_name(table: &str, name: &str) -> String {
+    let direct = format!("{table}:{name}");
+    if direct.chars().count() <= 64 {
+        direct
+    } else {
+        format!("{table}#{:016x}", fnv1a64(table, name))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statements
+
+/// Every statement, built once per backend with the table names and placeholders filled in.
+#[derive(Debug)]
+pub(super) struct Stmts {
+    pub(super) now: String,
+    pub(super) ensure_fence: String,
+    pub(super) lock_fence: String,
+    pub(super) lock_fence_now: String,
+    pub(super) load_all: String,
+    pub(super) set_fence: String,
+    pub(super) bump_fence: String,
+    pub(super) read_fence: String,
+    pub(super) del_expired_holds: String,
+    pub(super) del_expired_queue: String,
+    pub(super) regrant: String,
+    pub(super) del_queue_owner: String,
+    pub(super) del_hold_owner: String,
+    pub(super) insert_hold: String,
+    pub(super) refresh_queue: String,
+    pub(super) insert_queue: String,
+    pub(super) release: String,
+    pub(super) release_notify: Option<String>,
+    pub(super) describe_holds: String,
+    pub(super) describe_queue: String,
+    pub(super) force_live: String,
+    pub(super) force_detached: String,
+    pub(super) revoke: String,
+    pub(super) revoked: String,
+    pub(super) del_name_holds: String,
+    pub(super) del_name_queue: String,
+}
+
+impl Stmts {
+    fn new(d: Dialect, t: &str) -> Stmts {
+        let now = d.now_ms();
+        let len = match d {
+            Dialect::Postgres => "length",
+            Dialect::MySql => "CHAR_LENGTH",
+        };
+        let s = |x: String| d.sql(&x);
+        Stmts {
+            now: format!("SELECT {now}"),
+            ensure_fence: s(match d {
+                Dialect::Postgres => format!(
+                    "INSERT INTO {t}_fences (name, fence) VALUES (?, 0) ON CONFLICT (name) DO NOTHING"
+                ),
+                Dialect::MySql => format!(
+                    "INSERT INTO {t}_fences (name, fence) VALUES (?, 0) \
+                     ON DUPLICATE KEY UPDATE fence = fence"
+                ),
+            }),
+            lock_fence: s(format!(
+                "SELECT fence FROM {t}_fences WHERE name = ? FOR UPDATE"
+            )),
+            // Lock the fence row and read the clock in one statement. PostgreSQL creates the row
+            // too (`RETURNING` runs once the row lock is ours; `clock_timestamp()` is read then);
+            // MySQL needs the row to exist first (`ensure_fence`), and its `NOW(6)` is the
+            // statement's start, before any lock wait. An early clock is safe: it can only judge
+            // a hold that expired during the wait as still live (a refusal), and it ends the new
+            // hold's lease no earlier than the request was sent, which is what the client counts
+            // from.
+            lock_fence_now: s(match d {
+                Dialect::Postgres => format!(
+                    "INSERT INTO {t}_fences (name, fence) VALUES (?, 0) \
+                     ON CONFLICT (name) DO UPDATE SET fence = {t}_fences.fence \
+                     RETURNING fence, {now}"
+                ),
+                Dialect::MySql => {
+                    format!("SELECT fence, {now} FROM {t}_fences WHERE name = ? FOR UPDATE")
+                }
+            }),
+            // Every row of the name, holds ('h', by fence) then queue ('q', by seq), live or
+            // expired: one round trip; expired rows are deleted only when there are any.
+            // A revoked hold is read with an empty owner: nobody's, yet in everyone's way.
+            load_all: s(format!(
+                "SELECT 'h' AS part, CASE WHEN state = 2 THEN '' ELSE owner END AS owner, kind, \
+                        permits, mode, fence AS ord, expires_at_ms \
+                 FROM {t} WHERE name = ? \
+                 UNION ALL \
+                 SELECT 'q' AS part, owner, '' AS kind, 0 AS permits, mode, seq AS ord, \
+                        expires_at_ms \
+                 FROM {t}_queue WHERE name = ? \
+                 ORDER BY part, ord"
+            )),
+            set_fence: s(format!("UPDATE {t}_fences SET fence = ? WHERE name = ?")),
+            bump_fence: s(match d {
+                Dialect::Postgres => format!(
+                    "INSERT INTO {t}_fences (name, fence) VALUES (?, 1) \
+                     ON CONFLICT (name) DO UPDATE SET fence = {t}_fences.fence + 1"
+                ),
+                Dialect::MySql => format!(
+                    "INSERT INTO {t}_fences (name, fence) VALUES (?, 1) \
+                     ON DUPLICATE KEY UPDATE fence = fence + 1"
+                ),
+            }),
+            read_fence: s(format!("SELECT fence FROM {t}_fences WHERE name = ?")),
+            del_expired_holds: s(format!(
+                "DELETE FROM {t} WHERE name = ? AND expires_at_ms <= ?"
+            )),
+            del_expired_queue: s(format!(
+                "DELETE FROM {t}_queue WHERE name = ? AND expires_at_ms <= ?"
+            )),
+            regrant: s(format!(
+                "UPDATE {t} SET expires_at_ms = ? WHERE owner = ? AND name = ?"
+            )),
+            del_queue_owner: s(format!(
+                "DELETE FROM {t}_queue WHERE name = ? AND owner = ?"
+            )),
+            del_hold_owner: s(format!("DELETE FROM {t} WHERE name = ? AND owner = ?")),
+            insert_hold: s(format!(
+                "INSERT INTO {t} (name, owner, kind, permits, mode, fence, expires_at_ms,
+                     acquired_at_ms, client_id, host, pid)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            )),
+            refresh_queue: s(format!(
+                "UPDATE {t}_queue SET expires_at_ms = ? WHERE name = ? AND owner = ?"
+            )),
+            insert_queue: s(format!(
+                "INSERT INTO {t}_queue (name, owner, mode, expires_at_ms, client_id, host, pid)
+                 VALUES (?, ?, ?, ?, ?, ?, ?)"
+            )),
+            release: s(format!(
+                "DELETE FROM {t} WHERE name = ? AND owner = ? AND expires_at_ms > {now}"
+            )),
+            // PostgreSQL: the delete and its NOTIFY in one statement, so one round trip and one
+            // commit, and the notification goes out exactly when the delete commits. Answers
+            // how many holds were removed (0 or 1).
+            release_notify: match d {
+                Dialect::Postgres => Some(s(format!(
+                    "WITH d AS (DELETE FROM {t} \
+                                WHERE name = ? AND owner = ? AND expires_at_ms > {now} \
+                                RETURNING 1) \
+                     SELECT count(*) FROM (SELECT pg_notify(?, ?) FROM d) n"
+                ))),
+                Dialect::MySql => None,
+            },
+            describe_holds: s(format!(
+                "SELECT name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
+                        client_id, host, pid, state
+                 FROM {t}
+                 WHERE expires_at_ms > ? AND substr(name, 1, {len}(?)) = ?
+                 ORDER BY name, fence"
+            )),
+            describe_queue: s(format!(
+                "SELECT name, owner, mode, client_id, host, pid FROM {t}_queue
+                 WHERE expires_at_ms > ? AND substr(name, 1, {len}(?)) = ?
+                 ORDER BY name, seq"
+            )),
+            force_live: s(format!(
+                "DELETE FROM {t} WHERE name = ? AND expires_at_ms > ?"
+            )),
+            force_detached: s(format!(
+                "DELETE FROM {t} WHERE name = ? AND expires_at_ms > ? AND state = 1"
+            )),
+            revoke: s(format!(
+                "UPDATE {t} SET state = 2 WHERE name = ? AND expires_at_ms > ?"
+            )),
+            revoked: s(format!(
+                "SELECT CAST(COUNT(*) AS {int}), MAX(expires_at_ms) FROM {t} \
+                 WHERE name = ? AND state = 2 AND expires_at_ms > ?",
+                int = match d {
+                    Dialect::Postgres => "BIGINT",
+                    Dialect::MySql => "SIGNED",
+                }
+            )),
+            del_name_holds: s(format!("DELETE FROM {t} WHERE name = ?")),
+            del_name_queue: s(format!("DELETE FROM {t}_queue WHERE name = ?")),
+        }
+    }
+}
+
+/// The schema, version 2 (version 1 plus the holds' `state`: held, detached, revoked).
+fn migration(d: Dialect, t: &str, collation: &str) -> Vec<String> {
+    match d {
+        Dialect::Postgres => vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_meta (
+                    meta_key TEXT NOT NULL PRIMARY KEY,
+                    meta_value BIGINT NOT NULL)"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    name TEXT NOT NULL,
+                    owner TEXT NOT NULL,
+                    kind TEXT NOT NULL,
+                    permits BIGINT NOT NULL,
+                    mode TEXT NOT NULL,
+                    fence BIGINT NOT NULL,
+                    expires_at_ms BIGINT NOT NULL,
+                    acquired_at_ms BIGINT NOT NULL,
+                    client_id TEXT NOT NULL,
+                    host TEXT NOT NULL,
+                    pid BIGINT NOT NULL,
+                    state BIGINT NOT NULL DEFAULT 0,
+                    CONSTRAINT {t}_name_owner UNIQUE (name, owner))"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_queue (
+                    seq BIGSERIAL PRIMARY KEY,
+                    name TEXT NOT NULL,
+                    owner TEXT NOT NULL,
+                    mode TEXT NOT NULL,
+                    expires_at_ms BIGINT NOT NULL,
+                    client_id TEXT NOT NULL,
+                    host TEXT NOT NULL,
+                    pid BIGINT NOT NULL,
+                    CONSTRAINT {t}_queue_name_owner UNIQUE (name, owner))"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_fences (
+                    name TEXT NOT NULL PRIMARY KEY,
+                    fence BIGINT NOT NULL)"
+            ),
+        ],
+        Dialect::MySql => {
+            let key = format!("VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {collation}");
+            vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_meta (
+                        meta_key VARCHAR(64) NOT NULL PRIMARY KEY,
+                        meta_value BIGINT NOT NULL) ENGINE=InnoDB"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+                        name {key} NOT NULL,
+                        owner {key} NOT NULL,
+                        kind VARCHAR(16) NOT NULL,
+                        permits BIGINT NOT NULL,
+                        mode VARCHAR(16) NOT NULL,
+                        fence BIGINT NOT NULL,
+                        expires_at_ms BIGINT NOT NULL,
+                        acquired_at_ms BIGINT NOT NULL,
+                        client_id VARCHAR(255) NOT NULL,
+                        host VARCHAR(255) NOT NULL,
+                        pid BIGINT NOT NULL,
+                        state BIGINT NOT NULL DEFAULT 0,
+                        UNIQUE KEY {t}_name_owner (name, owner)
+                    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_queue (
+                        seq BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                        name {key} NOT NULL,
+                        owner {key} NOT NULL,
+                        mode VARCHAR(16) NOT NULL,
+                        expires_at_ms BIGINT NOT NULL,
+                        client_id VARCHAR(255) NOT NULL,
+                        host VARCHAR(255) NOT NULL,
+                        pid BIGINT NOT NULL,
+                        UNIQUE KEY {t}_queue_name_owner (name, owner)
+                    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_fences (
+                        name {key} NOT NULL PRIMARY KEY,
+                        fence BIGINT NOT NULL
+                    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                ),
+            ]
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/// The SQLSTATE / server error code of a database error.
+fn db_code(e: &sqlx::Error) -> Option<String> {
+    match e {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
+    }
+}
+
+/// The grant routine cannot be called: dropped after this backend created or found it, no
+/// `EXECUTE` privilege, a MySQL definer that is gone. The backend then uses the full path.
+fn is_missing_routine(e: &sqlx::Error) -> bool {
+    // PostgreSQL undefined_function (also: a server older than 11, without procedures),
+    // insufficient_privilege; MySQL ER_SP_DOES_NOT_EXIST and
+    // ER_PROCACCESS_DENIED_ERROR (42000), ER_NO_SUCH_USER (HY000).
+    matches!(
+        db_code(e).as_deref(),
+        Some("42883") | Some("42501") | Some("42000") | Some("HY000")
+    ) && {
+        let m = e.to_string();
+        m.contains("grant_v1") || m.contains("as a definer")
+    }
+}
+
+/// A deadlock or serialization failure: the transaction may simply be tried again.
+fn is_retryable(e: &sqlx::Error) -> bool {
+    matches!(
+        db_code(e).as_deref(),
+        // PostgreSQL serialization_failure, deadlock_detected; MySQL ER_LOCK_DEADLOCK (SQLSTATE
+        // 40001 as well), ER_LOCK_WAIT_TIMEOUT is *not* retried (it already waited).
+        Some("40001" | "40P01")
+    )
+}
+
+fn map_err(shown: &str, e: sqlx::Error) -> Error {
+    match &e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Error::Unavailable(format!("{shown}: {e}")),
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            // PostgreSQL: connection exceptions (08…), operator intervention (57…: statement
+            // timeout, admin shutdown, cannot connect now), lock_not_available (55P03),
+            // insufficient resources (53…). MySQL (SQLSTATE): HY000 lock wait timeout and
+            // max_statement_time are reported by message; 08S01 communication errors.
+            let unavailable = code.starts_with("08")
+                || code.starts_with("57")
+                || code.starts_with("53")
+                || code == "55P03"
+                || code == "70100"
+                || db.message().contains("Lock wait timeout")
+                || db.message().contains("max_statement_time")
+                || db.message().contains("maximum statement execution time");
+            if unavailable {
+                Error::Unavailable(format!("{shown}: {db}"))
+            } else {
+                Error::backend(e)
+            }
+        }
+        _ => Error::backend(e),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wake-ups
+
+/// The state of the PostgreSQL listener, shared with its task.
+#[derive(Debug)]
+struct ListenerState {
+    /// `true` while LISTEN is active; changes (both ways) wake every waiter.
+    up: tokio::sync::watch::Sender<bool>,
+}
+
+/// Runs the LISTEN connection of one backend until the backend is dropped (then the task is
+/// aborted). Reconnects with backoff; while down, waiters poll.
+#[cfg(feature = "postgres")]
+async fn listen_loop(
+    url: String,
+    channel: String,
+    signals: Arc<NameSignals>,
+    state: Arc<ListenerState>,
+    ready: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut ready = Some(ready);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let attempt = async {
+            let opts = sqlx::postgres::PgConnectOptions::from_str(&url)?
+                .disable_statement_logging()
+                .application_name("dlock-listener");
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(OP_TIMEOUT)
+                .connect_lazy_with(opts);
+            let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            l.eager_reconnect(false);
+            l.listen(&channel).await?;
+            Ok::<_, sqlx::Error>(l)
+        };
+        match tokio::time::timeout(OP_TIMEOUT, attempt).await {
+            Ok(Ok(mut l)) => {
+                backoff = Duration::from_millis(100);
+                state.up.send_replace(true);
+                if let Some(r) = ready.take() {
+                    let _ = r.send(());
+                }
+                // `Ok(None)` or an error: the connection is gone.
+                while let Ok(Some(n)) = l.try_recv().await {
+                    signals.wake(n.payload());
+                }
+                tracing::warn!(%channel, "postgres LISTEN connection lost; waiters poll until it is back");
+                state.up.send_replace(false);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "postgres LISTEN connection failed; retrying");
+                ready.take();
+            }
+            Err(_) => {
+                tracing::warn!("postgres LISTEN connection timed out; retrying");
+                ready.take();
+            }
+        }
+        let pause = backoff.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
+        tokio::time::sleep(pause).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The backend
+
+/// The PostgreSQL and MySQL/MariaDB store. Obtain it with `dlock::connect("postgres://…")` /
+/// `dlock::connect("mysql://…")`, or [`SqlBackend::open`] and [`crate::Client::with_backend`].
+/// See the module docs for tables, options, wake-ups and session mode.
+#[derive(Debug)]
+pub struct SqlBackend {
+    inner: Arc<Sql>,
+}
+
+/// The state of one [`SqlBackend`], shared with its acquisitions.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(super) dialect: Dialect,
+    mode: HoldMode,
+    pub(super) table: String,
+    pub(super) shown: String,
+    pub(super) pool: AnyPool,
+    pub(super) connect: AnyConnectOptions,
+    pub(super) st: Stmts,
+    notify: Option<String>,
+    /// Fans the listener's notifications out to this backend's waiters.
+    signals: Arc<NameSignals>,
+    /// The store's name for the core's in-process wake-ups (URL, table, mode).
+    pub(super) key: String,
+    listener: Option<(Arc<ListenerState>, tokio::task::JoinHandle<()>)>,
+    /// Whether the one-round-trip grant routine (`fast.rs`) is there to call.
+    fast: AtomicBool,
+    /// Its call.
+    fast_call: String,
+    /// Answers of the routine: granted, refused, "take the full path".
+    fast_answers: [AtomicU64; 3],
+    /// Looks of waiters (`still_busy`) so far.
+    looks: AtomicU64,
+}
+
+impl Drop for Sql {
+    fn drop(&mut self) {
+        if let Some((_, task)) = &self.listener {
+            task.abort();
+        }
+    }
+}
+
+impl SqlBackend {
+    /// Connects to the store at `url` (see the module docs for the options), creates or checks
+    /// its tables, and on PostgreSQL starts the LISTEN connection.
+    ///
+    /// Errors: [`Error::InvalidConfig`] for a bad URL or option, [`Error::Unavailable`] when the
+    /// server cannot be reached within [`OP_TIMEOUT`] or its tables belong to a newer dlock.
+    pub async fn open(url: &str) -> Result<SqlBackend> {
+        Self::open_config(SqlConfig::parse(url)?).await
+    }
+
+    /// [`SqlBackend::open`] with a parsed URL.
+    ///
+    /// A `?mode=session` URL is [`Error::InvalidConfig`] here: session mode is
+    /// [`super::SessionBackend`].
+    pub async fn open_config(cfg: SqlConfig) -> Result<SqlBackend> {
+        if cfg.mode == HoldMode::Session {
+            return Err(Error::InvalidConfig(format!(
+                "{}: ?mode=session is a store of its own: open it with dlock::connect or \
+                 SessionBackend::open",
+                cfg.shown
+            )));
+        }
+        #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+        let mut backend = Sql::open(&cfg).await?;
+        #[cfg(feature = "postgres")]
+        if backend.dialect == Dialect::Postgres {
+            let (up, _) = tokio::sync::watch::channel(false);
+            let state = Arc::new(ListenerState { up });
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let task = tokio::spawn(listen_loop(
+                cfg.driver_url,
+                backend.table.clone(),
+                backend.signals.clone(),
+                state.clone(),
+                tx,
+            ));
+            backend.listener = Some((state, task));
+            // Wait for LISTEN to be active so no release after `open` returns is missed; if it
+            // cannot start, waiters poll until it does.
+            let _ = tokio::time::timeout(OP_TIMEOUT, rx).await;
+        }
+        Ok(SqlBackend {
+            inner: Arc::new(backend),
+        })
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// PostgreSQL or MySQL.
+    pub fn dialect(&self) -> Dialect {
+        self.inner.dialect
+    }
+}
+
+impl Sql {
+    /// Connects to the server of `cfg` and creates or checks its tables.
+    pub(super) async fn open(cfg: &SqlConfig) -> Result<Sql> {
+        let key = format!("sql:{}|{}|{:?}", cfg.driver_url, cfg.table, cfg.mode);
+        let signals = Arc::new(NameSignals::default());
+        sqlx::any::install_default_drivers();
+        let shown = cfg.shown.clone();
+        let connect = AnyConnectOptions::from_str(&cfg.driver_url)
+            .map_err(|e| Error::InvalidConfig(format!("{shown}: {e}")))?
+            .disable_statement_logging();
+        let dialect = cfg.dialect;
+        let pool = AnyPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .min_connections(0)
+            .acquire_timeout(OP_TIMEOUT)
+            .idle_timeout(Duration::from_secs(60))
+            .after_connect(move |conn, _| Box::pin(async move { setup(dialect, conn).await }))
+            .connect_lazy_with(connect.clone());
+        // Fail fast (and clearly) when the server is not there, instead of retrying until the
+        // pool's acquire timeout.
+        match tokio::time::timeout(OP_TIMEOUT, AnyConnection::connect_with(&connect)).await {
+            Ok(Ok(c)) => {
+                let _ = c.close().await;
+            }
+            Ok(Err(e)) => return Err(map_err(&shown, e)),
+            Err(_) => {
+                return Err(Error::Unavailable(format!(
+                    "{shown}: no connection within {OP_TIMEOUT:?}"
+                )))
+            }
+        }
+        let collation = match dialect {
+            Dialect::Postgres => String::new(),
+            Dialect::MySql => bounded(OP_TIMEOUT, &shown, mysql_collation(&pool, &shown)).await?,
+        };
+        let notify =
+            (dialect == Dialect::Postgres).then(|| d_sql(dialect, "SELECT pg_notify(?, ?)"));
+        let fast_call = fast::call_sql(dialect, &cfg.table);
+        let backend = Sql {
+            dialect,
+            mode: cfg.mode,
+            st: Stmts::new(dialect, &cfg.table),
+            table: cfg.table.clone(),
+            shown: shown.clone(),
+            pool,
+            connect,
+            notify,
+            signals,
+            key,
+            listener: None,
+            fast: AtomicBool::new(false),
+            fast_call,
+            fast_answers: Default::default(),
+            looks: AtomicU64::new(0),
+        };
+        if let Err(e) = bounded(OP_TIMEOUT, &shown, backend.migrate(&collation)).await {
+            backend.pool.close().await;
+            return Err(e);
+        }
+        Ok(backend)
+    }
+
+    pub(super) fn err(&self, e: sqlx::Error) -> Error {
+        map_err(&self.shown, e)
+    }
+
+    async fn migrate(&self, collation: &str) -> Result<()> {
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let lock_name = format!("dlock-migrate:{}", self.table);
+        // Serialize concurrent migrations (CREATE TABLE IF NOT EXISTS races on PostgreSQL).
+        match self.dialect {
+            Dialect::Postgres => {
+                sqlx::query("SELECT pg_advisory_lock($1)")
+                    .bind(advisory_key("dlock-migrate", &self.table))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+            Dialect::MySql => {
+                sqlx::query("SELECT CAST(COALESCE(GET_LOCK(?, 10), 0) AS SIGNED)")
+                    .bind(&lock_name)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+        }
+        let result = async {
+            for stmt in migration(self.dialect, &self.table, collation) {
+                sqlx::query(&stmt).execute(&mut *conn).await?;
+            }
+            let insert = match self.dialect {
+                Dialect::Postgres => format!(
+                    "INSERT INTO {}_meta (meta_key, meta_value) VALUES ('schema_version', $1)
+                     ON CONFLICT (meta_key) DO NOTHING",
+                    self.table
+                ),
+                Dialect::MySql => format!(
+                    "INSERT INTO {}_meta (meta_key, meta_value) VALUES ('schema_version', ?)
+                     ON DUPLICATE KEY UPDATE meta_value = meta_value",
+                    self.table
+                ),
+            };
+            sqlx::query(&insert)
+                .bind(SCHEMA_VERSION)
+                .execute(&mut *conn)
+                .await?;
+            let mut v: i64 = sqlx::query(&format!(
+                "SELECT meta_value FROM {}_meta WHERE meta_key = 'schema_version'",
+                self.table
+            ))
+            .fetch_one(&mut *conn)
+            .await?
+            .try_get(0)?;
+            if v == 1 {
+                self.upgrade_v1(&mut conn).await?;
+                v = SCHEMA_VERSION;
+            }
+            if v == SCHEMA_VERSION && self.mode == HoldMode::Lease {
+                self.ensure_fast(&mut conn, collation).await;
+            }
+            Ok::<i64, sqlx::Error>(v)
+        }
+        .await;
+        let unlock = match self.dialect {
+            Dialect::Postgres => {
+                sqlx::query("SELECT pg_advisory_unlock($1)")
+                    .bind(advisory_key("dlock-migrate", &self.table))
+                    .execute(&mut *conn)
+                    .await
+            }
+            Dialect::MySql => {
+                sqlx::query("SELECT CAST(COALESCE(RELEASE_LOCK(?), 0) AS SIGNED)")
+                    .bind(&lock_name)
+                    .execute(&mut *conn)
+                    .await
+            }
+        };
+        let v = result.map_err(|e| self.err(e))?;
+        unlock.map_err(|e| self.err(e))?;
+
+        if v != SCHEMA_VERSION {
+            return Err(Error::Unavailable(format!(
+                "{}: table {} has dlock schema version {v}; this dlock understands version \
+                 {SCHEMA_VERSION} (upgrade dlock or use another table)",
+                self.shown, self.table
+            )));
+        }
+        Ok(())
+    }
+
+    /// Brings a schema-1 table to schema 2 (under the migration lock): the holds get their
+    /// `state` column. Clients that know only schema 1 refuse the table from then on; those
+    /// already running keep working, ignore revocations, and their forced releases break.
+    async fn upgrade_v1(&self, conn: &mut AnyConnection) -> std::result::Result<(), sqlx::Error> {
+        let t = &self.table;
+        let has: i64 = sqlx::query(&match self.dialect {
+            Dialect::Postgres => format!(
+                "SELECT CAST(count(*) AS BIGINT) FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = '{t}' \
+                 AND column_name = 'state'"
+            ),
+            Dialect::MySql => format!(
+                "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{t}' \
+                 AND COLUMN_NAME = 'state'"
+            ),
+        })
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+        if has == 0 {
+            sqlx::query(&format!(
+                "ALTER TABLE {t} ADD COLUMN state BIGINT NOT NULL DEFAULT 0"
+            ))
+            .execute(&mut *conn)
+            .await?;
+        }
+        sqlx::query(&format!(
+            "UPDATE {t}_meta SET meta_value = {SCHEMA_VERSION} WHERE meta_key = 'schema_version'"
+        ))
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
+    /// Creates the one-round-trip grant routine when it is missing (under the migration lock)
+    /// and enables it. A failure (no privilege to create routines, say) is logged and leaves
+    /// the full path only: slower, equally correct.
+    async fn ensure_fast(&self, conn: &mut AnyConnection, collation: &str) {
+        let r = async {
+            let have: i64 = sqlx::query(&fast::exists_sql(self.dialect, &self.table))
+                .fetch_one(&mut *conn)
+                .await?
+                .try_get(0)?;
+            if have == 0 {
+                let ddl =
+                    fast::create_sql(self.dialect, &self.table, self.dialect.now_ms(), collation);
+                conn.execute(ddl.as_str()).await?;
+            }
+            Ok::<(), sqlx::Error>(())
+        }
+        .await;
+        match r {
+            Ok(()) => self.fast.store(true, Ordering::Relaxed),
+            Err(e) => tracing::warn!(
+                store = %self.shown,
+                error = %e,
+                "cannot create the grant routine {}; every acquire takes the multi-statement path",
+                fast::routine(&self.table)
+            ),
+        }
+    }
+
+    /// The one-round-trip grant (`fast.rs`) when `req` is one it can answer: `None` means take
+    /// the full path.
+    async fn fast_acquire(
+        &self,
+        req: &Request<'_>,
+    ) -> std::result::Result<Option<Attempt>, sqlx::Error> {
+        let lease_ms = ms(req.lease);
+        // Exclusive requests that take no queue place only: the routine answers shared ones
+        // only on a free name, and everywhere else (a reader beside readers, a semaphore permit
+        // beside permits) they would pay its round trip and then the full transaction.
+        let eligible = self.mode == HoldMode::Lease
+            && self.fast.load(Ordering::Relaxed)
+            && req.mode == Mode::Exclusive
+            && !req.takes_queue_place()
+            && lease_ms < (1 << 50);
+        if !eligible {
+            return Ok(None);
+        }
+        let (kind, permits) = kind_columns(req.kind);
+        let rows = sqlx::query(&self.fast_call)
+            .bind(req.name.as_str())
+            .bind(req.owner)
+            .bind(kind)
+            .bind(permits)
+            .bind(req.mode.as_str())
+            .bind(lease_ms)
+            .bind(req.meta.client_id.as_str())
+            .bind(req.meta.host.as_str())
+            .bind(i64::from(req.meta.pid))
+            .bind(true)
+            .fetch_all(&self.pool)
+            .await;
+        let rows = match rows {
+            Err(e) if is_missing_routine(&e) => {
+                self.fast.store(false, Ordering::Relaxed);
+                tracing::warn!(
+                    store = %self.shown,
+                    error = %e,
+                    "the grant routine {} is gone; every acquire takes the multi-statement path",
+                    fast::routine(&self.table)
+                );
+                return Ok(None);
+            }
+            r => r?,
+        };
+        let row = rows.first().ok_or_else(|| {
+            sqlx::Error::Protocol(format!("{} answered no row", fast::routine(&self.table)))
+        })?;
+        let (answer, token, wait_ms): (i64, i64, i64) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        let (slot, attempt) = match answer {
+            fast::GRANTED => (
+                0,
+                Some(Attempt::Granted(Grant {
+                    token: Some(u64::try_from(token).map_err(|_| {
+                        sqlx::Error::Protocol(format!("grant routine answered token {token}"))
+                    })?),
+                    valid_for: req.lease,
+                })),
+            ),
+            fast::BUSY => (
+                1,
+                Some(Attempt::Busy(Busy {
+                    retry_in: Some(Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0))),
+                })),
+            ),
+            _ => (2, None),
+        };
+        self.fast_answers[slot].fetch_add(1, Ordering::Relaxed);
+        Ok(attempt)
+    }
+
+    /// Sends the wake-up of `name` to every listener (PostgreSQL; the core wakes this process's
+    /// waiters).
+    pub(super) async fn wake(&self, name: &str) {
+        if let Some(sql) = &self.notify {
+            let r = sqlx::query(sql)
+                .bind(self.table.as_str())
+                .bind(name)
+                .execute(&self.pool)
+                .await;
+            if let Err(e) = r {
+                // Waiters elsewhere still notice through their lease bound and safety net.
+                tracing::debug!(error = %e, "NOTIFY failed");
+            }
+        }
+    }
+
+    /// Removes `req`'s queue place, if any.
+    async fn cancel_place(&self, req: &Request<'_>) -> Result<()> {
+        let name = req.name.as_str();
+        let removed = sqlx::query(&self.st.del_queue_owner)
+            .bind(name)
+            .bind(req.owner)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        if removed > 0 {
+            self.wake(name).await;
+        }
+        Ok(())
+    }
+
+    /// Extends the lease-mode holds of `group` (all with a lease of `lease_ms`) in one `UPDATE`,
+    /// autocommitted (`detach`: marked as renewed by nobody any more); answers what it found of
+    /// each. Only when fewer rows changed than holds were asked for does a second statement read
+    /// back which ones are live or revoked.
+    async fn extend_group(
+        &self,
+        lease_ms: i64,
+        group: &[&HoldRef<'_>],
+        detach: bool,
+    ) -> Result<Vec<Renewed>> {
+        let t = &self.table;
+        let now = self.dialect.now_ms();
+        let pairs = name_owner_pairs(group.len());
+        let set_state = if detach { ", state = 1" } else { "" };
+        let update = self.dialect.sql(&format!(
+            "UPDATE {t} SET expires_at_ms = {now} + ?{set_state} \
+             WHERE expires_at_ms > {now} AND state <> 2 AND (name, owner) IN ({pairs})"
+        ));
+        let mut tries = 0;
+        let changed = loop {
+            tries += 1;
+            let mut q = sqlx::query(&update).persistent(false).bind(lease_ms);
+            for h in group {
+                q = q.bind(h.name.as_str()).bind(h.owner);
+            }
+            match q.execute(&self.pool).await {
+                Ok(r) => break r.rows_affected(),
+                Err(e) if is_retryable(&e) && tries < TX_TRIES => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        };
+        if changed >= group.len() as u64 {
+            return Ok(vec![Renewed::Live; group.len()]);
+        }
+        // Some are gone or revoked: read back which (the update just pushed every live one out).
+        let select = self.dialect.sql(&format!(
+            "SELECT name, owner, state FROM {t} \
+             WHERE expires_at_ms > {now} AND (name, owner) IN ({pairs})"
+        ));
+        let mut q = sqlx::query(&select).persistent(false);
+        for h in group {
+            q = q.bind(h.name.as_str()).bind(h.owner);
+        }
+        let rows = q.fetch_all(&self.pool).await.map_err(|e| self.err(e))?;
+        let mut found: HashMap<(String, String), i64> = HashMap::with_capacity(rows.len());
+        for r in rows {
+            let name: String = r.try_get(0).map_err(|e| self.err(e))?;
+            let owner: String = r.try_get(1).map_err(|e| self.err(e))?;
+            let state: i64 = r.try_get(2).map_err(|e| self.err(e))?;
+            found.insert((name, owner), state);
+        }
+        Ok(group
+            .iter()
+            .map(
+                |h| match found.get(&(h.name.as_str().to_owned(), h.owner.to_owned())) {
+                    Some(&STATE_REVOKED) => Renewed::Revoked,
+                    Some(_) => Renewed::Live,
+                    None => Renewed::Gone,
+                },
+            )
+            .collect())
+    }
+
+    /// Extends lease-mode holds, at most 500 of one lease per statement.
+    async fn extend_leases(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
+        let mut found = vec![Renewed::Gone; holds.len()];
+        for (lease_ms, idx) in extend_groups(holds) {
+            let group: Vec<&HoldRef<'_>> = idx.iter().map(|&i| &holds[i]).collect();
+            for (i, f) in idx
+                .into_iter()
+                .zip(self.extend_group(lease_ms, &group, detach).await?)
+            {
+                found[i] = f;
+            }
+        }
+        Ok(extend_answers(holds, &found))
+    }
+
+    pub(super) async fn db_now(
+        &self,
+        conn: &mut AnyConnection,
+    ) -> std::result::Result<i64, sqlx::Error> {
+        sqlx::query(&self.st.now).fetch_one(conn).await?.try_get(0)
+    }
+
+    /// The live state of `name` at `now`, in one round trip. Deletes the name's expired rows
+    /// when there are any and `cleanup` is set (inside a grant transaction); the flag says
+    /// whether it did.
+    async fn load_state(
+        &self,
+        conn: &mut AnyConnection,
+        name: &str,
+        now: i64,
+        cleanup: bool,
+    ) -> std::result::Result<(NameState, bool), TxError> {
+        let rows: Vec<StateRow> = sqlx::query_as(&self.st.load_all)
+            .bind(name)
+            .bind(name)
+            .fetch_all(&mut *conn)
+            .await?;
+        let Loaded { state, expired, .. } = Loaded::split(ROWS, rows, now)?;
+        if expired && cleanup {
+            for stmt in [&self.st.del_expired_holds, &self.st.del_expired_queue] {
+                sqlx::query(stmt)
+                    .bind(name)
+                    .bind(now)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+        }
+        Ok((state, expired && cleanup))
+    }
+
+    /// `true` if `req` would still be refused now (read-only; the acquisition's look).
+    async fn still_busy(&self, req: &Request<'_>) -> Result<Look> {
+        self.looks.fetch_add(1, Ordering::Relaxed);
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let now = self.db_now(&mut conn).await.map_err(|e| self.err(e))?;
+        let state = self
+            .load_state(&mut conn, req.name.as_str(), now, false)
+            .await
+            .map_err(|e| match e {
+                TxError::Sql(e) => self.err(e),
+                TxError::Dlock(e) => e,
+            })?
+            .0;
+        Ok(state.look(req, now))
+    }
+
+    async fn acquire_tx(&self, req: &Request<'_>) -> Result<Attempt> {
+        match self.fast_acquire(req).await {
+            Ok(Some(a)) => return Ok(a),
+            Ok(None) => {}
+            // A deadlock or serialization failure: the full path retries.
+            Err(e) if is_retryable(&e) => {}
+            Err(e) => return Err(self.err(e)),
+        }
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.acquire_once(req).await {
+                Err(TxError::Sql(e)) if is_retryable(&e) && tries < TX_TRIES => {
+                    let pause = rand::thread_rng().gen_range(1..=10 * u64::from(tries));
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                Err(TxError::Sql(e)) => return Err(self.err(e)),
+                Err(TxError::Dlock(e)) => return Err(e),
+                Ok(a) => return Ok(a),
+            }
+        }
+    }
+
+    async fn acquire_once(&self, req: &Request<'_>) -> std::result::Result<Attempt, TxError> {
+        let name = req.name.as_str();
+        let st = &self.st;
+        let mut tx = self.pool.begin().await?;
+        // Lock the name: every grant of it passes through this row lock.
+        if self.dialect == Dialect::MySql {
+            sqlx::query(&st.ensure_fence)
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let row = sqlx::query(&st.lock_fence_now)
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?;
+        let (stored, now): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        let stored = ROWS.token(stored)?;
+        // Whether the transaction changed anything but the row lock (else it rolls back).
+        let (state, mut wrote) = self.load_state(&mut tx, name, now, true).await?;
+        let mut writes = SqlWrites { tx: &mut tx, st };
+        let (attempt, changed) = grant(&mut writes, &state, req, Some(stored), now).await?;
+        wrote |= changed;
+        // A refusal that changed nothing ends with ROLLBACK: no commit record to flush to disk,
+        // so the waiters that lose a race for a released lock cost no fsync each.
+        if wrote {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(attempt)
+    }
+
+    pub(super) async fn describe_rows(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let now = self.db_now(&mut conn).await.map_err(|e| self.err(e))?;
+        let holds: Vec<HoldListing> = sqlx::query_as(&self.st.describe_holds)
+            .bind(now)
+            .bind(prefix)
+            .bind(prefix)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let queue: Vec<WaiterListing> = sqlx::query_as(&self.st.describe_queue)
+            .bind(now)
+            .bind(prefix)
+            .bind(prefix)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        listing(ROWS, prefix, now, holds, queue)
+    }
+}
+
+/// Session settings of every connection: server-side timeouts, and READ COMMITTED on MySQL.
+pub(super) async fn setup(
+    d: Dialect,
+    conn: &mut AnyConnection,
+) -> std::result::Result<(), sqlx::Error> {
+    let secs = STATEMENT_TIMEOUT.as_secs();
+    match d {
+        Dialect::Postgres => {
+            let set = format!(
+                "SET statement_timeout = '{secs}s'; SET lock_timeout = '{secs}s'; \
+                 SET idle_in_transaction_session_timeout = '{}s'",
+                secs * 6
+            );
+            conn.execute(set.as_str()).await?;
+        }
+        Dialect::MySql => {
+            sqlx::query(&format!("SET SESSION innodb_lock_wait_timeout = {secs}"))
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                .execute(&mut *conn)
+                .await?;
+            // MariaDB's statement timeout (MySQL has no equivalent for writes; the client-side
+            // operation timeout covers it).
+            let _ = sqlx::query(&format!("SET SESSION max_statement_time = {secs}"))
+                .execute(&mut *conn)
+                .await;
+        }
+    }
+    Ok(())
+}
+
+/// The binary no-pad collation of this MySQL/MariaDB server.
+async fn mysql_collation(pool: &AnyPool, shown: &str) -> Result<String> {
+    let rows = sqlx::query(
+        "SELECT CAST(COLLATION_NAME AS CHAR(64)) FROM information_schema.COLLATIONS
+         WHERE COLLATION_NAME IN ('utf8mb4_0900_bin', 'utf8mb4_nopad_bin')",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(|e| map_err(shown, e))?;
+    let names: Vec<String> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
+    for c in ["utf8mb4_0900_bin", "utf8mb4_nopad_bin"] {
+        if names.iter().any(|n| n == c) {
+            return Ok(c.to_string());
+        }
+    }
+    Err(Error::Unavailable(format!(
+        "{shown}: the server has no binary no-pad utf8mb4 collation (needs MySQL 8 or \
+         MariaDB 10.2 or newer)"
+    )))
+}
+
+fn d_sql(d: Dialect, s: &str) -> String {
+    d.sql(s)
+}
+
+#[async_trait::async_trait]
+impl Backend for SqlBackend {
+    fn name(&self) -> &'static str {
+        self.inner.dialect.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::lease(match self.inner.dialect {
+            Dialect::Postgres => Wakeups::Native,
+            Dialect::MySql => Wakeups::Polling {
+                min: POLL_MIN,
+                max: POLL_MAX,
+            },
+        })
+    }
+
+    fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        Box::new(SqlAcquisition {
+            store: self.inner.clone(),
+            want: Want::new(req),
+            since: None,
+        })
+    }
+
+    fn shared_key(&self) -> Option<String> {
+        Some(self.inner.key.clone())
+    }
+
+    fn call_timeout(&self) -> Option<Duration> {
+        Some(OP_TIMEOUT)
+    }
+
+    async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
+        let name = hold.name.as_str();
+        if let (Some(stmt), Some(_)) = (&self.inner.st.release_notify, &self.inner.notify) {
+            let removed: i64 = async {
+                sqlx::query(stmt)
+                    .bind(name)
+                    .bind(hold.owner)
+                    .bind(self.inner.table.as_str())
+                    .bind(name)
+                    .fetch_one(&self.inner.pool)
+                    .await
+                    .and_then(|r| r.try_get(0))
+                    .map_err(|e| self.inner.err(e))
+            }
+            .await?;
+            return Ok(if removed > 0 {
+                self.inner.signals.wake(name);
+                Released::Released
+            } else {
+                Released::NotHeld
+            });
+        }
+        let removed = async {
+            Ok(sqlx::query(&self.inner.st.release)
+                .bind(name)
+                .bind(hold.owner)
+                .execute(&self.inner.pool)
+                .await
+                .map_err(|e| self.inner.err(e))?
+                .rows_affected())
+        }
+        .await?;
+        if removed > 0 {
+            self.inner.wake(name).await;
+            Ok(Released::Released)
+        } else {
+            Ok(Released::NotHeld)
+        }
+    }
+
+    async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
+        if holds.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.inner.extend_leases(holds, detach).await
+    }
+
+    async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        self.inner.describe_rows(prefix).await
+    }
+
+    async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced> {
+        let name = name.as_str();
+        let done = async {
+            let r = async {
+                let st = &self.inner.st;
+                let mut tx = self.inner.pool.begin().await?;
+                sqlx::query(&st.ensure_fence)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(&st.lock_fence)
+                    .bind(name)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let now = self.inner.db_now(&mut tx).await?;
+                let removed = sqlx::query(match how {
+                    Force::Break => &st.force_live,
+                    Force::Revoke => &st.force_detached,
+                })
+                .bind(name)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                let mut done = Forced {
+                    removed,
+                    ..Forced::default()
+                };
+                match how {
+                    Force::Break => {
+                        sqlx::query(&st.del_name_holds)
+                            .bind(name)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    Force::Revoke => {
+                        for stmt in [&st.del_expired_holds, &st.revoke] {
+                            sqlx::query(stmt)
+                                .bind(name)
+                                .bind(now)
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                        let row = sqlx::query(&st.revoked)
+                            .bind(name)
+                            .bind(now)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                        let (n, longest): (i64, Option<i64>) = (row.try_get(0)?, row.try_get(1)?);
+                        done.revoked = u64::try_from(n).unwrap_or(0);
+                        done.revoked_lease_left_ms =
+                            longest.map(|e| u64::try_from(e - now).unwrap_or(0));
+                    }
+                }
+                if how == Force::Break {
+                    sqlx::query(&st.del_name_queue)
+                        .bind(name)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(done)
+            }
+            .await;
+            r.map_err(|e| self.inner.err(e))
+        }
+        .await?;
+        self.inner.wake(name).await;
+        Ok(done)
+    }
+}
+
+/// The grant transaction's writes in this dialect's statements.
+struct SqlWrites<'a> {
+    tx: &'a mut sqlx::Transaction<'static, sqlx::Any>,
+    st: &'a Stmts,
+}
+
+#[async_trait::async_trait]
+impl GrantWrites for SqlWrites<'_> {
+    async fn regrant(&mut self, name: &str, owner: &str, expires_ms: i64) -> SqlResult {
+        let q = sqlx::query(&self.st.regrant).bind(expires_ms).bind(owner);
+        q.bind(name).execute(&mut **self.tx).await.map(drop)
+    }
+
+    async fn set_fence(&mut self, name: &str, fence: i64, _stored: bool) -> SqlResult {
+        // The fence row exists: the transaction began by locking it.
+        let q = sqlx::query(&self.st.set_fence).bind(fence).bind(name);
+        q.execute(&mut **self.tx).await.map(drop)
+    }
+
+    async fn drop_place(&mut self, name: &str, owner: &str) -> SqlResult {
+        let q = sqlx::query(&self.st.del_queue_owner).bind(name).bind(owner);
+        q.execute(&mut **self.tx).await.map(drop)
+    }
+
+    async fn insert_hold(&mut self, req: &Request<'_>, fence: i64, now: i64) -> SqlResult {
+        let q = bind_hold(sqlx::query(&self.st.insert_hold), req, fence, now, now);
+        q.execute(&mut **self.tx).await.map(drop)
+    }
+
+    async fn refresh_place(&mut self, name: &str, owner: &str, expires_ms: i64) -> SqlResult {
+        let q = sqlx::query(&self.st.refresh_queue)
+            .bind(expires_ms)
+            .bind(name);
+        q.bind(owner).execute(&mut **self.tx).await.map(drop)
+    }
+
+    async fn insert_place(&mut self, req: &Request<'_>, expires_ms: i64) -> SqlResult {
+        let q = bind_waiter(sqlx::query(&self.st.insert_queue), req, expires_ms);
+        q.execute(&mut **self.tx).await.map(drop)
+    }
+}
+
+type SqlResult = std::result::Result<(), sqlx::Error>;
+
+/// What a waiting attempt knew when it was sent: the count of the listener's wake-ups of its
+/// name and the listener's state, so a notification between the attempt and the wait counts.
+struct Since {
+    signal: Arc<crate::signal::NameSignal>,
+    wakes: u64,
+    listener: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+/// One acquisition on PostgreSQL or MySQL: what it knew when its last attempt was sent.
+struct SqlAcquisition {
+    store: Arc<Sql>,
+    want: Want,
+    since: Option<Since>,
+}
+
+#[async_trait::async_trait]
+impl Acquisition for SqlAcquisition {
+    async fn attempt(&mut self) -> Result<Attempt> {
+        let req = self.want.req();
+        if req.waiting {
+            let signal = self.store.signals.subscribe(req.name.as_str());
+            self.since = Some(Since {
+                wakes: signal.wakes(),
+                signal,
+                listener: self.store.listener.as_ref().map(|(s, _)| s.up.subscribe()),
+            });
+        }
+        self.store.acquire_tx(&req).await
+    }
+
+    async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
+        let poll = Watch::Poll {
+            min: POLL_MIN,
+            max: POLL_MAX,
+        };
+        // MySQL has no notification.
+        let Some(since) = self.since.as_mut() else {
+            return Ok(poll);
+        };
+        let Some(listener) = since.listener.as_mut() else {
+            return Ok(poll);
+        };
+        // News of the listener (it went down or came back) since the attempt: look again.
+        if listener.has_changed().unwrap_or(true) {
+            let up = *listener.borrow_and_update();
+            return Ok(if up { Watch::Recheck } else { poll });
+        }
+        if !*listener.borrow() {
+            return Ok(poll);
+        }
+        let notified = since.signal.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let wakes = since.signal.wakes();
+        if wakes != since.wakes {
+            since.wakes = wakes;
+            return Ok(Watch::Changed);
+        }
+        // A notification: attempt at once; the listener's news or the deadline: look first.
+        let watch = tokio::select! {
+            _ = &mut notified => Watch::Changed,
+            _ = listener.changed() => Watch::Recheck,
+            _ = tokio::time::sleep_until(until.into()) => Watch::Recheck,
+        };
+        since.wakes = since.signal.wakes();
+        Ok(watch)
+    }
+
+    async fn look(&mut self) -> Result<Option<Look>> {
+        self.store.still_busy(&self.want.req()).await.map(Some)
+    }
+
+    async fn cancel(&mut self) -> Result<()> {
+        self.store.cancel_place(&self.want.req()).await
+    }
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;
