@@ -110,8 +110,15 @@ fn chroot() -> String {
     format!("/dlock-test-{}", uuid::Uuid::new_v4().simple())
 }
 
+/// The children of `name`'s node as the ensemble's leader has them: the raw client may talk to
+/// a follower that is behind, so it syncs first.
 async fn children(raw: &zk::Client, name: &str) -> Vec<String> {
-    match raw.list_children(&format!("/{}", escape_name(name))).await {
+    let path = format!("/{}", escape_name(name));
+    match raw.sync(&path).await {
+        Ok(()) | Err(zk::Error::NoNode) => {}
+        Err(e) => panic!("{e}"),
+    }
+    match raw.list_children(&path).await {
         Ok(v) => v,
         Err(zk::Error::NoNode) => Vec::new(),
         Err(e) => panic!("{e}"),
