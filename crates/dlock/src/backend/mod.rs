@@ -136,7 +136,18 @@ pub struct Request<'a> {
     pub meta: &'a HolderMeta,
 }
 
-impl Request<'_> {
+impl<'a> Request<'a> {
+    /// The hold this request makes when granted (to release or extend it).
+    pub fn hold(&self) -> HoldRef<'a> {
+        HoldRef {
+            name: self.name,
+            kind: self.kind,
+            mode: self.mode,
+            owner: self.owner,
+            lease: self.lease,
+        }
+    }
+
     /// Whether a refused attempt of this request takes (or keeps) a place in the lock's queue:
     /// every waiting fair request, and every waiting **writer** of a read-write lock even when
     /// not fair, so that a waiting writer blocks new readers (no writer starvation). Queue places

@@ -33,13 +33,7 @@ pub(crate) fn rq<'a>(name: &'a LockName, owner: &'a str, meta: &'a HolderMeta) -
 
 /// The hold a request would make.
 pub(crate) fn hr<'a>(r: &Request<'a>) -> HoldRef<'a> {
-    HoldRef {
-        name: r.name,
-        kind: r.kind,
-        mode: r.mode,
-        owner: r.owner,
-        lease: r.lease,
-    }
+    r.hold()
 }
 
 /// The token of a grant; panics on busy.

@@ -2,7 +2,7 @@
 //! polling with back-off at the intervals it declares; the per-call timeout of every call to a
 //! store; and the clean-up of an acquisition the caller dropped half-way.
 
-use crate::backend::{Acquisition, Backend, Busy, HoldRef, Look, Want, Watch};
+use crate::backend::{Acquisition, Backend, Busy, Look, Want, Watch};
 use crate::error::{bounded, Error, Result};
 use rand::Rng;
 use std::future::Future;
@@ -163,14 +163,7 @@ impl Drop for Waiter {
         let calls = self.calls.clone();
         rt.spawn(async move {
             let _ = calls.timed(acq.cancel()).await;
-            let hold = HoldRef {
-                name: &want.name,
-                kind: want.kind,
-                mode: want.mode,
-                owner: &want.owner,
-                lease: want.lease,
-            };
-            let _ = calls.timed(backend.release(&hold)).await;
+            let _ = calls.timed(backend.release(&want.req().hold())).await;
         });
     }
 }
