@@ -62,14 +62,26 @@ pub struct Taken {
     pub granted: Instant,
 }
 
-/// The URL to connect to: on ZooKeeper the session timeout is what keeps others out after a
-/// dlock dies, so `--ttl` sets it unless the URL does.
+/// The URL to connect to: on ZooKeeper the session timeout, on etcd the lease TTL is what keeps
+/// others out after a dlock dies, so `--ttl` sets it unless the URL does.
 fn url_for(url: &str, ttl: Duration) -> String {
-    if !url.starts_with("zk://") || url.contains("session_timeout=") {
+    let option = if url.starts_with("zk://") {
+        "session_timeout"
+    } else if url.starts_with("etcd://") || url.starts_with("etcds://") {
+        "ttl"
+    } else {
+        return url.to_string();
+    };
+    if url.contains(&format!("{option}=")) {
         return url.to_string();
     }
-    let ms = ttl.as_millis().clamp(100, 600_000);
     let sep = if url.contains('?') { '&' } else { '?' };
+    if option == "ttl" {
+        // etcd counts leases in whole seconds (up to an hour).
+        let secs = ttl.as_millis().div_ceil(1000).clamp(1, 3600);
+        return format!("{url}{sep}ttl={secs}s");
+    }
+    let ms = ttl.as_millis().clamp(100, 600_000);
     format!("{url}{sep}session_timeout={ms}ms")
 }
 
@@ -221,6 +233,15 @@ mod tests {
         assert_eq!(
             url_for("zk://h/x", Duration::from_secs(86_400)),
             "zk://h/x?session_timeout=600000ms"
+        );
+        assert_eq!(url_for("etcd://h/x", s), "etcd://h/x?ttl=3s");
+        assert_eq!(
+            url_for("etcds://h/x?ttl=9s", Duration::from_millis(1500)),
+            "etcds://h/x?ttl=9s"
+        );
+        assert_eq!(
+            url_for("etcd://h/x?a=b", Duration::from_millis(1500)),
+            "etcd://h/x?a=b&ttl=2s"
         );
     }
 }

@@ -104,6 +104,10 @@ processes!(sqlite, |t| format!(
 // session timeout: a dead holder is taken over after the session timeout, not the lease).
 processes!(zookeeper, |_| env_url("DLOCK_TEST_ZK_URL"));
 
+// etcd: the three-member cluster `scripts/test.sh` starts (DLOCK_TEST_ETCD_URL, with a 2 s lease
+// TTL: a dead holder is taken over after the TTL).
+processes!(etcd, |_| env_url("DLOCK_TEST_ETCD_URL"));
+
 // Redis, Redlock (five private redis-servers), PostgreSQL and MariaDB (lease tables), as
 // `scripts/test.sh` provides them.
 processes!(redis, |_| env_url("DLOCK_TEST_REDIS_URL"));

@@ -21,15 +21,19 @@ pub fn redact_url(url: &str) -> String {
 }
 
 fn redact_full(url: &str) -> String {
-    // Redlock URLs list several hosts (not a URL the url crate can read): redact the userinfo.
-    if let Some(rest) = url.strip_prefix("redlock://") {
-        return match rest.rsplit_once('@') {
-            Some((userinfo, hosts)) if userinfo.contains(':') => {
-                let user = userinfo.split(':').next().unwrap_or("");
-                format!("redlock://{user}:***@{hosts}")
-            }
-            _ => url.to_string(),
-        };
+    // Redlock and etcd URLs list several hosts (not a URL the url crate can read): redact the
+    // userinfo.
+    for scheme in ["redlock://", "etcd://", "etcds://"] {
+        if let Some(rest) = url.strip_prefix(scheme) {
+            let authority = rest.split(['/', '?']).next().unwrap_or("");
+            return match authority.rsplit_once('@') {
+                Some((userinfo, _)) if userinfo.contains(':') => {
+                    let user = userinfo.split(':').next().unwrap_or("");
+                    format!("{scheme}{user}:***@{}", &rest[userinfo.len() + 1..])
+                }
+                _ => url.to_string(),
+            };
+        }
     }
     // ZooKeeper URLs carry no credentials (and are not URLs the url crate can read).
     if url.starts_with("zk://") && !url.contains('@') {
@@ -92,6 +96,7 @@ const KNOWN_SCHEMES: &[&str] = &[
     "mariadb",
     "zk",
     "etcd",
+    "etcds",
 ];
 
 /// A query option whose value is not shown (passwords, tokens, keys).

@@ -2,13 +2,13 @@
 //! per store, one test per scenario, named `<store>::<scenario>`.
 //!
 //! ```text
-//! cargo nextest run -p dlock --features conformance,redis,redlock,zookeeper,postgres,mysql \
+//! cargo nextest run -p dlock --features conformance,redis,redlock,zookeeper,postgres,mysql,etcd \
 //!     --test conformance [-E 'test(/^sqlite::/)']
 //! ```
 //!
 //! The server-backed stores take their URLs from the environment variables `scripts/test.sh`
 //! sets (`DLOCK_TEST_REDIS_URL`, `DLOCK_TEST_REDLOCK_URL`, `DLOCK_TEST_POSTGRES_URL`,
-//! `DLOCK_TEST_MYSQL_URL`, `DLOCK_TEST_ZK_URL`); without one, that store's tests fail with a
+//! `DLOCK_TEST_MYSQL_URL`, `DLOCK_TEST_ZK_URL`, `DLOCK_TEST_ETCD_URL`); without one, that store's tests fail with a
 //! message (they never skip). Every scenario uses lock names under `conf/<unique id>/`, so tests
 //! running in parallel against one server do not meet. The scenarios that need separate OS
 //! processes (`dlock run`) are in `crates/dlock-cli/tests/conformance.rs`.
@@ -40,6 +40,10 @@ dlock::conformance!(sqlite, |t| format!(
 // ZooKeeper: the three-server ensemble `scripts/test.sh` starts (DLOCK_TEST_ZK_URL, with a 2 s
 // session timeout: a dead holder is taken over after the session timeout, not the lease).
 dlock::conformance!(zookeeper, |_| env_url("DLOCK_TEST_ZK_URL"));
+
+// etcd: the three-member cluster `scripts/test.sh` starts (DLOCK_TEST_ETCD_URL, with a 2 s lease
+// TTL: a dead holder is taken over after the TTL, not the hold's lease).
+dlock::conformance!(etcd, |_| env_url("DLOCK_TEST_ETCD_URL"));
 
 // Redis: the server `scripts/test.sh` starts (DLOCK_TEST_REDIS_URL).
 dlock::conformance!(redis, |_| env_url("DLOCK_TEST_REDIS_URL"));

@@ -21,8 +21,12 @@
 //! 5. While held: [`Backend::extend`] for all holds of a client in one call, and finally
 //!    [`Backend::release`], which compares the owner token.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub(crate) mod logic;
 pub mod memory;
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+pub(crate) mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redlock")]

@@ -1,6 +1,8 @@
 //! Request builders the stores' own tests share.
 
 use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// A lease long enough that nothing expires during a test.
 pub(crate) const LONG: Duration = Duration::from_secs(30);
@@ -111,5 +113,60 @@ impl<B: Backend> Drive for B {
 
     async fn cancel(&self, req: &Request<'_>) -> Result<()> {
         take(self, req).cancel().await
+    }
+}
+
+/// A TCP proxy to one server that can silently stop forwarding (a dead network, not a closed
+/// socket): the client hears nothing and the server expires its session or lease after the
+/// timeout.
+pub(crate) struct Blackhole {
+    pub(crate) addr: String,
+    pub(crate) cut: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Blackhole {
+    pub(crate) async fn to(server: &str) -> Blackhole {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cut = Arc::new(AtomicBool::new(false));
+        let (server, c) = (server.to_string(), cut.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = tokio::net::TcpStream::connect(&server).await else {
+                    continue;
+                };
+                let (ri, wi) = inbound.into_split();
+                let (ro, wo) = outbound.into_split();
+                tokio::spawn(Self::pipe(ri, wo, c.clone()));
+                tokio::spawn(Self::pipe(ro, wi, c.clone()));
+            }
+        });
+        Blackhole { addr, cut, task }
+    }
+
+    async fn pipe(
+        mut r: tokio::net::tcp::OwnedReadHalf,
+        mut w: tokio::net::tcp::OwnedWriteHalf,
+        cut: Arc<AtomicBool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 16384];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if !cut.load(Ordering::Acquire) && w.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Blackhole {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }

@@ -1,0 +1,1469 @@
+//! The etcd store (`etcd://h1:2379,h2:2379,h3:2379/prefix?ttl=10s`, `etcds://…` with TLS).
+//!
+//! A queue store on etcd's own lock recipe, so that `etcdctl lock NAME`, etcd's `Lock` RPC and
+//! Go's `concurrency.Mutex` exclude a dlock `Mutex` of the same name, both ways.
+//!
+//! # Layout (etcd's `concurrency.Mutex`)
+//!
+//! ```text
+//! <prefix>/<escaped lock name>/<lease id in hex>            one acquisition of a client
+//! <prefix>/<escaped lock name>/<lease id in hex>_<owner>    a second one of the same client
+//! ```
+//!
+//! Every key is attached to its client's **one lease**. An acquisition puts its key if it does
+//! not exist yet (a transaction on `create_revision == 0`), and the keys under a name, ordered
+//! by **create revision**, are the lock's queue (etcd's Mutex grants "when no key under the
+//! name has a lower create revision"). A client normally has one acquisition of a name at a
+//! time, and its key is exactly etcd's; a second one at once (another handle of the same client
+//! waiting, a second reader or permit) takes the `_<owner>` key, still under the name and still
+//! ordered by create revision, so etcd's own clients see it too. The value is a small JSON
+//! object: the holder's metadata (`owner`, `client_id`, `host`, `pid`), the primitive
+//! (`lock`, `mode`, `permits`) and, after a forced release, `revoked`. An empty value (what
+//! etcd's own clients write) is a mutex.
+//!
+//! Grant rules, over the keys sorted by create revision (see `backend::queue`):
+//! - mutex and writer: granted when first; otherwise watch **only** the key with the next
+//!   lower create revision for its deletion (no herd);
+//! - reader: granted when no mutex or writer key is ahead; otherwise watch the nearest one;
+//! - semaphore(n): granted while among the first n keys; a waiter watches the deletions under
+//!   the name and tries again only when enough of the keys ahead of it are gone.
+//!
+//! Grants are FIFO by construction (`Request::fair` is implied). A kind mismatch on one name
+//! (mutex vs rwlock vs semaphore(n)) is [`Error::InvalidConfig`].
+//!
+//! # Lock names → keys
+//!
+//! A name is one key segment: `%` becomes `%25` and `/` becomes `%2F`, every other byte stays,
+//! so the mapping is injective and no name's keys fall under another name's prefix (`a/b` →
+//! `a%2Fb`). A name without `%` or `/` is its own segment: `etcdctl lock <prefix>/NAME` is the
+//! same lock as dlock's `NAME`.
+//!
+//! # Fencing tokens
+//!
+//! The token of a hold is its key's create revision: etcd's revision is global to the cluster
+//! and only grows, and a key created later is granted later, so tokens strictly increase per
+//! name across the cluster's whole life.
+//!
+//! # The lease and `lost()`
+//!
+//! One lease per client (TTL `ttl`, default 10 s) carries every key of that client
+//! (`Validity::Session`). The backend records the **send time** of the last keep-alive the
+//! cluster confirmed (and of the lease grant): no member can expire the lease before that time
+//! plus the TTL. [`Backend::extend`] of any number of holds sends at most one keep-alive (none
+//! when one was confirmed in the last sixth of the TTL) and answers every hold with
+//! `Held { valid_for: TTL − time since that send }`, so the core's watchdog fires `lost()` before
+//! the lease can run out when keep-alives stop being confirmed. A keep-alive also goes out every
+//! third of the TTL while the client waits or holds. Each held key is watched (all of a
+//! client's on one watch stream): its deletion (`dlock unlock --break`, the lease's expiry) or a
+//! forced revocation is the hold's `Gone` or `Revoked` at the next renewal. A lease that expired
+//! is never reused: the next acquisition grants a new one.
+//!
+//! A hold is also bounded by its own lease: `valid_for` is `min(lease guarantee, hold lease)`,
+//! and a hold whose lease ran out without renewal is released by the core. A holder *process*
+//! that dies is bounded by the TTL, so choose `ttl` ≤ the leases you rely on for takeover.
+//! `Guard::expire_in` is `Unsupported`: a key cannot outlive its client's lease.
+
+use super::queue::{turn, Entry, Turn};
+use super::*;
+pub(crate) mod url;
+use crate::error::Error;
+use etcd_client as ec;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use url::EtcdTarget;
+
+/// The pause before a request that failed on a [`transient`] error is tried again.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// The etcd store. Obtain it with `dlock::connect("etcd://host:2379/prefix")`.
+#[derive(Debug, Clone)]
+pub struct EtcdBackend {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    target: EtcdTarget,
+    client: ec::Client,
+    /// The current lease; replaced by a new one after it expired.
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// The keys of this backend's holds, by owner (for release and renewal).
+    held: StdMutex<HashMap<String, HeldKey>>,
+    stats: Stats,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Counters for tests and benchmarks.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    /// Keep-alives sent.
+    pub(crate) keepalives: AtomicU64,
+    /// Leases granted.
+    pub(crate) leases: AtomicU64,
+    /// Wait watches that reported the change their waiter waited for.
+    pub(crate) wakeups: AtomicU64,
+}
+
+/// One lease and what hangs on it.
+struct Session {
+    client: ec::Client,
+    lease: i64,
+    ttl: Duration,
+    /// Expired or revoked: terminal.
+    dead: AtomicBool,
+    /// Send time of the last keep-alive (or the grant) the cluster confirmed.
+    contact: StdMutex<Instant>,
+    /// The keep-alive stream; one keep-alive in flight at a time.
+    keeper: tokio::sync::Mutex<Option<(ec::LeaseKeeper, ec::LeaseKeepAliveStream)>>,
+    /// Lock names whose plain `<lease hex>` key this lease uses now.
+    plain_keys: StdMutex<HashSet<String>>,
+    /// The watches of held keys, by watch id, and the stream they are on.
+    watches: StdMutex<HashMap<i64, Arc<KeyWatch>>>,
+    watch_tx: tokio::sync::Mutex<Option<ec::WatchRequestSender>>,
+    next_watch: AtomicI64,
+    timeout: Duration,
+    stats: Weak<Shared>,
+}
+
+impl Session {
+    fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    fn touch(&self, sent: Instant) {
+        let mut c = self.contact.lock().unwrap_or_else(|p| p.into_inner());
+        if sent > *c {
+            *c = sent;
+        }
+    }
+
+    fn contact(&self) -> Instant {
+        *self.contact.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What remains of the lease's guarantee now (`None`: nothing).
+    fn valid_for(&self) -> Option<Duration> {
+        if self.is_dead() {
+            return None;
+        }
+        self.ttl
+            .checked_sub(self.contact().elapsed())
+            .filter(|d| !d.is_zero())
+    }
+
+    /// Confirms the lease: one keep-alive unless one confirmed in the last sixth of the TTL
+    /// (concurrent callers share one), and what remains of its guarantee.
+    async fn confirm(&self) -> Option<Duration> {
+        let fresh = |s: &Session| s.contact().elapsed() < s.ttl / 6;
+        if self.is_dead() || fresh(self) {
+            return self.valid_for();
+        }
+        let mut keeper = self.keeper.lock().await;
+        if self.is_dead() || fresh(self) {
+            return self.valid_for();
+        }
+        if let Some(stats) = self.stats.upgrade() {
+            stats.stats.keepalives.fetch_add(1, Ordering::Relaxed);
+        }
+        let sent = Instant::now();
+        let answer = tokio::time::timeout(self.timeout, async {
+            if keeper.is_none() {
+                let mut c = self.client.clone();
+                *keeper = Some(c.lease_keep_alive(self.lease).await?);
+            }
+            let Some((k, stream)) = keeper.as_mut() else {
+                return Ok(None);
+            };
+            k.keep_alive().await?;
+            stream.message().await
+        })
+        .await;
+        match answer {
+            Ok(Ok(Some(r))) if r.ttl() > 0 => self.touch(sent),
+            Ok(Ok(Some(_))) => {
+                tracing::warn!(
+                    lease = format_args!("{:x}", self.lease),
+                    "etcd lease expired"
+                );
+                self.dead.store(true, Ordering::Release);
+            }
+            Ok(Err(e)) if lease_gone(&e) => {
+                self.dead.store(true, Ordering::Release);
+            }
+            // No answer in time or a broken stream: a new stream next time (a late answer on
+            // this one must not count for a later keep-alive).
+            _ => *keeper = None,
+        }
+        self.valid_for()
+    }
+
+    /// Watches a held key for its deletion or revocation, on the lease's one watch stream.
+    async fn watch_key(self: &Arc<Self>, w: Arc<KeyWatch>) -> i64 {
+        let id = self.next_watch.fetch_add(1, Ordering::Relaxed);
+        self.watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, w.clone());
+        let opts = ec::WatchOptions::new()
+            .with_start_revision(w.revision + 1)
+            .with_watch_id(id);
+        let mut tx = self.watch_tx.lock().await;
+        if let Some(sender) = tx.as_mut() {
+            // A full request channel (a stream etcd stopped reading) counts as broken.
+            let sent =
+                tokio::time::timeout(self.timeout, sender.watch(w.key.clone(), Some(opts))).await;
+            if matches!(sent, Ok(Ok(()))) {
+                return id;
+            }
+        }
+        *tx = None;
+        drop(tx);
+        match self.reopen_watches().await {
+            Some(responses) => {
+                let weak = Arc::downgrade(self);
+                tokio::spawn(async move {
+                    read_watches(weak.clone(), responses).await;
+                    keep_watching(weak).await;
+                });
+            }
+            None => {
+                tokio::spawn(keep_watching(Arc::downgrade(self)));
+            }
+        }
+        id
+    }
+
+    /// Stops watching a key that is no longer held: the watch is cancelled when its next
+    /// event (the key's deletion) arrives, off the release's path.
+    fn unwatch(&self, id: i64) {
+        self.watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+
+    /// Opens the watch stream again with every watched key (from its grant on, so nothing in
+    /// between is missed); the caller reads the answers. `None`: not opened (nothing to watch,
+    /// the lease is dead, another caller opened it, or etcd did not answer).
+    async fn reopen_watches(&self) -> Option<ec::WatchResponseStream> {
+        let mut tx = self.watch_tx.lock().await;
+        if tx.is_some() || self.is_dead() {
+            return None;
+        }
+        let all: Vec<(i64, Arc<KeyWatch>)> = self
+            .watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, w)| (*id, w.clone()))
+            .collect();
+        let ((id0, w0), rest) = all.split_first()?;
+        let opts = |id: i64, w: &KeyWatch| {
+            ec::WatchOptions::new()
+                .with_start_revision(w.revision + 1)
+                .with_watch_id(id)
+        };
+        let mut c = self.client.clone();
+        let stream =
+            tokio::time::timeout(self.timeout, c.watch(w0.key.clone(), Some(opts(*id0, w0))))
+                .await
+                .ok()?
+                .ok()?;
+        let (mut sender, responses) = stream.split();
+        for (id, w) in rest {
+            let sent = tokio::time::timeout(
+                self.timeout,
+                sender.watch(w.key.clone(), Some(opts(*id, w))),
+            )
+            .await;
+            if !matches!(sent, Ok(Ok(()))) {
+                return None;
+            }
+        }
+        *tx = Some(sender);
+        Some(responses)
+    }
+}
+
+/// Opens the lease's watch stream of held keys (trying again every 200 ms while the lease
+/// lives and keys are held) and reads it.
+async fn keep_watching(session: Weak<Session>) {
+    loop {
+        let Some(s) = session.upgrade() else { return };
+        if s.is_dead() || s.watch_tx.lock().await.is_some() {
+            return;
+        }
+        if let Some(responses) = s.reopen_watches().await {
+            drop(s);
+            read_watches(session.clone(), responses).await;
+            continue;
+        }
+        let nothing = s
+            .watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        if nothing {
+            return;
+        }
+        drop(s);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What the watch of one held key reports.
+#[derive(Debug)]
+struct KeyWatch {
+    key: Vec<u8>,
+    /// The key's create revision (the hold's token).
+    revision: i64,
+    deleted: AtomicBool,
+    revoked: AtomicBool,
+}
+
+/// Reads the lease's watch stream of held keys until it ends (then the stream is closed for
+/// the next one to open).
+async fn read_watches(session: Weak<Session>, mut responses: ec::WatchResponseStream) {
+    loop {
+        let msg = responses.message().await;
+        let Some(s) = session.upgrade() else { return };
+        let resp = match msg {
+            Ok(Some(r)) => r,
+            _ => {
+                *s.watch_tx.lock().await = None;
+                drop(s);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return;
+            }
+        };
+        let w = s
+            .watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&resp.watch_id())
+            .cloned();
+        let Some(w) = w else {
+            if !resp.canceled() && !resp.events().is_empty() {
+                if let Some(sender) = s.watch_tx.lock().await.as_mut() {
+                    let _ = tokio::time::timeout(s.timeout, sender.cancel(resp.watch_id())).await;
+                }
+            }
+            continue;
+        };
+        if resp.canceled() {
+            // Compacted past the grant: look at the key itself.
+            let mut c = s.client.clone();
+            match c.get(w.key.clone(), None).await {
+                Ok(r) => match r.kvs().first() {
+                    Some(kv) if kv.create_revision() == w.revision => {
+                        if KeyData::read(kv.value()).revoked {
+                            w.revoked.store(true, Ordering::Release);
+                        }
+                    }
+                    _ => w.deleted.store(true, Ordering::Release),
+                },
+                Err(_) => w.deleted.store(true, Ordering::Release),
+            }
+            continue;
+        }
+        for ev in resp.events() {
+            match ev.event_type() {
+                ec::EventType::Delete => w.deleted.store(true, Ordering::Release),
+                ec::EventType::Put => {
+                    if ev.kv().is_some_and(|kv| KeyData::read(kv.value()).revoked) {
+                        w.revoked.store(true, Ordering::Release);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Keeps the lease alive while nobody renews (a keep-alive every third of the TTL unless one
+/// was confirmed since). Ends with the session.
+async fn heartbeat(session: Weak<Session>, ttl: Duration) {
+    loop {
+        tokio::time::sleep(ttl / 3).await;
+        let Some(s) = session.upgrade() else { return };
+        if s.is_dead() {
+            return;
+        }
+        s.confirm().await;
+    }
+}
+
+/// gRPC status codes etcd answers with.
+const GRPC_DEADLINE_EXCEEDED: i32 = 4;
+const GRPC_NOT_FOUND: i32 = 5;
+const GRPC_UNAVAILABLE: i32 = 14;
+const GRPC_PERMISSION_DENIED: i32 = 7;
+const GRPC_UNAUTHENTICATED: i32 = 16;
+
+fn grpc_code(e: &ec::Error) -> Option<i32> {
+    match e {
+        ec::Error::GRpcStatus(st) => Some(i32::from(st.code())),
+        _ => None,
+    }
+}
+
+/// An error that passes: the cluster between leaders, a member or the connection to it down.
+fn transient(e: &ec::Error) -> bool {
+    matches!(e, ec::Error::TransportError(_) | ec::Error::IoError(_))
+        || matches!(
+            grpc_code(e),
+            Some(GRPC_UNAVAILABLE | GRPC_DEADLINE_EXCEEDED)
+        )
+}
+
+/// Whether etcd answered that the lease is gone.
+fn lease_gone(e: &ec::Error) -> bool {
+    grpc_code(e) == Some(GRPC_NOT_FOUND)
+}
+
+/// A held key of an owner.
+#[derive(Debug, Clone)]
+struct HeldKey {
+    session: Arc<Session>,
+    place: Place,
+    watch: Arc<KeyWatch>,
+    watch_id: i64,
+}
+
+/// An acquisition's key in its lock's queue.
+#[derive(Debug, Clone)]
+struct Place {
+    name: String,
+    key: Vec<u8>,
+    revision: i64,
+    /// The key is the plain `<lease hex>` one (freed for the name on release).
+    plain: bool,
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("lease", &format_args!("{:x}", self.lease))
+            .field("ttl", &self.ttl)
+            .field("dead", &self.is_dead())
+            .finish()
+    }
+}
+
+/// The data of a key.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct KeyData {
+    #[serde(default)]
+    owner: String,
+    #[serde(default)]
+    client_id: String,
+    #[serde(default)]
+    host: String,
+    #[serde(default)]
+    pid: u32,
+    /// `mutex`, `rwlock` or `semaphore`; absent: a mutex (etcd's own keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lock: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mode: Option<Mode>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    permits: u32,
+    #[serde(default)]
+    created_at_ms: u64,
+    /// Set by a forced release ([`Force::Revoke`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    revoked: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl KeyData {
+    /// Reads a key's value; anything that is not dlock's JSON (etcd's empty value) is a mutex
+    /// with no metadata.
+    fn read(value: &[u8]) -> KeyData {
+        serde_json::from_slice(value).unwrap_or_default()
+    }
+
+    fn entry(&self) -> Entry {
+        match (self.lock.as_deref(), self.mode) {
+            (Some("rwlock"), Some(Mode::Shared)) => Entry::Read,
+            (Some("rwlock"), _) => Entry::Write,
+            (Some("semaphore"), _) => Entry::Semaphore(self.permits),
+            _ => Entry::Lock,
+        }
+    }
+}
+
+fn key_data(req: &Request<'_>) -> Result<Vec<u8>> {
+    let (lock, permits) = match req.kind {
+        LockKind::Mutex => (None, 0),
+        LockKind::RwLock => (Some("rwlock"), 0),
+        LockKind::Semaphore { permits } => (Some("semaphore"), permits),
+    };
+    serde_json::to_vec(&KeyData {
+        owner: req.owner.to_owned(),
+        client_id: req.meta.client_id.clone(),
+        host: req.meta.host.clone(),
+        pid: req.meta.pid,
+        lock: lock.map(str::to_owned),
+        mode: lock.map(|_| req.mode),
+        permits,
+        created_at_ms: unix_ms(),
+        revoked: false,
+    })
+    .map_err(Error::backend)
+}
+
+/// Escapes a lock name into one key segment (see the module docs).
+pub fn escape_name(name: &str) -> String {
+    name.replace('%', "%25").replace('/', "%2F")
+}
+
+/// The lock name of a key segment; `None` if `s` is not the escape of any name.
+pub fn unescape_name(s: &str) -> Option<String> {
+    let name = crate::url::percent_decode(s)?;
+    (escape_name(&name) == s && LockName::new(name.clone()).is_ok()).then_some(name)
+}
+
+fn unavailable(e: ec::Error) -> Error {
+    match (&e, grpc_code(&e)) {
+        (ec::Error::GRpcStatus(st), Some(GRPC_PERMISSION_DENIED | GRPC_UNAUTHENTICATED)) => {
+            Error::Unavailable(format!("etcd refused access: {}", st.message()))
+        }
+        (ec::Error::InvalidArgs(_), _) => Error::backend(e),
+        _ => Error::Unavailable(format!("etcd: {e}")),
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn by_create(order: ec::SortOrder) -> ec::GetOptions {
+    ec::GetOptions::new()
+        .with_prefix()
+        .with_sort(ec::SortTarget::Create, order)
+}
+
+/// The keys of one name ahead of (and including) an acquisition's key, in queue order.
+struct Queue {
+    kvs: Vec<ec::KeyValue>,
+    entries: Vec<Entry>,
+}
+
+impl Queue {
+    fn new(kvs: Vec<ec::KeyValue>) -> Queue {
+        let entries = kvs
+            .iter()
+            .map(|kv| KeyData::read(kv.value()).entry())
+            .collect();
+        Queue { kvs, entries }
+    }
+}
+
+/// What a waiting acquisition watches.
+#[derive(Debug, Clone)]
+enum Plan {
+    /// The deletion of this key.
+    Key(Vec<u8>),
+    /// The deletion of this many of these keys.
+    Departures(HashSet<Vec<u8>>, usize),
+}
+
+/// One acquisition: its key in the lock's queue (from its first attempt on) and what it
+/// watches while it waits.
+struct EtcdAcquisition {
+    store: EtcdBackend,
+    want: Want,
+    place: Option<(Arc<Session>, Place)>,
+    /// What to watch, and the revision the queue was read at.
+    plan: Option<(Plan, i64)>,
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster of an `etcd://` URL (as [`crate::connect`] does), for callers that
+    /// build the client themselves with [`crate::Client::with_backend`].
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::open(url::parse(url)?).await
+    }
+
+    pub(crate) async fn open(target: EtcdTarget) -> Result<Self> {
+        let mut opts = ec::ConnectOptions::new()
+            .with_timeout(target.timeout)
+            .with_connect_timeout(target.timeout)
+            .with_keep_alive(Duration::from_secs(2), target.timeout)
+            .with_keep_alive_while_idle(true)
+            .with_require_leader(true);
+        if let Some((u, p)) = &target.user {
+            opts = opts.with_user(u.clone(), p.clone());
+        }
+        if target.endpoints.iter().any(|e| e.starts_with("https:")) {
+            let mut tls = ec::TlsOptions::new().with_native_roots();
+            if let Some(ca) = &target.ca {
+                let pem = std::fs::read(ca).map_err(|e| {
+                    Error::InvalidConfig(format!("cannot read the CA file {}: {e}", ca.display()))
+                })?;
+                tls = tls.ca_certificate(ec::Certificate::from_pem(pem));
+            }
+            opts = opts.with_tls(tls);
+        }
+        let shown = target.endpoints.join(",");
+        let client = tokio::time::timeout(
+            target.timeout * 2,
+            ec::Client::connect(target.endpoints.clone(), Some(opts)),
+        )
+        .await
+        .map_err(|_| {
+            Error::Unavailable(format!(
+                "no etcd member of {shown} answered within {:?}",
+                target.timeout * 2
+            ))
+        })?
+        .map_err(|e| Error::Unavailable(format!("cannot connect to etcd at {shown}: {e}")))?;
+        let b = EtcdBackend {
+            shared: Arc::new(Shared {
+                target,
+                client,
+                session: tokio::sync::Mutex::new(None),
+                held: StdMutex::new(HashMap::new()),
+                stats: Stats::default(),
+            }),
+        };
+        b.session().await?;
+        Ok(b)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    /// The id of the current lease (for tests).
+    #[cfg(test)]
+    pub(crate) async fn lease_id(&self) -> Option<i64> {
+        self.shared.session.lock().await.as_ref().map(|s| s.lease)
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, HeldKey>> {
+        self.shared.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn client(&self) -> ec::Client {
+        self.shared.client.clone()
+    }
+
+    /// A transaction, through [`EtcdBackend::call`] (every transaction of this store is
+    /// idempotent: a put on `create_revision == 0`, a delete on its revision, reads).
+    async fn txn(&self, txn: ec::Txn) -> Result<ec::TxnResponse> {
+        self.call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map_err(unavailable)
+    }
+
+    /// A read, through [`EtcdBackend::call`].
+    async fn get(&self, key: Vec<u8>, opts: ec::GetOptions) -> Result<ec::GetResponse> {
+        self.call(|mut c| {
+            let (key, opts) = (key.clone(), opts.clone());
+            async move { c.get(key, Some(opts)).await }
+        })
+        .await
+        .map_err(unavailable)
+    }
+
+    /// Runs one idempotent request, again (every 100 ms) while the error is [`transient`], for
+    /// at most the URL's `timeout`; each try is bounded by it too.
+    async fn call<T, F, Fut>(&self, mut f: F) -> Result<T, ec::Error>
+    where
+        F: FnMut(ec::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ec::Error>>,
+    {
+        let limit = self.shared.target.timeout;
+        let started = Instant::now();
+        loop {
+            let r = match tokio::time::timeout(limit, f(self.client())).await {
+                Ok(r) => r,
+                Err(_) => Err(ec::Error::IoError(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {limit:?}"),
+                ))),
+            };
+            match r {
+                Err(e) if transient(&e) && started.elapsed() + RETRY_PAUSE < limit => {
+                    tracing::debug!(error = %e, "etcd request failed; trying again");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// `<prefix>/<escaped name>/`: the directory of a name's keys.
+    fn dir(&self, name: &str) -> String {
+        format!("{}/{}/", self.shared.target.prefix, escape_name(name))
+    }
+
+    /// The live lease, granting a new one if there is none or it expired.
+    async fn session(&self) -> Result<Arc<Session>> {
+        let mut cur = self.shared.session.lock().await;
+        if let Some(s) = cur.as_ref() {
+            if !s.is_dead() {
+                return Ok(s.clone());
+            }
+        }
+        let ttl = self.shared.target.ttl;
+        let sent = Instant::now();
+        let granted = self
+            .call(|mut c| async move { c.lease_grant(ttl.as_secs() as i64, None).await })
+            .await
+            .map_err(unavailable)?;
+        let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0).max(1));
+        let s = Arc::new(Session {
+            client: self.client(),
+            lease: granted.id(),
+            ttl,
+            dead: AtomicBool::new(false),
+            contact: StdMutex::new(sent),
+            keeper: tokio::sync::Mutex::new(None),
+            plain_keys: StdMutex::new(HashSet::new()),
+            watches: StdMutex::new(HashMap::new()),
+            watch_tx: tokio::sync::Mutex::new(None),
+            next_watch: AtomicI64::new(1),
+            timeout: self.shared.target.timeout,
+            stats: Arc::downgrade(&self.shared),
+        });
+        self.shared.stats.leases.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            lease = format_args!("{:x}", s.lease),
+            ?ttl,
+            "etcd lease granted"
+        );
+        tokio::spawn(heartbeat(Arc::downgrade(&s), ttl));
+        *cur = Some(s.clone());
+        Ok(s)
+    }
+
+    /// Puts the acquisition's key and reads the queue ahead of it in the same transaction.
+    /// `None`: the lease expired (the session is marked dead).
+    async fn enqueue(
+        &self,
+        s: &Arc<Session>,
+        req: &Request<'_>,
+    ) -> Result<Option<(Place, Queue, i64)>> {
+        let name = req.name.as_str().to_owned();
+        let dir = self.dir(&name);
+        let plain = s
+            .plain_keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.clone());
+        let key = if plain {
+            format!("{dir}{:x}", s.lease)
+        } else {
+            format!("{dir}{:x}_{}", s.lease, req.owner)
+        }
+        .into_bytes();
+        let data = key_data(req)?;
+        let exclusive = matches!(Entry::of(req.kind, req.mode), Entry::Lock | Entry::Write);
+        // The new key is the newest under the name: the first key, and (mutex, writer) the
+        // newest two (this key and the one just ahead), or (reader, permit) all of them.
+        let reads = if exclusive {
+            vec![
+                ec::TxnOp::get(
+                    dir.clone(),
+                    Some(by_create(ec::SortOrder::Ascend).with_limit(1)),
+                ),
+                ec::TxnOp::get(
+                    dir.clone(),
+                    Some(by_create(ec::SortOrder::Descend).with_limit(2)),
+                ),
+            ]
+        } else {
+            vec![ec::TxnOp::get(
+                dir.clone(),
+                Some(by_create(ec::SortOrder::Ascend)),
+            )]
+        };
+        let mut then = vec![ec::TxnOp::put(
+            key.clone(),
+            data,
+            Some(ec::PutOptions::new().with_lease(s.lease)),
+        )];
+        then.extend(reads);
+        let txn = ec::Txn::new()
+            .when([ec::Compare::create_revision(
+                key.clone(),
+                ec::CompareOp::Equal,
+                0,
+            )])
+            .and_then(then)
+            .or_else([ec::TxnOp::get(key.clone(), None)]);
+        let resp = match self
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                if plain {
+                    self.free_plain(s, &name);
+                }
+                if lease_gone(&e) {
+                    // Expired before a keep-alive told us: a new lease for the next try.
+                    s.dead.store(true, Ordering::Release);
+                    return Ok(None);
+                }
+                return Err(unavailable(e));
+            }
+        };
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+            ec::TxnOpResponse::Get(mut g) => Some(g.take_kvs()),
+            _ => None,
+        });
+        if !resp.succeeded() {
+            // The key exists: this owner's, from an attempt whose answer was lost.
+            let kv = gets.next().and_then(|mut k| k.pop());
+            let Some(kv) = kv.filter(|kv| KeyData::read(kv.value()).owner == req.owner) else {
+                return Err(Error::backend(format!(
+                    "etcd key {} of this client's lease belongs to another acquisition",
+                    String::from_utf8_lossy(&key)
+                )));
+            };
+            let place = Place {
+                name,
+                key,
+                revision: kv.create_revision(),
+                plain,
+            };
+            let (queue, rev) = self.read_queue(req, &place).await?;
+            return Ok(Some((
+                place,
+                queue.unwrap_or_else(|| Queue::new(Vec::new())),
+                rev,
+            )));
+        }
+        let place = Place {
+            name,
+            key,
+            revision: rev,
+            plain,
+        };
+        let kvs = if exclusive {
+            let first = gets.next().unwrap_or_default();
+            let mut newest = gets.next().unwrap_or_default();
+            newest.reverse();
+            // [first, …, just ahead, this key] without repeats.
+            let mut kvs = first;
+            for kv in newest {
+                if kvs.iter().all(|k| k.key() != kv.key()) {
+                    kvs.push(kv);
+                }
+            }
+            kvs
+        } else {
+            gets.next().unwrap_or_default()
+        };
+        Ok(Some((place, Queue::new(kvs), rev)))
+    }
+
+    /// Reads the queue of the name up to `place` (the first key and the one just ahead for a
+    /// mutex or writer, every key ahead for a reader or permit). `None`: the key is gone.
+    async fn read_queue(&self, req: &Request<'_>, place: &Place) -> Result<(Option<Queue>, i64)> {
+        let dir = self.dir(&place.name);
+        let exclusive = matches!(Entry::of(req.kind, req.mode), Entry::Lock | Entry::Write);
+        let mut ops = vec![ec::TxnOp::get(place.key.clone(), None)];
+        if exclusive {
+            ops.push(ec::TxnOp::get(
+                dir.clone(),
+                Some(by_create(ec::SortOrder::Ascend).with_limit(1)),
+            ));
+            ops.push(ec::TxnOp::get(
+                dir,
+                Some(
+                    by_create(ec::SortOrder::Descend)
+                        .with_max_create_revision(place.revision - 1)
+                        .with_limit(1),
+                ),
+            ));
+        } else {
+            ops.push(ec::TxnOp::get(
+                dir,
+                Some(by_create(ec::SortOrder::Ascend).with_max_create_revision(place.revision)),
+            ));
+        }
+        let resp = self.txn(ec::Txn::new().and_then(ops)).await?;
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+            ec::TxnOpResponse::Get(mut g) => Some(g.take_kvs()),
+            _ => None,
+        });
+        let mine = gets.next().unwrap_or_default();
+        let Some(mine) = mine
+            .into_iter()
+            .next()
+            .filter(|kv| kv.create_revision() == place.revision)
+        else {
+            return Ok((None, rev));
+        };
+        let kvs = if exclusive {
+            let mut kvs = gets.next().unwrap_or_default();
+            let ahead = gets.next().unwrap_or_default();
+            for kv in ahead {
+                if kvs.iter().all(|k| k.key() != kv.key()) {
+                    kvs.push(kv);
+                }
+            }
+            if kvs.iter().all(|k| k.key() != mine.key()) {
+                kvs.push(mine);
+            }
+            kvs
+        } else {
+            gets.next().unwrap_or_default()
+        };
+        Ok((Some(Queue::new(kvs)), rev))
+    }
+
+    fn free_plain(&self, s: &Session, name: &str) {
+        s.plain_keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+    }
+
+    /// Deletes an acquisition's key if it is still that acquisition's. `true` if it was.
+    async fn delete_key(&self, s: &Session, place: &Place) -> Result<bool> {
+        let txn = ec::Txn::new()
+            .when([ec::Compare::create_revision(
+                place.key.clone(),
+                ec::CompareOp::Equal,
+                place.revision,
+            )])
+            .and_then([ec::TxnOp::delete(place.key.clone(), None)]);
+        let r = self.txn(txn).await?;
+        if place.plain {
+            self.free_plain(s, &place.name);
+        }
+        Ok(r.succeeded())
+    }
+
+    /// Lists every key under `<prefix>/<escaped start>`, a page at a time.
+    async fn scan(&self, start: &str) -> Result<Vec<ec::KeyValue>> {
+        const PAGE: i64 = 1000;
+        let base = format!("{}/{}", self.shared.target.prefix, escape_name(start));
+        let mut from = base.clone().into_bytes();
+        let mut out = Vec::new();
+        let range_end = prefix_end(base.as_bytes());
+        loop {
+            let resp = self
+                .get(
+                    from.clone(),
+                    ec::GetOptions::new()
+                        .with_range(range_end.clone())
+                        .with_limit(PAGE),
+                )
+                .await?;
+            let more = resp.more();
+            let mut kvs = resp.kvs().to_vec();
+            if let Some(last) = kvs.last() {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            out.append(&mut kvs);
+            if !more {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The keys of every lock whose name starts with `start`, by name, in queue order.
+    async fn queues(&self, start: &str) -> Result<Vec<(String, Vec<ec::KeyValue>)>> {
+        let root = format!("{}/", self.shared.target.prefix);
+        let mut by_name: HashMap<String, Vec<ec::KeyValue>> = HashMap::new();
+        for kv in self.scan(start).await? {
+            let Some(rest) = kv.key().strip_prefix(root.as_bytes()) else {
+                continue;
+            };
+            let Some(slash) = rest.iter().position(|b| *b == b'/') else {
+                continue;
+            };
+            let Some(name) = std::str::from_utf8(&rest[..slash])
+                .ok()
+                .and_then(unescape_name)
+            else {
+                continue;
+            };
+            if name.starts_with(start) {
+                by_name.entry(name).or_default().push(kv);
+            }
+        }
+        let mut out: Vec<(String, Vec<ec::KeyValue>)> = by_name.into_iter().collect();
+        for (_, kvs) in out.iter_mut() {
+            kvs.sort_by_key(|kv| kv.create_revision());
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+}
+
+/// The end of the key range of every key starting with `prefix` (etcd's convention).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl EtcdAcquisition {
+    /// Places the acquisition in its queue: grants, or finds what to watch.
+    async fn place(&mut self) -> Result<Attempt> {
+        let req = self.want.req();
+        let store = self.store.clone();
+        if let Some((s, _)) = &self.place {
+            if s.is_dead() {
+                // Its lease expired with its key: queue again under a new lease.
+                self.place = None;
+            }
+        }
+        let (s, place, queue, rev) = match self.place.take() {
+            Some((s, place)) => {
+                let (queue, rev) = match store.read_queue(&req, &place).await {
+                    Ok(q) => q,
+                    Err(e) => {
+                        self.place = Some((s, place));
+                        return Err(e);
+                    }
+                };
+                let Some(queue) = queue else {
+                    // The key was removed (a forced release, the lease): queue again next time.
+                    if place.plain {
+                        store.free_plain(&s, &place.name);
+                    }
+                    return Ok(Attempt::Busy(Busy {
+                        retry_in: Some(Duration::ZERO),
+                    }));
+                };
+                (s, place, queue, rev)
+            }
+            None => {
+                let mut s = store.session().await?;
+                let mut queued = store.enqueue(&s, &req).await?;
+                if queued.is_none() {
+                    s = store.session().await?;
+                    queued = store.enqueue(&s, &req).await?;
+                }
+                let Some((place, queue, rev)) = queued else {
+                    return Err(Error::Unavailable(
+                        "etcd lost two fresh leases in a row".into(),
+                    ));
+                };
+                (s, place, queue, rev)
+            }
+        };
+        let mine = Entry::of(req.kind, req.mode);
+        if let Some(other) = queue.entries.iter().find(|e| !mine.compatible(**e)) {
+            let _ = store.delete_key(&s, &place).await;
+            return Err(Error::InvalidConfig(format!(
+                "lock {:?} is used as a {} by another holder, not as a {}",
+                req.name.as_str(),
+                other.kind(),
+                req.kind
+            )));
+        }
+        let Some(i) = queue.kvs.iter().position(|kv| kv.key() == place.key) else {
+            return Ok(Attempt::Busy(Busy {
+                retry_in: Some(Duration::ZERO),
+            }));
+        };
+        match turn(&queue.entries, i) {
+            Turn::Holds => {
+                let Some(valid_for) = s.valid_for() else {
+                    self.place = Some((s, place));
+                    return Ok(Attempt::Busy(Busy::default()));
+                };
+                let watch = Arc::new(KeyWatch {
+                    key: place.key.clone(),
+                    revision: place.revision,
+                    deleted: AtomicBool::new(false),
+                    revoked: AtomicBool::new(false),
+                });
+                let watch_id = s.watch_key(watch.clone()).await;
+                store.held().insert(
+                    req.owner.to_owned(),
+                    HeldKey {
+                        session: s.clone(),
+                        place: place.clone(),
+                        watch,
+                        watch_id,
+                    },
+                );
+                let token = place.revision as u64;
+                self.plan = None;
+                self.place = Some((s, place));
+                Ok(Attempt::Granted(Grant {
+                    token: Some(token),
+                    valid_for: valid_for.min(req.lease),
+                }))
+            }
+            _ if !req.waiting => {
+                store.delete_key(&s, &place).await?;
+                Ok(Attempt::Busy(Busy::default()))
+            }
+            Turn::After(j) => {
+                self.plan = Some((Plan::Key(queue.kvs[j].key().to_vec()), rev));
+                self.place = Some((s, place));
+                Ok(Attempt::Busy(Busy::default()))
+            }
+            Turn::Departures(n) => {
+                let ahead = queue.kvs[..i].iter().map(|kv| kv.key().to_vec()).collect();
+                self.plan = Some((Plan::Departures(ahead, n), rev));
+                self.place = Some((s, place));
+                Ok(Attempt::Busy(Busy::default()))
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Acquisition for EtcdAcquisition {
+    async fn attempt(&mut self) -> Result<Attempt> {
+        if let Some((_, place)) = &self.place {
+            // Granted before (a repeated attempt): the same hold.
+            let held = self.store.held().get(&self.want.owner).cloned();
+            if let Some(h) = held.filter(|h| h.place.key == place.key) {
+                return Ok(match h.session.valid_for() {
+                    Some(v) if !h.watch.deleted.load(Ordering::Acquire) => {
+                        Attempt::Granted(Grant {
+                            token: Some(place.revision as u64),
+                            valid_for: v.min(self.want.lease),
+                        })
+                    }
+                    _ => Attempt::Busy(Busy::default()),
+                });
+            }
+        }
+        self.place().await
+    }
+
+    async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
+        let Some((plan, rev)) = self.plan.clone() else {
+            return Ok(Watch::Changed);
+        };
+        let Some((s, place)) = self.place.clone() else {
+            return Ok(Watch::Changed);
+        };
+        let filters = [ec::WatchFilterType::NoPut];
+        let (key, opts, mut left) = match &plan {
+            Plan::Key(k) => (
+                k.clone(),
+                ec::WatchOptions::new()
+                    .with_start_revision(rev + 1)
+                    .with_filters(filters),
+                1,
+            ),
+            Plan::Departures(_, n) => (
+                self.store.dir(&place.name).into_bytes(),
+                ec::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(rev + 1)
+                    .with_filters(filters),
+                *n,
+            ),
+        };
+        let mut c = s.client.clone();
+        let wait = async {
+            let mut stream = c.watch(key, Some(opts)).await.map_err(unavailable)?;
+            loop {
+                let Some(resp) = stream.message().await.map_err(unavailable)? else {
+                    return Err(Error::Unavailable("etcd closed a watch".into()));
+                };
+                if resp.canceled() {
+                    // Compacted past the revision read: look again.
+                    return Ok(());
+                }
+                for ev in resp.events() {
+                    let gone = ev.kv().map(|kv| kv.key().to_vec()).unwrap_or_default();
+                    let counts = match &plan {
+                        Plan::Key(k) => *k == gone,
+                        Plan::Departures(ahead, _) => ahead.contains(&gone),
+                    };
+                    if counts && ev.event_type() == ec::EventType::Delete {
+                        left = left.saturating_sub(1);
+                    }
+                }
+                if left == 0 {
+                    return Ok(());
+                }
+            }
+        };
+        match tokio::time::timeout_at(until.into(), wait).await {
+            Err(_) => Ok(Watch::Recheck),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(())) => {
+                self.store
+                    .shared
+                    .stats
+                    .wakeups
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(Watch::Changed)
+            }
+        }
+    }
+
+    async fn cancel(&mut self) -> Result<()> {
+        let granted = self.store.held().contains_key(&self.want.owner);
+        match self.place.take() {
+            Some((s, place)) if !granted => {
+                self.store.delete_key(&s, &place).await?;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for EtcdBackend {
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: true,
+            wakeups: Wakeups::Native,
+            validity: Validity::Session,
+            queues_waiters: true,
+        }
+    }
+
+    fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        Box::new(EtcdAcquisition {
+            store: self.clone(),
+            want: Want::new(req),
+            place: None,
+            plan: None,
+        })
+    }
+
+    async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
+        let rec = self.held().remove(hold.owner);
+        match rec {
+            Some(rec) => {
+                rec.session.unwatch(rec.watch_id);
+                if rec.session.is_dead() || rec.watch.deleted.load(Ordering::Acquire) {
+                    if rec.place.plain {
+                        self.free_plain(&rec.session, &rec.place.name);
+                    }
+                    return Ok(Released::NotHeld);
+                }
+                match self.delete_key(&rec.session, &rec.place).await {
+                    Ok(true) => Ok(Released::Released),
+                    Ok(false) => Ok(Released::NotHeld),
+                    Err(e) => {
+                        self.held().insert(hold.owner.to_owned(), rec);
+                        Err(e)
+                    }
+                }
+            }
+            None => {
+                // No local record (an acquisition abandoned mid-put): find the owner's keys.
+                let dir = self.dir(hold.name.as_str());
+                let resp = self
+                    .get(dir.into_bytes(), ec::GetOptions::new().with_prefix())
+                    .await?;
+                let mut released = Released::NotHeld;
+                for kv in resp.kvs() {
+                    if KeyData::read(kv.value()).owner != hold.owner {
+                        continue;
+                    }
+                    let txn = ec::Txn::new()
+                        .when([ec::Compare::mod_revision(
+                            kv.key(),
+                            ec::CompareOp::Equal,
+                            kv.mod_revision(),
+                        )])
+                        .and_then([ec::TxnOp::delete(kv.key(), None)]);
+                    if self.txn(txn).await?.succeeded() {
+                        released = Released::Released;
+                    }
+                }
+                Ok(released)
+            }
+        }
+    }
+
+    /// One keep-alive of the lease answers for every hold (see the module docs); a key cannot
+    /// be marked detached (`expire_in` is refused on a session store).
+    async fn extend(&self, holds: &[HoldRef<'_>], _detach: bool) -> Result<Vec<Extended>> {
+        let recs: Vec<Option<HeldKey>> = {
+            let held = self.held();
+            holds.iter().map(|h| held.get(h.owner).cloned()).collect()
+        };
+        // One confirmation per lease in the batch (there is one, unless a lease expired).
+        let mut confirmed: HashMap<i64, Option<Duration>> = HashMap::new();
+        let mut out = Vec::with_capacity(holds.len());
+        for (h, rec) in holds.iter().zip(recs) {
+            let Some(rec) = rec else {
+                out.push(Extended::Gone);
+                continue;
+            };
+            if rec.watch.revoked.load(Ordering::Acquire) {
+                out.push(Extended::Revoked);
+                continue;
+            }
+            if rec.watch.deleted.load(Ordering::Acquire) {
+                out.push(Extended::Gone);
+                continue;
+            }
+            let valid = match confirmed.get(&rec.session.lease) {
+                Some(v) => *v,
+                None => {
+                    let v = rec.session.confirm().await;
+                    confirmed.insert(rec.session.lease, v);
+                    v
+                }
+            };
+            out.push(match valid {
+                Some(v) => Extended::Held {
+                    valid_for: v.min(h.lease),
+                },
+                None => Extended::Gone,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
+        let mut out = Vec::new();
+        for (name, kvs) in self.queues(prefix).await? {
+            let datas: Vec<KeyData> = kvs.iter().map(|kv| KeyData::read(kv.value())).collect();
+            let entries: Vec<Entry> = datas.iter().map(KeyData::entry).collect();
+            let Some(first) = entries.first() else {
+                continue;
+            };
+            let mut info = LockInfo {
+                name,
+                kind: first.kind(),
+                holders: Vec::new(),
+                waiters: Vec::new(),
+            };
+            for (i, (kv, d)) in kvs.iter().zip(datas).enumerate() {
+                let owner = if d.owner.is_empty() {
+                    // etcd's own keys: the last segment (the lease id) names the holder.
+                    let k = String::from_utf8_lossy(kv.key());
+                    k.rsplit('/').next().unwrap_or("").to_owned()
+                } else {
+                    d.owner.clone()
+                };
+                let meta = HolderMeta {
+                    client_id: d.client_id.clone(),
+                    host: d.host.clone(),
+                    pid: d.pid,
+                };
+                if turn(&entries, i) == Turn::Holds {
+                    info.holders.push(HolderInfo {
+                        owner,
+                        meta,
+                        mode: entries[i].mode(),
+                        token: Some(kv.create_revision() as u64),
+                        acquired_at_ms: d.created_at_ms,
+                        lease_left_ms: None,
+                        status: if d.revoked {
+                            HoldStatus::Revoked
+                        } else {
+                            HoldStatus::Held
+                        },
+                    });
+                } else {
+                    let position = info.waiters.len() as u32;
+                    info.waiters.push(WaiterInfo {
+                        owner,
+                        meta,
+                        mode: entries[i].mode(),
+                        position,
+                    });
+                }
+            }
+            out.push(info);
+        }
+        Ok(out)
+    }
+
+    async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced> {
+        let dir = self.dir(name.as_str());
+        let resp = self
+            .get(dir.into_bytes(), by_create(ec::SortOrder::Ascend))
+            .await?;
+        let kvs = resp.kvs();
+        let entries: Vec<Entry> = kvs
+            .iter()
+            .map(|kv| KeyData::read(kv.value()).entry())
+            .collect();
+        let mut done = Forced::default();
+        for (i, kv) in kvs.iter().enumerate() {
+            let held = turn(&entries, i) == Turn::Holds;
+            let same = ec::Compare::mod_revision(kv.key(), ec::CompareOp::Equal, kv.mod_revision());
+            match how {
+                // The holder deletes its key when it lets go (its acknowledgement), or the
+                // cluster does when its lease ends; waiters keep their places.
+                Force::Revoke if held => {
+                    let mut d = KeyData::read(kv.value());
+                    d.revoked = true;
+                    let value = serde_json::to_vec(&d).map_err(Error::backend)?;
+                    let put = ec::TxnOp::put(
+                        kv.key(),
+                        value,
+                        Some(ec::PutOptions::new().with_lease(kv.lease())),
+                    );
+                    let txn = ec::Txn::new().when([same]).and_then([put]);
+                    if self.txn(txn).await?.succeeded() {
+                        done.revoked += 1;
+                    }
+                }
+                Force::Revoke => {}
+                Force::Break => {
+                    let txn = ec::Txn::new()
+                        .when([same])
+                        .and_then([ec::TxnOp::delete(kv.key(), None)]);
+                    if self.txn(txn).await?.succeeded() && held {
+                        done.removed += 1;
+                    }
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    fn session_timeout(&self) -> Option<Duration> {
+        Some(self.shared.target.ttl)
+    }
+
+    /// A call retries transient errors for up to `timeout`, each try bounded by `timeout`.
+    fn call_timeout(&self) -> Option<Duration> {
+        Some(self.shared.target.timeout * 2 + Duration::from_secs(1))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,478 @@
+//! Tests against a real three-member cluster: the one named by `DLOCK_TEST_ETCD_URL`, else one
+//! started for the test with `scripts/etcd-cluster.sh`. Tests that kill members always start
+//! their own. Never skipped: a missing etcd is a failure.
+
+use super::*;
+use crate::backend::test_support::{hr, meta, name, rq, token, Blackhole};
+use crate::{Client, ClientOptions};
+use std::process::{Command, Stdio};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/etcd-cluster.sh");
+
+/// A cluster for one test; stopped (by pid) when dropped.
+struct Cluster {
+    hosts: String,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("bash")
+            .arg(SCRIPT)
+            .arg("start")
+            .arg(dir.path())
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        let hosts = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let c = Cluster {
+            hosts,
+            dir: Some(dir),
+        };
+        assert!(
+            out.status.success() && !c.hosts.is_empty(),
+            "etcd-cluster.sh start failed: {:?}",
+            out.status
+        );
+        c
+    }
+
+    /// The shared cluster of the environment, or an own one.
+    fn any() -> Cluster {
+        match std::env::var("DLOCK_TEST_ETCD_URL") {
+            Ok(u) if !u.trim().is_empty() => {
+                let u = u.trim();
+                let u = u.strip_prefix("etcd://").unwrap_or(u);
+                let hosts = u.split(['/', '?']).next().unwrap_or(u).to_string();
+                Cluster { hosts, dir: None }
+            }
+            _ => Cluster::start(),
+        }
+    }
+
+    fn script(&self, args: &[&str]) -> String {
+        let out = Command::new("bash")
+            .arg(SCRIPT)
+            .args(args)
+            .arg(self.dir.as_ref().unwrap().path())
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "etcd-cluster.sh {args:?} failed");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    fn url(&self, prefix: &str, ttl: &str) -> String {
+        format!("etcd://{}/{prefix}?ttl={ttl}", self.hosts)
+    }
+
+    async fn backend(&self, prefix: &str, ttl: &str) -> EtcdBackend {
+        EtcdBackend::connect(&self.url(prefix, ttl)).await.unwrap()
+    }
+
+    async fn client(&self, prefix: &str, ttl: &str) -> (Client, EtcdBackend) {
+        let b = self.backend(prefix, ttl).await;
+        let c = Client::with_backend(Arc::new(b.clone()), "etcd://test", ClientOptions::default())
+            .unwrap();
+        (c, b)
+    }
+
+    /// A plain etcd client, to look at the keys.
+    async fn raw(&self) -> ec::Client {
+        let eps: Vec<String> = self
+            .hosts
+            .split(',')
+            .map(|h| format!("http://{h}"))
+            .collect();
+        ec::Client::connect(eps, None).await.unwrap()
+    }
+
+    fn etcdctl(&self) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new("etcdctl");
+        c.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.hosts))
+            .kill_on_drop(true);
+        c
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(d) = &self.dir {
+            let _ = Command::new("bash")
+                .arg(SCRIPT)
+                .arg("stop")
+                .arg(d.path())
+                .status();
+        }
+    }
+}
+
+fn prefix() -> String {
+    format!("dlock-test-{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn within<T>(d: Duration, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(d, f).await.expect("timed out")
+}
+
+/// The keys under `<prefix>/<name>/`, in create order.
+async fn keys(raw: &mut ec::Client, prefix: &str, name: &str) -> Vec<ec::KeyValue> {
+    let dir = format!("{prefix}/{}/", escape_name(name));
+    raw.get(dir, Some(by_create(ec::SortOrder::Ascend)))
+        .await
+        .unwrap()
+        .kvs()
+        .to_vec()
+}
+
+#[test]
+fn escaping_is_injective_and_plain_names_stay() {
+    assert_eq!(escape_name("jobs.nightly-1"), "jobs.nightly-1");
+    assert_eq!(escape_name("a/b"), "a%2Fb");
+    assert_eq!(escape_name("100%/x"), "100%25%2Fx");
+    for n in ["a/b", "a%2Fb", "%", "ü/ß", "a b", "x%25"] {
+        assert_eq!(unescape_name(&escape_name(n)).as_deref(), Some(n), "{n}");
+        assert!(!escape_name(n).contains('/'), "{n}");
+    }
+    assert_eq!(unescape_name("a%2fb"), None, "not the escape of any name");
+    assert_eq!(unescape_name("a/b"), None);
+    assert_eq!(prefix_end(b"a/"), b"a0");
+    assert_eq!(prefix_end(b"a\xff"), b"b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keys_are_etcds_mutex_layout_and_tokens_are_create_revisions() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let (a, ab) = etcd.client(&p, "5s").await;
+    let mut raw = etcd.raw().await;
+    let lease = ab.lease_id().await.unwrap();
+    let g = a.mutex("jobs/layout").unwrap().acquire().await.unwrap();
+    let kvs = keys(&mut raw, &p, "jobs/layout").await;
+    assert_eq!(kvs.len(), 1);
+    assert_eq!(
+        kvs[0].key_str().unwrap(),
+        format!("{p}/jobs%2Flayout/{lease:x}"),
+        "etcd's concurrency.Mutex key: <prefix>/<name>/<lease id in hex>"
+    );
+    assert_eq!(kvs[0].lease(), lease, "the key hangs on the client's lease");
+    assert_eq!(g.token(), Some(kvs[0].create_revision() as u64));
+    // A second handle of the same client waits under its own key, after the first.
+    let a2 = a.clone();
+    let waiter = tokio::spawn(async move { a2.mutex("jobs/layout").unwrap().acquire().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let kvs = keys(&mut raw, &p, "jobs/layout").await;
+    assert_eq!(kvs.len(), 2, "{kvs:?}");
+    assert!(kvs[1]
+        .key_str()
+        .unwrap()
+        .starts_with(&format!("{p}/jobs%2Flayout/{lease:x}_")));
+    let t1 = g.token().unwrap();
+    g.release().await.unwrap();
+    let g2 = within(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(g2.token().unwrap() > t1, "tokens increase per name");
+    g2.release().await.unwrap();
+    assert!(keys(&mut raw, &p, "jobs/layout").await.is_empty());
+    // The plain key is free again for the name.
+    let g3 = a.mutex("jobs/layout").unwrap().acquire().await.unwrap();
+    let kvs = keys(&mut raw, &p, "jobs/layout").await;
+    assert_eq!(
+        kvs[0].key_str().unwrap(),
+        format!("{p}/jobs%2Flayout/{lease:x}")
+    );
+    g3.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcdctl_lock_interop_both_ways() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let (a, _) = etcd.client(&p, "5s").await;
+    let name = format!("{p}/interop");
+    use tokio::io::AsyncBufReadExt;
+    let spawn = |cmd: &str| {
+        let mut c = etcd.etcdctl();
+        c.args(["lock", &name, "--", "sh", "-c", cmd])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = c.spawn().unwrap();
+        let out = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        (child, out)
+    };
+    // etcdctl holds → dlock is excluded, and is granted once etcdctl lets go.
+    let (mut child, mut out) = spawn("echo ACQUIRED; sleep 1.5; echo RELEASING");
+    let line = within(Duration::from_secs(10), out.next_line())
+        .await
+        .unwrap();
+    assert_eq!(line.as_deref(), Some("ACQUIRED"));
+    let m = a.mutex("interop").unwrap();
+    assert!(matches!(m.try_acquire().await, Err(Error::Busy { .. })));
+    let info = a.describe("interop").await.unwrap().unwrap();
+    assert_eq!(
+        info.holders.len(),
+        1,
+        "etcdctl's key is the holder: {info:?}"
+    );
+    assert_eq!(info.holders[0].meta.client_id, "");
+    let t = Instant::now();
+    let g = within(Duration::from_secs(10), m.acquire()).await.unwrap();
+    assert_eq!(
+        within(Duration::from_secs(5), out.next_line())
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("RELEASING")
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(1000),
+        "{:?}",
+        t.elapsed()
+    );
+    child.wait().await.unwrap();
+    // dlock holds → etcdctl waits, and is granted once dlock releases.
+    let (mut child, mut out) = spawn("echo ACQUIRED");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let info = a.describe("interop").await.unwrap().unwrap();
+    assert_eq!(
+        info.waiters.len(),
+        1,
+        "etcdctl waits behind dlock: {info:?}"
+    );
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let line = within(Duration::from_secs(10), out.next_line())
+        .await
+        .unwrap();
+    assert_eq!(line.as_deref(), Some("ACQUIRED"));
+    eprintln!(
+        "etcdctl granted {:?} after dlock's release",
+        released.elapsed()
+    );
+    assert!(child.wait().await.unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn release_wakes_only_the_next_waiter() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let (holder, _) = etcd.client(&p, "5s").await;
+    let g = holder.mutex("herd").unwrap().acquire().await.unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..4 {
+        let (c, b) = etcd.client(&p, "5s").await;
+        let task = tokio::spawn(async move {
+            let g = c.mutex("herd").unwrap().acquire().await.unwrap();
+            (Instant::now(), g, c)
+        });
+        waiters.push((task, b));
+        // In this order.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let woken = |w: &[(tokio::task::JoinHandle<_>, EtcdBackend)]| -> u64 {
+        w.iter()
+            .map(|(_, b)| b.stats().wakeups.load(Ordering::Relaxed))
+            .sum()
+    };
+    assert_eq!(woken(&waiters), 0);
+    g.release().await.unwrap();
+    let (task, b) = waiters.remove(0);
+    let (_, g1, _c1) = within(Duration::from_secs(5), task).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(b.stats().wakeups.load(Ordering::Relaxed), 1);
+    assert_eq!(woken(&waiters), 0, "the others' watches did not fire");
+    assert!(waiters.iter().all(|(t, _)| !t.is_finished()));
+    g1.release().await.unwrap();
+    let mut last = 0;
+    for (task, _) in waiters {
+        let (_, g, _c) = within(Duration::from_secs(5), task).await.unwrap();
+        assert!(g.token().unwrap() > last, "FIFO by create revision");
+        last = g.token().unwrap();
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renewing_many_holds_is_one_keepalive() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let b = etcd.backend(&p, "3s").await;
+    let m = meta("many");
+    let names: Vec<LockName> = (0..2000).map(|i| name(&format!("n{i}"))).collect();
+    let owners: Vec<String> = (0..names.len()).map(|i| format!("owner-{i}")).collect();
+    use futures_util::stream::StreamExt;
+    let t = Instant::now();
+    futures_util::stream::iter(names.iter().zip(&owners))
+        .for_each_concurrent(64, |(n, o)| {
+            let (b, m) = (&b, &m);
+            async move {
+                token(b.begin(&rq(n, o, m)).attempt().await.unwrap());
+            }
+        })
+        .await;
+    eprintln!("{} holds granted after {:?}", names.len(), t.elapsed());
+    let reqs: Vec<Request<'_>> = names
+        .iter()
+        .zip(&owners)
+        .map(|(n, o)| rq(n, o, &m))
+        .collect();
+    let holds: Vec<HoldRef<'_>> = reqs.iter().map(hr).collect();
+    for _ in 0..3 {
+        // Past the freshness window: this renewal needs a keep-alive.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let before = b.stats().keepalives.load(Ordering::Relaxed);
+        let answers = b.extend(&holds, false).await.unwrap();
+        let sent = b.stats().keepalives.load(Ordering::Relaxed) - before;
+        assert!(sent <= 1, "{sent} keep-alives for {} holds", holds.len());
+        assert_eq!(answers.len(), holds.len());
+        for a in answers {
+            match a {
+                Extended::Held { valid_for } => assert!(valid_for > Duration::from_millis(2000)),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!(b.stats().leases.load(Ordering::Relaxed), 1, "one lease");
+    let t = Instant::now();
+    for h in &holds {
+        b.release(h).await.unwrap();
+    }
+    eprintln!("{} holds released after {:?}", holds.len(), t.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kinds_exclude_each_other_by_name() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let (a, _) = etcd.client(&p, "5s").await;
+    let (b, _) = etcd.client(&p, "5s").await;
+    let g = a.semaphore("kind", 2).unwrap().acquire().await.unwrap();
+    let e = b.mutex("kind").unwrap().try_acquire().await.unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    let e = b
+        .semaphore("kind", 3)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    let g2 = b.semaphore("kind", 2).unwrap().try_acquire().await.unwrap();
+    let mut raw = etcd.raw().await;
+    assert_eq!(
+        keys(&mut raw, &p, "kind").await.len(),
+        2,
+        "refused tries leave nothing"
+    );
+    g.release().await.unwrap();
+    g2.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silent_network_loss_fires_lost_before_the_takeover() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let first = etcd.hosts.split(',').next().unwrap().to_string();
+    let proxy = Blackhole::to(&first).await;
+    let ttl = Duration::from_secs(2);
+    let ab = EtcdBackend::connect(&format!("etcd://{}/{p}?ttl=2s&timeout=1s", proxy.addr))
+        .await
+        .unwrap();
+    let a = Client::with_backend(Arc::new(ab), "etcd://test", ClientOptions::default()).unwrap();
+    let (b, _) = etcd.client(&p, "5s").await;
+    let ga = a.mutex("net").unwrap().acquire().await.unwrap();
+    let lost = ga.lost();
+    let bc = b.clone();
+    let waiter = tokio::spawn(async move {
+        let g = bc.mutex("net").unwrap().acquire().await.unwrap();
+        (Instant::now(), g)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiter.is_finished());
+    let cut = Instant::now();
+    proxy.cut.store(true, Ordering::Release);
+    let lost_task = tokio::spawn(async move {
+        lost.await;
+        Instant::now()
+    });
+    let (taken, gb) = within(Duration::from_secs(15), waiter).await.unwrap();
+    let lost_at = within(Duration::from_secs(1), lost_task).await.unwrap();
+    eprintln!(
+        "network cut: lost() after {:?}, next waiter granted after {:?} (TTL {ttl:?})",
+        lost_at - cut,
+        taken - cut
+    );
+    assert!(
+        lost_at < taken,
+        "lost() fires before anyone else can hold the lock"
+    );
+    assert!(
+        taken - cut >= ttl / 2,
+        "the takeover waited for the lease to expire"
+    );
+    gb.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_kill_keeps_holds_and_exclusion() {
+    let etcd = Cluster::start();
+    let p = prefix();
+    let (a, _) = etcd.client(&p, "2s").await;
+    let (b, _) = etcd.client(&p, "2s").await;
+    let ga = a.mutex("l").unwrap().acquire().await.unwrap();
+    let bc = b.clone();
+    let waiter = tokio::spawn(async move {
+        let g = bc
+            .mutex("l")
+            .unwrap()
+            .acquire()
+            .await
+            .expect("the waiter is granted");
+        (Instant::now(), g)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let leader = etcd.script(&["leader"]);
+    etcd.script(&["kill", &leader]);
+    eprintln!("killed leader {leader}");
+    // Longer than the TTL (2 s): the hold survives the fail-over.
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(ga.is_held(), "the hold survived the leader's death");
+        if waiter.is_finished() {
+            panic!(
+                "mutual exclusion broken: {:?}",
+                waiter.await.map(|(_, g)| g.token())
+            );
+        }
+    }
+    assert_ne!(etcd.script(&["leader"]), leader);
+    let released = Instant::now();
+    ga.release().await.unwrap();
+    let (at, g) = within(Duration::from_secs(10), waiter).await.unwrap();
+    eprintln!("hand-off after fail-over: {:?}", at - released);
+    g.release().await.unwrap();
+    etcd.script(&["start-one", &leader]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_lease_fires_lost_and_a_new_lease_serves_the_next_acquisition() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let (a, ab) = etcd.client(&p, "5s").await;
+    let ga = a.mutex("exp").unwrap().acquire().await.unwrap();
+    let lost = ga.lost();
+    let lease = ab.lease_id().await.unwrap();
+    let mut raw = etcd.raw().await;
+    raw.lease_revoke(lease).await.unwrap();
+    within(Duration::from_secs(5), lost).await;
+    assert!(!ga.is_held());
+    let again = within(Duration::from_secs(10), a.mutex("exp").unwrap().acquire())
+        .await
+        .unwrap();
+    assert_ne!(ab.lease_id().await.unwrap(), lease, "a new lease");
+    assert_eq!(ab.stats().leases.load(Ordering::Relaxed), 2);
+    again.release().await.unwrap();
+}
