@@ -53,6 +53,7 @@ fn stores(dir: &std::path::Path) -> Vec<(&'static str, String, bool, bool)> {
         ("postgres", env_url("DLOCK_TEST_POSTGRES_URL"), true, true),
         ("mysql", env_url("DLOCK_TEST_MYSQL_URL"), true, true),
         ("zookeeper", env_url("DLOCK_TEST_ZK_URL"), true, true),
+        ("etcd", env_url("DLOCK_TEST_ETCD_URL"), true, true),
         ("redlock", env_url("DLOCK_TEST_REDLOCK_URL"), true, false),
     ]
 }
@@ -145,7 +146,13 @@ fn bad_config_urls() -> Vec<String> {
         "nope",
         "://x",
         "foo://x",
-        "etcd://h:2379",
+        "etcd://",
+        "etcd://h:0/x",
+        "etcd://h/x?ttl=0s",
+        "etcd://h/x?ttl=2h",
+        "etcd://h/x?bogus=1",
+        "etcd://:pw@h/x",
+        "etcd://h/x?ca=/ca.pem",
         "http://example.com/",
         "redis://:99999",
         "redis://h:99999/",
@@ -787,7 +794,7 @@ async fn absurd_durations_are_refused_or_work_on_every_store() {
     let dir = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
     for (backend, url, _, _) in stores(dir.path()) {
-        let lease_store = backend != "zookeeper";
+        let lease_store = backend != "zookeeper" && backend != "etcd";
         let r = tokio::spawn(async move { durations_on(backend, &url, lease_store).await }).await;
         if let Err(e) = r {
             let msg = e

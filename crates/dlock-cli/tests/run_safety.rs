@@ -33,6 +33,7 @@ enum Store {
     Mysql,
     MysqlSession,
     Zookeeper,
+    Etcd,
 }
 
 impl Store {
@@ -41,7 +42,7 @@ impl Store {
     fn session(self) -> bool {
         matches!(
             self,
-            Store::PostgresSession | Store::MysqlSession | Store::Zookeeper
+            Store::PostgresSession | Store::MysqlSession | Store::Zookeeper | Store::Etcd
         )
     }
 
@@ -74,14 +75,15 @@ fn with_option(url: &str, kv: &str) -> String {
     format!("{url}{sep}{kv}")
 }
 
-/// `url` without its `session_timeout` option (so that `--ttl` sets it).
+/// `url` without its `session_timeout` (ZooKeeper) or `ttl` (etcd) option, so that `--ttl` sets
+/// it.
 fn without_session_timeout(url: &str) -> String {
     let Some((base, query)) = url.split_once('?') else {
         return url.to_string();
     };
     let rest: Vec<&str> = query
         .split('&')
-        .filter(|kv| !kv.starts_with("session_timeout="))
+        .filter(|kv| !kv.starts_with("session_timeout=") && !kv.starts_with("ttl="))
         .collect();
     if rest.is_empty() {
         base.to_string()
@@ -101,6 +103,7 @@ fn target(s: Store) -> T {
         Store::Mysql => env("DLOCK_TEST_MYSQL_URL"),
         Store::MysqlSession => with_option(&env("DLOCK_TEST_MYSQL_URL"), "mode=session"),
         Store::Zookeeper => without_session_timeout(&env("DLOCK_TEST_ZK_URL")),
+        Store::Etcd => without_session_timeout(&env("DLOCK_TEST_ETCD_URL")),
     };
     let id = uuid::Uuid::new_v4().simple().to_string();
     T {
@@ -559,6 +562,7 @@ stores!(
     mysql: Store::Mysql,
     mysql_session: Store::MysqlSession,
     zookeeper: Store::Zookeeper,
+    etcd: Store::Etcd,
 );
 
 /// On ZooKeeper `--ttl` is the session timeout dlock asks for; when the ensemble grants another

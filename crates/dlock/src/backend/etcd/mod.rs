@@ -572,6 +572,16 @@ impl Queue {
     }
 }
 
+/// What an [`EtcdBackend::enqueue`] did.
+enum Queued {
+    /// The key is in the queue: its place, the queue ahead of it, the revision read at.
+    Placed(Place, Queue, i64),
+    /// The lease expired (the session is marked dead).
+    LeaseGone,
+    /// The plain key of this lease under the name is another acquisition's.
+    PlainTaken,
+}
+
 /// What a waiting acquisition watches.
 #[derive(Debug, Clone)]
 enum Plan {
@@ -757,19 +767,20 @@ impl EtcdBackend {
     }
 
     /// Puts the acquisition's key and reads the queue ahead of it in the same transaction.
-    /// `None`: the lease expired (the session is marked dead).
+    /// With `plain_ok`, the key is the plain `<lease hex>` one when this lease has no other.
     async fn enqueue(
         &self,
         s: &Arc<Session>,
         req: &Request<'_>,
-    ) -> Result<Option<(Place, Queue, i64)>> {
+        plain_ok: bool,
+    ) -> Result<Queued> {
         let name = req.name.as_str().to_owned();
         let dir = self.dir(&name);
-        let plain = s
-            .plain_keys
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name.clone());
+        let plain = plain_ok
+            && s.plain_keys
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(name.clone());
         let key = if plain {
             format!("{dir}{:x}", s.lease)
         } else {
@@ -820,13 +831,15 @@ impl EtcdBackend {
         {
             Ok(r) => r,
             Err(e) => {
-                if plain {
-                    self.free_plain(s, &name);
-                }
                 if lease_gone(&e) {
                     // Expired before a keep-alive told us: a new lease for the next try.
                     s.dead.store(true, Ordering::Release);
-                    return Ok(None);
+                    return Ok(Queued::LeaseGone);
+                }
+                // After a transient error the put may have happened: the core's clean-up of
+                // the failed acquisition deletes the owner's key and frees the plain key.
+                if plain && !transient(&e) {
+                    self.free_plain(s, &name);
                 }
                 return Err(unavailable(e));
             }
@@ -840,10 +853,9 @@ impl EtcdBackend {
             // The key exists: this owner's, from an attempt whose answer was lost.
             let kv = gets.next().and_then(|mut k| k.pop());
             let Some(kv) = kv.filter(|kv| KeyData::read(kv.value()).owner == req.owner) else {
-                return Err(Error::backend(format!(
-                    "etcd key {} of this client's lease belongs to another acquisition",
-                    String::from_utf8_lossy(&key)
-                )));
+                // The plain key is still another acquisition's (one whose answer was lost and
+                // whose clean-up has not run yet): this one takes its own key.
+                return Ok(Queued::PlainTaken);
             };
             let place = Place {
                 name,
@@ -852,11 +864,11 @@ impl EtcdBackend {
                 plain,
             };
             let (queue, rev) = self.read_queue(req, &place).await?;
-            return Ok(Some((
+            return Ok(Queued::Placed(
                 place,
                 queue.unwrap_or_else(|| Queue::new(Vec::new())),
                 rev,
-            )));
+            ));
         }
         let place = Place {
             name,
@@ -879,7 +891,7 @@ impl EtcdBackend {
         } else {
             gets.next().unwrap_or_default()
         };
-        Ok(Some((place, Queue::new(kvs), rev)))
+        Ok(Queued::Placed(place, Queue::new(kvs), rev))
     }
 
     /// Reads the queue of the name up to `place` (the first key and the one just ahead for a
@@ -1067,14 +1079,17 @@ impl EtcdAcquisition {
             }
             None => {
                 let mut s = store.session().await?;
-                let mut queued = store.enqueue(&s, &req).await?;
-                if queued.is_none() {
+                let mut queued = store.enqueue(&s, &req, true).await?;
+                if let Queued::LeaseGone = queued {
                     s = store.session().await?;
-                    queued = store.enqueue(&s, &req).await?;
+                    queued = store.enqueue(&s, &req, true).await?;
                 }
-                let Some((place, queue, rev)) = queued else {
+                if let Queued::PlainTaken = queued {
+                    queued = store.enqueue(&s, &req, false).await?;
+                }
+                let Queued::Placed(place, queue, rev) = queued else {
                     return Err(Error::Unavailable(
-                        "etcd lost two fresh leases in a row".into(),
+                        "etcd: the lease expired twice while queueing".into(),
                     ));
                 };
                 (s, place, queue, rev)
@@ -1292,10 +1307,16 @@ impl Backend for EtcdBackend {
                 let resp = self
                     .get(dir.into_bytes(), ec::GetOptions::new().with_prefix())
                     .await?;
+                let current = self.shared.session.lock().await.clone();
                 let mut released = Released::NotHeld;
                 for kv in resp.kvs() {
                     if KeyData::read(kv.value()).owner != hold.owner {
                         continue;
+                    }
+                    if let Some(s) = &current {
+                        if kv.key().ends_with(format!("/{:x}", s.lease).as_bytes()) {
+                            self.free_plain(s, hold.name.as_str());
+                        }
                     }
                     let txn = ec::Txn::new()
                         .when([ec::Compare::mod_revision(

@@ -76,6 +76,7 @@
 //! (`Gone` at the next watchdog round), and the next acquisition opens a **new** session.
 //! `Guard::expire_in` is `Unsupported`: an ephemeral node cannot outlive its session.
 
+use super::queue::{turn, Entry, Turn};
 use super::*;
 pub(crate) mod url;
 use crate::error::Error;
@@ -231,21 +232,11 @@ struct NodeRec {
     watch: Option<String>,
 }
 
-/// What a child node of a lock says about itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NodeKind {
-    /// `lock-` (Curator's mutex; kazoo's `__lock__` is read the same way).
-    Lock,
-    Read,
-    Write,
-    Semaphore(u32),
-}
-
 #[derive(Debug, Clone)]
 struct Child {
     name: String,
     seq: i64,
-    kind: NodeKind,
+    kind: Entry,
 }
 
 /// The kind marker of a node name for a request.
@@ -255,41 +246,6 @@ fn marker(kind: LockKind, mode: Mode) -> String {
         (LockKind::RwLock, Mode::Shared) => "__READ__".into(),
         (LockKind::RwLock, Mode::Exclusive) => "__WRIT__".into(),
         (LockKind::Semaphore { permits }, _) => format!("semaphore-{permits}-"),
-    }
-}
-
-fn node_kind(kind: LockKind, mode: Mode) -> NodeKind {
-    match (kind, mode) {
-        (LockKind::Mutex, _) => NodeKind::Lock,
-        (LockKind::RwLock, Mode::Shared) => NodeKind::Read,
-        (LockKind::RwLock, Mode::Exclusive) => NodeKind::Write,
-        (LockKind::Semaphore { permits }, _) => NodeKind::Semaphore(permits),
-    }
-}
-
-fn compatible(a: NodeKind, b: NodeKind) -> bool {
-    matches!(
-        (a, b),
-        (NodeKind::Lock, NodeKind::Lock)
-            | (
-                NodeKind::Read | NodeKind::Write,
-                NodeKind::Read | NodeKind::Write
-            )
-    ) || matches!((a, b), (NodeKind::Semaphore(x), NodeKind::Semaphore(y)) if x == y)
-}
-
-fn kind_of(k: NodeKind) -> LockKind {
-    match k {
-        NodeKind::Lock => LockKind::Mutex,
-        NodeKind::Read | NodeKind::Write => LockKind::RwLock,
-        NodeKind::Semaphore(permits) => LockKind::Semaphore { permits },
-    }
-}
-
-fn mode_of(k: NodeKind) -> Mode {
-    match k {
-        NodeKind::Lock | NodeKind::Write => Mode::Exclusive,
-        NodeKind::Read | NodeKind::Semaphore(_) => Mode::Shared,
     }
 }
 
@@ -303,17 +259,17 @@ fn parse_child(name: &str) -> Option<Child> {
     let seq: i64 = name[name.len() - digits..].parse().ok()?;
     let head = &name[..name.len() - digits];
     let kind = if head.ends_with("__WRIT__") {
-        NodeKind::Write
+        Entry::Write
     } else if head.ends_with("__READ__") {
-        NodeKind::Read
+        Entry::Read
     } else if head.ends_with("lock-") || head.ends_with("__lock__") {
-        NodeKind::Lock
+        Entry::Lock
     } else {
         let (before, n) = head.strip_suffix('-')?.rsplit_once('-')?;
         if !before.ends_with("semaphore") {
             return None;
         }
-        NodeKind::Semaphore(n.parse().ok()?)
+        Entry::Semaphore(n.parse().ok()?)
     };
     Some(Child {
         name: name.to_owned(),
@@ -337,24 +293,13 @@ fn sorted_children(names: Vec<String>) -> Vec<Child> {
 }
 
 /// Whether the child at `i` holds, and if not, what it should watch (`Some(None)` = the children
-/// of the lock node).
+/// of the lock node: a semaphore permit, which any departure ahead may let in).
 fn position(children: &[Child], i: usize) -> (bool, Option<String>) {
-    match children[i].kind {
-        NodeKind::Lock | NodeKind::Write => {
-            if i == 0 {
-                (true, None)
-            } else {
-                (false, Some(children[i - 1].name.clone()))
-            }
-        }
-        NodeKind::Read => match children[..i]
-            .iter()
-            .rposition(|c| matches!(c.kind, NodeKind::Write | NodeKind::Lock))
-        {
-            None => (true, None),
-            Some(w) => (false, Some(children[w].name.clone())),
-        },
-        NodeKind::Semaphore(n) => (i < n as usize, None),
+    let queue: Vec<Entry> = children.iter().map(|c| c.kind).collect();
+    match turn(&queue, i) {
+        Turn::Holds => (true, None),
+        Turn::After(j) => (false, Some(children[j].name.clone())),
+        Turn::Departures(_) => (false, None),
     }
 }
 
@@ -764,12 +709,12 @@ impl ZooKeeperBackend {
         let Some(i) = children.iter().position(|c| c.name == rec.node) else {
             return Ok(None);
         };
-        let mine = node_kind(req.kind, req.mode);
-        if let Some(other) = children.iter().find(|c| !compatible(mine, c.kind)) {
+        let mine = Entry::of(req.kind, req.mode);
+        if let Some(other) = children.iter().find(|c| !mine.compatible(c.kind)) {
             return Err(Error::InvalidConfig(format!(
                 "lock {:?} is used as a {} by another holder, not as a {}",
                 req.name.as_str(),
-                kind_of(other.kind),
+                other.kind.kind(),
                 req.kind
             )));
         }
@@ -1002,7 +947,7 @@ impl Backend for ZooKeeperBackend {
             let Some(first) = children.first() else {
                 continue;
             };
-            let kind = kind_of(first.kind);
+            let kind = first.kind.kind();
             let mut info = LockInfo {
                 name,
                 kind,
@@ -1043,7 +988,7 @@ impl Backend for ZooKeeperBackend {
                     info.holders.push(HolderInfo {
                         owner,
                         meta,
-                        mode: mode_of(c.kind),
+                        mode: c.kind.mode(),
                         token: Some(stat.czxid as u64),
                         acquired_at_ms: stat.ctime as u64,
                         lease_left_ms: None,
@@ -1058,7 +1003,7 @@ impl Backend for ZooKeeperBackend {
                     info.waiters.push(WaiterInfo {
                         owner,
                         meta,
-                        mode: mode_of(c.kind),
+                        mode: c.kind.mode(),
                         position,
                     });
                 }

@@ -176,19 +176,19 @@ fn escaping_is_injective_and_safe() {
 #[test]
 fn node_names_parse_like_curator() {
     let c = parse_child("_c_1b0e1a7e-9a55-4a43-8d3a-2b9a0c4f2f11-lock-0000000012").unwrap();
-    assert_eq!((c.seq, c.kind), (12, NodeKind::Lock));
-    assert_eq!(parse_child("lock-0000000003").unwrap().kind, NodeKind::Lock);
+    assert_eq!((c.seq, c.kind), (12, Entry::Lock));
+    assert_eq!(parse_child("lock-0000000003").unwrap().kind, Entry::Lock);
     assert_eq!(
         parse_child("_c_x-__READ__0000000004").unwrap().kind,
-        NodeKind::Read
+        Entry::Read
     );
     assert_eq!(
         parse_child("_c_x-__WRIT__0000000005").unwrap().kind,
-        NodeKind::Write
+        Entry::Write
     );
     assert_eq!(
         parse_child("_c_x-semaphore-3-0000000006").unwrap().kind,
-        NodeKind::Semaphore(3)
+        Entry::Semaphore(3)
     );
     assert!(parse_child("leases").is_none());
     assert_eq!(
