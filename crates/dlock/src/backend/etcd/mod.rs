@@ -124,6 +124,11 @@ struct Session {
     keeper: tokio::sync::Mutex<Option<(ec::LeaseKeeper, ec::LeaseKeepAliveStream)>>,
     /// Lock names whose plain `<lease hex>` key this lease uses now.
     plain_keys: StdMutex<HashSet<String>>,
+    /// Keys of this lease that must go (by name and owner) although the request deleting them,
+    /// or the put that made them, may not have gone through: its answer was lost, it timed out,
+    /// it was dropped. The sweeper deletes them once such a request is surely over (a dead
+    /// acquisition's key would otherwise block its name as long as this client lives).
+    orphans: StdMutex<HashMap<(String, String), Instant>>,
     /// The watches of held keys, by watch id, and the stream they are on.
     watches: StdMutex<HashMap<i64, Arc<KeyWatch>>>,
     watch_tx: tokio::sync::Mutex<Option<ec::WatchRequestSender>>,
@@ -142,6 +147,23 @@ impl Session {
         if sent > *c {
             *c = sent;
         }
+    }
+
+    /// The owner's keys under `name` must be gone unless [`Session::settled`] follows.
+    fn expect_gone(&self, name: &str, owner: &str) {
+        self.orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((name.to_owned(), owner.to_owned()))
+            .or_insert_with(Instant::now);
+    }
+
+    /// The request that [`Session::expect_gone`] covered went through.
+    fn settled(&self, name: &str, owner: &str) {
+        self.orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(name.to_owned(), owner.to_owned()));
     }
 
     fn contact(&self) -> Instant {
@@ -386,6 +408,39 @@ async fn read_watches(session: Weak<Session>, mut responses: ec::WatchResponseSt
     }
 }
 
+/// Deletes the orphaned keys of a lease (see `Session::orphans`) once the request that left
+/// each one is surely over (`settle`: the longest a call may take), trying again every 250 ms.
+/// Ends with the lease.
+async fn sweep(shared: Weak<Shared>, session: Weak<Session>, settle: Duration) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let (Some(shared), Some(s)) = (shared.upgrade(), session.upgrade()) else {
+            return;
+        };
+        if s.is_dead() {
+            return;
+        }
+        let due: Vec<(String, String)> = s
+            .orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, since)| since.elapsed() >= settle)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let store = EtcdBackend { shared };
+        for (name, owner) in due {
+            match store.delete_owned(&s, &name, &owner).await {
+                Ok(_) => {
+                    tracing::debug!(name, owner, "etcd: deleted a key a failed request left");
+                    s.settled(&name, &owner);
+                }
+                Err(e) => tracing::debug!(error = %e, name, "etcd: an orphaned key stays for now"),
+            }
+        }
+    }
+}
+
 /// Keeps the lease alive while nobody renews (a keep-alive every third of the TTL unless one
 /// was confirmed since). Ends with the session.
 async fn heartbeat(session: Weak<Session>, ttl: Duration) {
@@ -440,6 +495,7 @@ struct HeldKey {
 #[derive(Debug, Clone)]
 struct Place {
     name: String,
+    owner: String,
     key: Vec<u8>,
     revision: i64,
     /// The key is the plain `<lease hex>` one (freed for the name on release).
@@ -673,6 +729,11 @@ impl EtcdBackend {
         self.shared.client.clone()
     }
 
+    /// The longest one call may take (see [`EtcdBackend::call`]).
+    fn call_bound(&self) -> Duration {
+        self.shared.target.timeout * 2 + Duration::from_secs(1)
+    }
+
     /// A transaction, through [`EtcdBackend::call`] (every transaction of this store is
     /// idempotent: a put on `create_revision == 0`, a delete on its revision, reads).
     async fn txn(&self, txn: ec::Txn) -> Result<ec::TxnResponse> {
@@ -749,6 +810,7 @@ impl EtcdBackend {
             contact: StdMutex::new(sent),
             keeper: tokio::sync::Mutex::new(None),
             plain_keys: StdMutex::new(HashSet::new()),
+            orphans: StdMutex::new(HashMap::new()),
             watches: StdMutex::new(HashMap::new()),
             watch_tx: tokio::sync::Mutex::new(None),
             next_watch: AtomicI64::new(1),
@@ -762,18 +824,18 @@ impl EtcdBackend {
             "etcd lease granted"
         );
         tokio::spawn(heartbeat(Arc::downgrade(&s), ttl));
+        tokio::spawn(sweep(
+            Arc::downgrade(&self.shared),
+            Arc::downgrade(&s),
+            self.call_bound(),
+        ));
         *cur = Some(s.clone());
         Ok(s)
     }
 
     /// Puts the acquisition's key and reads the queue ahead of it in the same transaction.
     /// With `plain_ok`, the key is the plain `<lease hex>` one when this lease has no other.
-    async fn enqueue(
-        &self,
-        s: &Arc<Session>,
-        req: &Request<'_>,
-        plain_ok: bool,
-    ) -> Result<Queued> {
+    async fn enqueue(&self, s: &Arc<Session>, req: &Request<'_>, plain_ok: bool) -> Result<Queued> {
         let name = req.name.as_str().to_owned();
         let dir = self.dir(&name);
         let plain = plain_ok
@@ -822,6 +884,7 @@ impl EtcdBackend {
             )])
             .and_then(then)
             .or_else([ec::TxnOp::get(key.clone(), None)]);
+        s.expect_gone(&name, req.owner);
         let resp = match self
             .call(|mut c| {
                 let txn = txn.clone();
@@ -836,10 +899,14 @@ impl EtcdBackend {
                     s.dead.store(true, Ordering::Release);
                     return Ok(Queued::LeaseGone);
                 }
-                // After a transient error the put may have happened: the core's clean-up of
-                // the failed acquisition deletes the owner's key and frees the plain key.
-                if plain && !transient(&e) {
-                    self.free_plain(s, &name);
+                // After a transient error the put may have happened: the sweeper (or the
+                // core's clean-up of the failed acquisition) deletes the owner's key and frees
+                // the plain key.
+                if !transient(&e) {
+                    s.settled(&name, req.owner);
+                    if plain {
+                        self.free_plain(s, &name);
+                    }
                 }
                 return Err(unavailable(e));
             }
@@ -855,14 +922,17 @@ impl EtcdBackend {
             let Some(kv) = kv.filter(|kv| KeyData::read(kv.value()).owner == req.owner) else {
                 // The plain key is still another acquisition's (one whose answer was lost and
                 // whose clean-up has not run yet): this one takes its own key.
+                s.settled(&name, req.owner);
                 return Ok(Queued::PlainTaken);
             };
             let place = Place {
                 name,
+                owner: req.owner.to_owned(),
                 key,
                 revision: kv.create_revision(),
                 plain,
             };
+            s.settled(&place.name, req.owner);
             let (queue, rev) = self.read_queue(req, &place).await?;
             return Ok(Queued::Placed(
                 place,
@@ -872,6 +942,7 @@ impl EtcdBackend {
         }
         let place = Place {
             name,
+            owner: req.owner.to_owned(),
             key,
             revision: rev,
             plain,
@@ -891,6 +962,7 @@ impl EtcdBackend {
         } else {
             gets.next().unwrap_or_default()
         };
+        s.settled(&place.name, req.owner);
         Ok(Queued::Placed(place, Queue::new(kvs), rev))
     }
 
@@ -960,6 +1032,7 @@ impl EtcdBackend {
 
     /// Deletes an acquisition's key if it is still that acquisition's. `true` if it was.
     async fn delete_key(&self, s: &Session, place: &Place) -> Result<bool> {
+        s.expect_gone(&place.name, &place.owner);
         let txn = ec::Txn::new()
             .when([ec::Compare::create_revision(
                 place.key.clone(),
@@ -968,10 +1041,41 @@ impl EtcdBackend {
             )])
             .and_then([ec::TxnOp::delete(place.key.clone(), None)]);
         let r = self.txn(txn).await?;
+        s.settled(&place.name, &place.owner);
         if place.plain {
             self.free_plain(s, &place.name);
         }
         Ok(r.succeeded())
+    }
+
+    /// Deletes the keys of `owner` under `name` (found by their value), freeing the plain key
+    /// of lease `s` if it was one of them. `true` if any was deleted.
+    async fn delete_owned(&self, s: &Session, name: &str, owner: &str) -> Result<bool> {
+        let resp = self
+            .get(
+                self.dir(name).into_bytes(),
+                ec::GetOptions::new().with_prefix(),
+            )
+            .await?;
+        let plain = format!("{}{:x}", self.dir(name), s.lease).into_bytes();
+        let mut deleted = false;
+        for kv in resp.kvs() {
+            if KeyData::read(kv.value()).owner != owner {
+                continue;
+            }
+            let txn = ec::Txn::new()
+                .when([ec::Compare::mod_revision(
+                    kv.key(),
+                    ec::CompareOp::Equal,
+                    kv.mod_revision(),
+                )])
+                .and_then([ec::TxnOp::delete(kv.key(), None)]);
+            deleted |= self.txn(txn).await?.succeeded();
+            if kv.key() == plain.as_slice() {
+                self.free_plain(s, name);
+            }
+        }
+        Ok(deleted)
     }
 
     /// Lists every key under `<prefix>/<escaped start>`, a page at a time.
@@ -1295,41 +1399,25 @@ impl Backend for EtcdBackend {
                 match self.delete_key(&rec.session, &rec.place).await {
                     Ok(true) => Ok(Released::Released),
                     Ok(false) => Ok(Released::NotHeld),
-                    Err(e) => {
-                        self.held().insert(hold.owner.to_owned(), rec);
-                        Err(e)
-                    }
+                    // The sweeper deletes the key (the core does not release twice).
+                    Err(e) => Err(e),
                 }
             }
             None => {
                 // No local record (an acquisition abandoned mid-put): find the owner's keys.
-                let dir = self.dir(hold.name.as_str());
-                let resp = self
-                    .get(dir.into_bytes(), ec::GetOptions::new().with_prefix())
+                let Some(s) = self.shared.session.lock().await.clone() else {
+                    return Ok(Released::NotHeld);
+                };
+                s.expect_gone(hold.name.as_str(), hold.owner);
+                let deleted = self
+                    .delete_owned(&s, hold.name.as_str(), hold.owner)
                     .await?;
-                let current = self.shared.session.lock().await.clone();
-                let mut released = Released::NotHeld;
-                for kv in resp.kvs() {
-                    if KeyData::read(kv.value()).owner != hold.owner {
-                        continue;
-                    }
-                    if let Some(s) = &current {
-                        if kv.key().ends_with(format!("/{:x}", s.lease).as_bytes()) {
-                            self.free_plain(s, hold.name.as_str());
-                        }
-                    }
-                    let txn = ec::Txn::new()
-                        .when([ec::Compare::mod_revision(
-                            kv.key(),
-                            ec::CompareOp::Equal,
-                            kv.mod_revision(),
-                        )])
-                        .and_then([ec::TxnOp::delete(kv.key(), None)]);
-                    if self.txn(txn).await?.succeeded() {
-                        released = Released::Released;
-                    }
-                }
-                Ok(released)
+                s.settled(hold.name.as_str(), hold.owner);
+                Ok(if deleted {
+                    Released::Released
+                } else {
+                    Released::NotHeld
+                })
             }
         }
     }
@@ -1482,7 +1570,7 @@ impl Backend for EtcdBackend {
 
     /// A call retries transient errors for up to `timeout`, each try bounded by `timeout`.
     fn call_timeout(&self) -> Option<Duration> {
-        Some(self.shared.target.timeout * 2 + Duration::from_secs(1))
+        Some(self.call_bound())
     }
 }
 

@@ -476,3 +476,40 @@ async fn an_expired_lease_fires_lost_and_a_new_lease_serves_the_next_acquisition
     assert_eq!(ab.stats().leases.load(Ordering::Relaxed), 2);
     again.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_whose_deletion_may_have_failed_is_swept() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let b = EtcdBackend::connect(&etcd.url(&p, "5s").replace("ttl=5s", "ttl=5s&timeout=500ms"))
+        .await
+        .unwrap();
+    let (other, _) = etcd.client(&p, "5s").await;
+    let m = meta("sweep");
+    let n = name("sweep");
+    let r = rq(&n, "owner-lost", &m);
+    token(b.begin(&r).attempt().await.unwrap());
+    // As if the release's answer was lost: the key stays, the client no longer holds it.
+    let s = b.shared.session.lock().await.clone().unwrap();
+    b.held().remove("owner-lost");
+    s.expect_gone("sweep", "owner-lost");
+    assert!(matches!(
+        other.mutex("sweep").unwrap().try_acquire().await,
+        Err(Error::Busy { .. })
+    ));
+    let t = Instant::now();
+    let g = within(Duration::from_secs(10), other.mutex("sweep").unwrap().acquire())
+        .await
+        .unwrap();
+    eprintln!("the orphaned key was swept after {:?}", t.elapsed());
+    assert!(t.elapsed() >= b.call_bound() / 2, "not before its request is surely over");
+    assert!(s.orphans.lock().unwrap().is_empty());
+    // The plain key is free again for the lease.
+    g.release().await.unwrap();
+    let r2 = rq(&n, "owner-next", &m);
+    token(b.begin(&r2).attempt().await.unwrap());
+    let mut raw = etcd.raw().await;
+    let kvs = keys(&mut raw, &p, "sweep").await;
+    assert_eq!(kvs[0].key_str().unwrap(), format!("{p}/sweep/{:x}", s.lease));
+    b.release(&hr(&r2)).await.unwrap();
+}
