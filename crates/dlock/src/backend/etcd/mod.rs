@@ -1292,48 +1292,71 @@ impl Acquisition for EtcdAcquisition {
             return Ok(Watch::Changed);
         };
         let filters = [ec::WatchFilterType::NoPut];
+        let dir = self.store.dir(&place.name).into_bytes();
+        // A watch from now on, not from the revision the queue was read at: etcd serves a watch
+        // that starts in the past from its catch-up loop (every 100 ms), one that starts now at
+        // once. What left between that read and the watch is found by a read after it.
         let (key, opts, mut left) = match &plan {
-            Plan::Key(k) => (
-                k.clone(),
-                ec::WatchOptions::new()
-                    .with_start_revision(rev + 1)
-                    .with_filters(filters),
-                1,
-            ),
+            Plan::Key(k) => (k.clone(), ec::WatchOptions::new().with_filters(filters), 1),
             Plan::Departures(_, n) => (
-                self.store.dir(&place.name).into_bytes(),
-                ec::WatchOptions::new()
-                    .with_prefix()
-                    .with_start_revision(rev + 1)
-                    .with_filters(filters),
+                dir.clone(),
+                ec::WatchOptions::new().with_prefix().with_filters(filters),
                 *n,
             ),
         };
         let mut c = s.client.clone();
+        let store = self.store.clone();
         let wait = async {
             let mut stream = c.watch(key, Some(opts)).await.map_err(unavailable)?;
-            loop {
+            let created = stream.message().await.map_err(unavailable)?;
+            let watched_at = created
+                .as_ref()
+                .and_then(|r| r.header())
+                .map_or(0, |h| h.revision());
+            // Deletions up to `seen` are counted by the read below; the watch's events after it.
+            let mut seen = rev;
+            if watched_at > rev {
+                let still = match &plan {
+                    Plan::Key(k) => store.get(k.clone(), ec::GetOptions::new().with_keys_only()),
+                    Plan::Departures(..) => store.get(
+                        dir.clone(),
+                        ec::GetOptions::new()
+                            .with_prefix()
+                            .with_keys_only()
+                            .with_max_create_revision(place.revision - 1),
+                    ),
+                }
+                .await?;
+                seen = still.header().map_or(watched_at, |h| h.revision());
+                let present = |k: &Vec<u8>| still.kvs().iter().any(|kv| kv.key() == k.as_slice());
+                let departed = match &plan {
+                    Plan::Key(k) => usize::from(!present(k)),
+                    Plan::Departures(ahead, _) => ahead.iter().filter(|k| !present(k)).count(),
+                };
+                left = left.saturating_sub(departed);
+            }
+            while left > 0 {
                 let Some(resp) = stream.message().await.map_err(unavailable)? else {
                     return Err(Error::Unavailable("etcd closed a watch".into()));
                 };
                 if resp.canceled() {
-                    // Compacted past the revision read: look again.
                     return Ok(());
                 }
                 for ev in resp.events() {
-                    let gone = ev.kv().map(|kv| kv.key().to_vec()).unwrap_or_default();
+                    let Some(kv) = ev.kv() else { continue };
                     let counts = match &plan {
-                        Plan::Key(k) => *k == gone,
-                        Plan::Departures(ahead, _) => ahead.contains(&gone),
+                        Plan::Key(k) => k.as_slice() == kv.key(),
+                        Plan::Departures(ahead, _) => ahead.contains(kv.key()),
                     };
-                    if counts && ev.event_type() == ec::EventType::Delete {
+                    if counts
+                        && ev.event_type() == ec::EventType::Delete
+                        && kv.mod_revision() > seen
+                    {
                         left = left.saturating_sub(1);
                     }
                 }
-                if left == 0 {
-                    return Ok(());
-                }
             }
+            Ok(())
         };
         match tokio::time::timeout_at(until.into(), wait).await {
             Err(_) => Ok(Watch::Recheck),

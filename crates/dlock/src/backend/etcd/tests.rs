@@ -498,11 +498,17 @@ async fn a_key_whose_deletion_may_have_failed_is_swept() {
         Err(Error::Busy { .. })
     ));
     let t = Instant::now();
-    let g = within(Duration::from_secs(10), other.mutex("sweep").unwrap().acquire())
-        .await
-        .unwrap();
+    let g = within(
+        Duration::from_secs(10),
+        other.mutex("sweep").unwrap().acquire(),
+    )
+    .await
+    .unwrap();
     eprintln!("the orphaned key was swept after {:?}", t.elapsed());
-    assert!(t.elapsed() >= b.call_bound() / 2, "not before its request is surely over");
+    assert!(
+        t.elapsed() >= b.call_bound() / 2,
+        "not before its request is surely over"
+    );
     assert!(s.orphans.lock().unwrap().is_empty());
     // The plain key is free again for the lease.
     g.release().await.unwrap();
@@ -510,6 +516,9 @@ async fn a_key_whose_deletion_may_have_failed_is_swept() {
     token(b.begin(&r2).attempt().await.unwrap());
     let mut raw = etcd.raw().await;
     let kvs = keys(&mut raw, &p, "sweep").await;
-    assert_eq!(kvs[0].key_str().unwrap(), format!("{p}/sweep/{:x}", s.lease));
+    assert_eq!(
+        kvs[0].key_str().unwrap(),
+        format!("{p}/sweep/{:x}", s.lease)
+    );
     b.release(&hr(&r2)).await.unwrap();
 }
