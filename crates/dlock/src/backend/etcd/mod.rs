@@ -28,6 +28,11 @@
 //! - semaphore(n): granted while among the first n keys; a waiter watches the deletions under
 //!   the name and tries again only when enough of the keys ahead of it are gone.
 //!
+//! A waiter's watch starts at the current revision (etcd serves one that starts in the past
+//! from a catch-up loop, every 100 ms); a read after it finds what left in between. When what
+//! it waited for was all that stood in its way, its turn has come with the deletion (no key can
+//! join the queue ahead of it): the grant needs no further read.
+//!
 //! Grants are FIFO by construction (`Request::fair` is implied). A kind mismatch on one name
 //! (mutex vs rwlock vs semaphore(n)) is [`Error::InvalidConfig`].
 //!
@@ -53,9 +58,10 @@
 //! when one was confirmed in the last sixth of the TTL) and answers every hold with
 //! `Held { valid_for: TTL − time since that send }`, so the core's watchdog fires `lost()` before
 //! the lease can run out when keep-alives stop being confirmed. A keep-alive also goes out every
-//! third of the TTL while the client waits or holds. Each held key is watched (all of a
-//! client's on one watch stream): its deletion (`dlock unlock --break`, the lease's expiry) or a
-//! forced revocation is the hold's `Gone` or `Revoked` at the next renewal. A lease that expired
+//! third of the TTL while the client waits or holds. Each held key is watched from its first
+//! renewal on (all of a client's on one watch stream, replaying the key's history from its
+//! grant; a hold released before it costs no watch): its deletion (`dlock unlock --break`, the
+//! lease's expiry) or a forced revocation is the hold's `Gone` or `Revoked` at the renewal after. A lease that expired
 //! is never reused: the next acquisition grants a new one.
 //!
 //! A hold is also bounded by its own lease: `valid_for` is `min(lease guarantee, hold lease)`,
@@ -488,7 +494,9 @@ struct HeldKey {
     session: Arc<Session>,
     place: Place,
     watch: Arc<KeyWatch>,
-    watch_id: i64,
+    /// The key's watch, from the hold's first renewal on (a hold released before it never
+    /// costs one; the watch replays the key's history from its grant, so nothing is missed).
+    watch_id: Option<i64>,
 }
 
 /// An acquisition's key in its lock's queue.
@@ -653,8 +661,12 @@ struct EtcdAcquisition {
     store: EtcdBackend,
     want: Want,
     place: Option<(Arc<Session>, Place)>,
-    /// What to watch, and the revision the queue was read at.
-    plan: Option<(Plan, i64)>,
+    /// What to watch, the revision the queue was read at, and whether nothing else stands in
+    /// the way once what it waits for has left (then its turn has come: no key can join the
+    /// queue ahead of it, create revisions only grow).
+    plan: Option<(Plan, i64, bool)>,
+    /// The plan's wait ended with its turn: the next attempt grants without reading the queue.
+    turn_came: bool,
 }
 
 impl EtcdBackend {
@@ -1151,6 +1163,36 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 }
 
 impl EtcdAcquisition {
+    /// The acquisition's key holds: records the hold (unless the lease has no guarantee left).
+    fn grant(&mut self, s: Arc<Session>, place: Place) -> Attempt {
+        let Some(valid_for) = s.valid_for() else {
+            self.place = Some((s, place));
+            return Attempt::Busy(Busy::default());
+        };
+        let watch = Arc::new(KeyWatch {
+            key: place.key.clone(),
+            revision: place.revision,
+            deleted: AtomicBool::new(false),
+            revoked: AtomicBool::new(false),
+        });
+        self.store.held().insert(
+            self.want.owner.clone(),
+            HeldKey {
+                session: s.clone(),
+                place: place.clone(),
+                watch,
+                watch_id: None,
+            },
+        );
+        let token = place.revision as u64;
+        self.plan = None;
+        self.place = Some((s, place));
+        Attempt::Granted(Grant {
+            token: Some(token),
+            valid_for: valid_for.min(self.want.lease),
+        })
+    }
+
     /// Places the acquisition in its queue: grants, or finds what to watch.
     async fn place(&mut self) -> Result<Attempt> {
         let req = self.want.req();
@@ -1215,47 +1257,27 @@ impl EtcdAcquisition {
             }));
         };
         match turn(&queue.entries, i) {
-            Turn::Holds => {
-                let Some(valid_for) = s.valid_for() else {
-                    self.place = Some((s, place));
-                    return Ok(Attempt::Busy(Busy::default()));
-                };
-                let watch = Arc::new(KeyWatch {
-                    key: place.key.clone(),
-                    revision: place.revision,
-                    deleted: AtomicBool::new(false),
-                    revoked: AtomicBool::new(false),
-                });
-                let watch_id = s.watch_key(watch.clone()).await;
-                store.held().insert(
-                    req.owner.to_owned(),
-                    HeldKey {
-                        session: s.clone(),
-                        place: place.clone(),
-                        watch,
-                        watch_id,
-                    },
-                );
-                let token = place.revision as u64;
-                self.plan = None;
-                self.place = Some((s, place));
-                Ok(Attempt::Granted(Grant {
-                    token: Some(token),
-                    valid_for: valid_for.min(req.lease),
-                }))
-            }
+            Turn::Holds => Ok(self.grant(s, place)),
             _ if !req.waiting => {
                 store.delete_key(&s, &place).await?;
                 Ok(Attempt::Busy(Busy::default()))
             }
             Turn::After(j) => {
-                self.plan = Some((Plan::Key(queue.kvs[j].key().to_vec()), rev));
+                // The key waited for is the only blocker when nothing exclusive is ahead of it
+                // (a mutex or writer waits for the key just ahead: the first one then).
+                let last = match mine {
+                    Entry::Read => !queue.entries[..j]
+                        .iter()
+                        .any(|e| matches!(e, Entry::Lock | Entry::Write)),
+                    _ => j == 0,
+                };
+                self.plan = Some((Plan::Key(queue.kvs[j].key().to_vec()), rev, last));
                 self.place = Some((s, place));
                 Ok(Attempt::Busy(Busy::default()))
             }
             Turn::Departures(n) => {
                 let ahead = queue.kvs[..i].iter().map(|kv| kv.key().to_vec()).collect();
-                self.plan = Some((Plan::Departures(ahead, n), rev));
+                self.plan = Some((Plan::Departures(ahead, n), rev, true));
                 self.place = Some((s, place));
                 Ok(Attempt::Busy(Busy::default()))
             }
@@ -1281,11 +1303,18 @@ impl Acquisition for EtcdAcquisition {
                 });
             }
         }
+        if std::mem::take(&mut self.turn_came) {
+            if let Some((s, place)) = self.place.clone() {
+                if !s.is_dead() {
+                    return Ok(self.grant(s, place));
+                }
+            }
+        }
         self.place().await
     }
 
     async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
-        let Some((plan, rev)) = self.plan.clone() else {
+        let Some((plan, rev, last)) = self.plan.clone() else {
             return Ok(Watch::Changed);
         };
         let Some((s, place)) = self.place.clone() else {
@@ -1340,7 +1369,8 @@ impl Acquisition for EtcdAcquisition {
                     return Err(Error::Unavailable("etcd closed a watch".into()));
                 };
                 if resp.canceled() {
-                    return Ok(());
+                    // Compacted: read the queue again.
+                    return Ok(false);
                 }
                 for ev in resp.events() {
                     let Some(kv) = ev.kv() else { continue };
@@ -1356,12 +1386,22 @@ impl Acquisition for EtcdAcquisition {
                     }
                 }
             }
-            Ok(())
+            Ok(true)
         };
         match tokio::time::timeout_at(until.into(), wait).await {
-            Err(_) => Ok(Watch::Recheck),
+            Err(_) => {
+                tracing::debug!(
+                    name = %place.name,
+                    revision = place.revision,
+                    read_at = rev,
+                    ?plan,
+                    "etcd: no wake-up before the slice ended"
+                );
+                Ok(Watch::Recheck)
+            }
             Ok(Err(e)) => Err(e),
-            Ok(Ok(())) => {
+            Ok(Ok(departed)) => {
+                self.turn_came = departed && last;
                 self.store
                     .shared
                     .stats
@@ -1405,6 +1445,7 @@ impl Backend for EtcdBackend {
             want: Want::new(req),
             place: None,
             plan: None,
+            turn_came: false,
         })
     }
 
@@ -1412,7 +1453,9 @@ impl Backend for EtcdBackend {
         let rec = self.held().remove(hold.owner);
         match rec {
             Some(rec) => {
-                rec.session.unwatch(rec.watch_id);
+                if let Some(id) = rec.watch_id {
+                    rec.session.unwatch(id);
+                }
                 if rec.session.is_dead() || rec.watch.deleted.load(Ordering::Acquire) {
                     if rec.place.plain {
                         self.free_plain(&rec.session, &rec.place.name);
@@ -1455,6 +1498,7 @@ impl Backend for EtcdBackend {
         // One confirmation per lease in the batch (there is one, unless a lease expired).
         let mut confirmed: HashMap<i64, Option<Duration>> = HashMap::new();
         let mut out = Vec::with_capacity(holds.len());
+        let mut unwatched = Vec::new();
         for (h, rec) in holds.iter().zip(recs) {
             let Some(rec) = rec else {
                 out.push(Extended::Gone);
@@ -1477,11 +1521,26 @@ impl Backend for EtcdBackend {
                 }
             };
             out.push(match valid {
-                Some(v) => Extended::Held {
-                    valid_for: v.min(h.lease),
-                },
+                Some(v) => {
+                    if rec.watch_id.is_none() {
+                        unwatched.push((h.owner, rec));
+                    }
+                    Extended::Held {
+                        valid_for: v.min(h.lease),
+                    }
+                }
                 None => Extended::Gone,
             });
+        }
+        // Held keys get their watch at their first renewal.
+        for (owner, rec) in unwatched {
+            let id = rec.session.watch_key(rec.watch.clone()).await;
+            let mut held = self.held();
+            match held.get_mut(owner) {
+                Some(h) if h.place.key == rec.place.key => h.watch_id = Some(id),
+                // Released meanwhile.
+                _ => rec.session.unwatch(id),
+            }
         }
         Ok(out)
     }
