@@ -3,8 +3,8 @@
 //! For each backend it starts private servers on loopback ports, runs 4–8 client processes that
 //! loop acquire → read → sleep → write → release on one lock name against a fenced resource, and
 //! breaks things on purpose: SIGKILL or SIGSTOP of the holder, store restarts, killed store
-//! connections, delayed or black-holed client traffic through a TCP proxy, Redlock majorities
-//! stopped. It prints a figures table, writes it as JSON, and exits 1 if a property the backend
+//! connections, delayed or black-holed client traffic through a TCP proxy, a paused etcd leader,
+//! Redlock majorities stopped. It prints a figures table, writes it as JSON, and exits 1 if a property the backend
 //! promises did not hold. See docs/RELIABILITY.md.
 
 mod analysis;

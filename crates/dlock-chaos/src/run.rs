@@ -27,14 +27,17 @@ pub enum Fault {
     RunKill,
     /// SIGSTOP the holder between its read and its write for longer than the lease, then SIGCONT.
     Pause,
-    /// Crash and restart the store (the ZooKeeper leader).
+    /// Crash and restart the store (the ZooKeeper or etcd leader).
     Restart,
-    /// Kill every client connection at the store (`CLIENT KILL`, `pg_terminate_backend`, `KILL`).
+    /// Kill every client connection at the store (`CLIENT KILL`, `pg_terminate_backend`, `KILL`;
+    /// etcd: a reset of every client's connections at its proxies).
     ConnKill,
     /// Delay the holder's store traffic through its proxy by a quarter of the lease.
     Delay,
     /// Black-hole the holder's store traffic for two leases.
     BlackHole,
+    /// etcd: SIGSTOP the leader for two leases, then SIGCONT.
+    MemberPause,
     /// Redlock: stop 2 of the 5 servers for three leases.
     Redlock2Down,
     /// Redlock: stop 3 of the 5 servers for two leases.
@@ -52,6 +55,7 @@ impl Fault {
             Fault::ConnKill => "conn-kill",
             Fault::Delay => "delay",
             Fault::BlackHole => "black-hole",
+            Fault::MemberPause => "member-pause",
             Fault::Redlock2Down => "2-of-5-down",
             Fault::Redlock3Down => "3-of-5-down",
         }
@@ -81,6 +85,11 @@ pub fn scenarios(b: Backend) -> Vec<(Fault, Mode)> {
             &[Restart]
         }
         Backend::Zookeeper => &[Restart, Delay, BlackHole],
+        // ZooKeeper's list, and two faults of a cluster member that only etcd runs so far: every
+        // client's connections reset at once (etcd has no command that ends client connections,
+        // so the harness resets them at the clients' proxies), and the leader paused (SIGSTOP:
+        // its sockets stay open and it answers nothing).
+        Backend::Etcd => &[Restart, Delay, BlackHole, ConnKill, MemberPause],
         Backend::Redlock => &[Redlock2Down, Redlock3Down],
     };
     v.extend(extra.iter().map(|f| (*f, Mode::Enforcing)));
@@ -532,7 +541,7 @@ impl Harness<'_> {
                 )
             }
             Fault::Restart => {
-                let down = if self.env.backend == Backend::Zookeeper {
+                let down = if matches!(self.env.backend, Backend::Zookeeper | Backend::Etcd) {
                     Duration::from_secs(2)
                 } else {
                     Duration::from_millis(300)
@@ -544,8 +553,16 @@ impl Harness<'_> {
             }
             Fault::ConnKill => {
                 let at = now_us();
-                let env: &StoreEnv = self.env;
-                let n = tokio::task::block_in_place(|| env.kill_connections())?;
+                let n = if self.env.backend == Backend::Etcd {
+                    self.workers
+                        .values()
+                        .filter_map(|x| x.proxies.as_ref())
+                        .map(ClientProxies::reset)
+                        .sum()
+                } else {
+                    let env: &StoreEnv = self.env;
+                    tokio::task::block_in_place(|| env.kill_connections())?
+                };
                 rec(fault, holder, at, None, format!("{n} connections killed"))
             }
             Fault::Delay | Fault::BlackHole => {
@@ -575,6 +592,12 @@ impl Harness<'_> {
                     Some(now_us()),
                     format!("{detail} for {dur:?}"),
                 )
+            }
+            Fault::MemberPause => {
+                let at = now_us();
+                let env: &StoreEnv = self.env;
+                let detail = tokio::task::block_in_place(|| env.pause_leader(lease * 2))?;
+                rec(fault, holder, at, Some(now_us()), detail)
             }
             Fault::Redlock2Down | Fault::Redlock3Down => {
                 let (n, down) = if fault == Fault::Redlock2Down {
@@ -731,6 +754,18 @@ mod tests {
             .find(|c| c.what == what)
             .unwrap_or_else(|| panic!("no check {what:?} in {checks:?}"))
             .status
+    }
+
+    #[test]
+    fn etcd_runs_every_zookeeper_scenario() {
+        let etcd = scenarios(Backend::Etcd);
+        for s in scenarios(Backend::Zookeeper) {
+            assert!(etcd.contains(&s), "etcd lacks {s:?}");
+        }
+        for f in [Fault::ConnKill, Fault::MemberPause] {
+            assert!(etcd.contains(&(f, Mode::Enforcing)));
+            assert_eq!(limitation(Backend::Etcd, f), None);
+        }
     }
 
     #[test]

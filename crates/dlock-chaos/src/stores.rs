@@ -2,7 +2,7 @@
 //! shared ones), their URLs (optionally through one fault proxy per endpoint and client), and the
 //! store-side faults.
 
-use dlock_testkit::{Db, RedisServer, SqlServer, TcpProxy, ZkEnsemble};
+use dlock_testkit::{Db, EtcdCluster, RedisServer, SqlServer, TcpProxy, ZkEnsemble};
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,13 +29,15 @@ pub enum Backend {
     MysqlSession,
     /// A three-server ZooKeeper ensemble.
     Zookeeper,
+    /// A three-member etcd cluster.
+    Etcd,
     /// Redlock over five independent Redis servers without persistence.
     Redlock,
 }
 
 impl Backend {
     /// Every backend, in report order.
-    pub const ALL: [Backend; 9] = [
+    pub const ALL: [Backend; 10] = [
         Backend::Sqlite,
         Backend::Redis,
         Backend::RedisAof,
@@ -44,6 +46,7 @@ impl Backend {
         Backend::PostgresSession,
         Backend::MysqlSession,
         Backend::Zookeeper,
+        Backend::Etcd,
         Backend::Redlock,
     ];
 
@@ -58,6 +61,7 @@ impl Backend {
             Backend::PostgresSession => "postgres-session",
             Backend::MysqlSession => "mysql-session",
             Backend::Zookeeper => "zookeeper",
+            Backend::Etcd => "etcd",
             Backend::Redlock => "redlock",
         }
     }
@@ -75,6 +79,7 @@ enum Servers {
     Redis(Shared<RedisServer>),
     Sql(Shared<SqlServer>),
     Zk(Shared<ZkEnsemble>),
+    Etcd(Shared<EtcdCluster>),
     Redlock(Vec<Shared<RedisServer>>),
 }
 
@@ -97,7 +102,7 @@ fn loopback(port: u16) -> SocketAddr {
 
 impl StoreEnv {
     /// Starts the private servers of `backend` (blocking: up to tens of seconds for databases
-    /// and ZooKeeper).
+    /// ZooKeeper and etcd).
     pub fn start(backend: Backend, lease: Duration) -> io::Result<StoreEnv> {
         let dir = tempfile::Builder::new().prefix("dlock-chaos-").tempdir()?;
         let no_persistence = ["--save", "", "--appendonly", "no"];
@@ -121,6 +126,7 @@ impl StoreEnv {
                 Servers::Sql(Arc::new(Mutex::new(SqlServer::start(Db::MariaDb)?)))
             }
             Backend::Zookeeper => Servers::Zk(Arc::new(Mutex::new(ZkEnsemble::start()?))),
+            Backend::Etcd => Servers::Etcd(Arc::new(Mutex::new(EtcdCluster::start()?))),
             Backend::Redlock => Servers::Redlock(
                 (0..5)
                     .map(|_| RedisServer::start(&no_persistence).map(|s| Arc::new(Mutex::new(s))))
@@ -142,6 +148,7 @@ impl StoreEnv {
             Servers::Redis(s) => vec![loopback(lock(s).port)],
             Servers::Sql(s) => vec![loopback(lock(s).port)],
             Servers::Zk(z) => lock(z).client_ports().into_iter().map(loopback).collect(),
+            Servers::Etcd(e) => lock(e).client_ports().into_iter().map(loopback).collect(),
             Servers::Redlock(v) => v.iter().map(|s| loopback(lock(s).port)).collect(),
         }
     }
@@ -171,12 +178,21 @@ impl StoreEnv {
                 "zk://{hosts}/dlock-chaos?session_timeout={}ms",
                 self.lease.as_millis()
             ),
+            // The lease TTL is the ZooKeeper session timeout's counterpart: the lease (etcd
+            // counts whole seconds, so rounded up), with each request bounded by half of it.
+            (Servers::Etcd(_), _) => {
+                let ttl = self.lease.as_secs() + u64::from(self.lease.subsec_nanos() > 0);
+                format!(
+                    "etcd://{hosts}/dlock-chaos?ttl={ttl}s&timeout={}ms",
+                    (ttl * 1000 / 2).max(100)
+                )
+            }
             (Servers::Redlock(_), _) => format!("redlock://{hosts}"),
         }
     }
 
     /// Crash the store and start it again (Redis, PostgreSQL, MariaDB: SIGKILL of the server;
-    /// ZooKeeper: the leader, started again after `down`). Returns a description.
+    /// ZooKeeper and etcd: the leader, started again after `down`). Returns a description.
     pub fn restart(&self, down: Duration) -> io::Result<String> {
         match &self.servers {
             Servers::Redis(s) => {
@@ -201,17 +217,43 @@ impl StoreEnv {
                 z.start_one(leader)?;
                 Ok(format!("leader (server {leader}) SIGKILL + start"))
             }
+            Servers::Etcd(e) => {
+                let e = lock(e);
+                let leader = e.leader()?;
+                e.kill(leader)?;
+                std::thread::sleep(down);
+                e.start_one(leader)?;
+                Ok(format!("leader (member {leader}) SIGKILL + start"))
+            }
             _ => Err(io::Error::other("no restart fault for this store")),
         }
     }
 
     /// Kill every client connection at the store (`CLIENT KILL`, `pg_terminate_backend`, `KILL`).
+    /// etcd has no such command: the harness resets the clients' proxies instead
+    /// ([`ClientProxies::reset`]).
     pub fn kill_connections(&self) -> io::Result<usize> {
         match &self.servers {
             Servers::Redis(s) => lock(s).kill_client_connections(),
             Servers::Sql(s) => lock(s).kill_client_connections(),
             _ => Err(io::Error::other("no connection-kill fault for this store")),
         }
+    }
+
+    /// etcd: SIGSTOP the leader (a member that keeps its sockets open and answers nothing, to its
+    /// peers or its clients), wait `down`, SIGCONT it.
+    pub fn pause_leader(&self, down: Duration) -> io::Result<String> {
+        let Servers::Etcd(e) = &self.servers else {
+            return Err(io::Error::other("no member-pause fault for this store"));
+        };
+        let e = lock(e);
+        let leader = e.leader()?;
+        e.pause(leader)?;
+        std::thread::sleep(down);
+        e.resume(leader)?;
+        Ok(format!(
+            "leader (member {leader}) SIGSTOP {down:?}, SIGCONT"
+        ))
     }
 
     /// Redlock: stop the first `n` of the five servers, wait `down`, start them again (empty).
@@ -262,5 +304,10 @@ impl ClientProxies {
         for p in &self.0 {
             p.black_hole(on);
         }
+    }
+
+    /// Closes every connection of the client now (it sees a reset); returns how many there were.
+    pub fn reset(&self) -> usize {
+        self.0.iter().map(TcpProxy::reset).sum()
     }
 }

@@ -4,6 +4,7 @@
 //! - [`RedisServer`]: a private `redis-server` on a free loopback port with its own directory.
 //! - [`SqlServer`]: a private PostgreSQL or MariaDB server ([`Db`]) on a free loopback port.
 //! - [`ZkEnsemble`]: a three-server ZooKeeper ensemble (wraps `scripts/zk-ensemble.sh`).
+//! - [`EtcdCluster`]: a three-member etcd cluster (wraps `scripts/etcd-cluster.sh`).
 //! - [`TcpProxy`]: a TCP proxy on 127.0.0.1 whose delay, black hole and resets are switched at
 //!   run time.
 //! - [`free_port`], [`alive`], [`children`], [`signal`]: process and port helpers.
@@ -13,12 +14,14 @@
 //! a message that says what failed, including the tail of the server's log when a start fails;
 //! nothing here panics on a missing binary or a server that does not come up.
 
+mod etcd;
 mod proxy;
 mod redis;
 mod sql;
 mod util;
 mod zk;
 
+pub use etcd::EtcdCluster;
 pub use proxy::TcpProxy;
 pub use redis::RedisServer;
 pub use sql::{pg_bin, Db, SqlServer};
