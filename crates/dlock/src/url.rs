@@ -134,6 +134,50 @@ pub(crate) fn percent_decode(s: &str) -> Option<String> {
         .map(|c| c.into_owned())
 }
 
+/// Reads `h1:p1,h2,[::1]:p3` (a list of members): each `host[:port]` with the port
+/// `default_port` when absent. `store` and `example` name the URL in errors.
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+pub(crate) fn parse_host_list(
+    hosts: &str,
+    default_port: u16,
+    store: &str,
+    example: &str,
+) -> Result<Vec<String>> {
+    let bad = |why: String| Error::InvalidConfig(format!("bad {store} URL: {why}"));
+    let mut list = Vec::new();
+    for h in hosts.split(',') {
+        let (host, port) = match h.rsplit_once(':') {
+            Some((host, port)) if !host.ends_with(':') => (host, Some(port)),
+            _ => (h, None),
+        };
+        let host_ok = if let Some(v6) = host.strip_prefix('[') {
+            v6.strip_suffix(']')
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
+        } else {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
+        };
+        if !host_ok {
+            return Err(bad(format!(
+                "{} is not a host[:port] (example: {example})",
+                clip(h)
+            )));
+        }
+        let port: u16 = match port {
+            None => default_port,
+            Some(p) => p
+                .parse()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| bad(format!("bad port {}", clip(p))))?,
+        };
+        list.push(format!("{host}:{port}"));
+    }
+    Ok(list)
+}
+
 /// Parses `500ms`, `2s`, `1m` or a bare number of seconds (`5`, `0.5`).
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn parse_duration_option(key: &str, v: &str) -> Result<std::time::Duration> {

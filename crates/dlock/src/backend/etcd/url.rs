@@ -1,7 +1,7 @@
 //! `etcd://[user:password@]h1:2379,h2:2379/prefix?ttl=10s&timeout=5s` and `etcds://…` (TLS) URLs.
 
 use crate::error::{Error, Result};
-use crate::url::{clip, parse_duration_option, percent_decode};
+use crate::url::{clip, parse_duration_option, parse_host_list, percent_decode};
 use std::time::Duration;
 
 /// The lease TTL when the URL does not set `ttl`.
@@ -71,37 +71,10 @@ pub(crate) fn parse(raw: &str) -> Result<EtcdTarget> {
         None => (None, authority),
     };
     let scheme = if tls { "https" } else { "http" };
-    let mut endpoints = Vec::new();
-    for h in hosts.split(',') {
-        let (host, port) = match h.rsplit_once(':') {
-            Some((host, port)) if !host.ends_with(':') => (host, Some(port)),
-            _ => (h, None),
-        };
-        let host_ok = if let Some(v6) = host.strip_prefix('[') {
-            v6.strip_suffix(']')
-                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
-        } else {
-            !host.is_empty()
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
-        };
-        if !host_ok {
-            return Err(bad(format!(
-                "{} is not a host[:port] (example: etcd://e1:2379,e2:2379,e3:2379/locks)",
-                clip(h)
-            )));
-        }
-        let port: u16 = match port {
-            None => 2379,
-            Some(p) => p
-                .parse()
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| bad(format!("bad port {}", clip(p))))?,
-        };
-        endpoints.push(format!("{scheme}://{host}:{port}"));
-    }
+    let endpoints = parse_host_list(hosts, 2379, "etcd", "etcd://e1:2379,e2:2379,e3:2379/locks")?
+        .into_iter()
+        .map(|h| format!("{scheme}://{h}"))
+        .collect();
     let prefix = percent_decode(path.trim_matches('/'))
         .ok_or_else(|| bad("the prefix is not UTF-8".into()))?;
     let prefix = if prefix.is_empty() {

@@ -1,7 +1,7 @@
 //! `zk://host:2181,host2:2181/chroot?session_timeout=10s` URLs.
 
 use crate::error::{Error, Result};
-use crate::url::{clip, percent_decode};
+use crate::url::{clip, parse_host_list, percent_decode};
 
 /// A parsed `zk://` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,37 +28,12 @@ pub(crate) fn parse(raw: &str) -> Result<ZkTarget> {
     if hosts.contains('@') {
         return Err(bad("credentials in the URL are not supported".into()));
     }
-    let mut list = Vec::new();
-    for h in hosts.split(',') {
-        let (host, port) = match h.rsplit_once(':') {
-            Some((host, port)) if !host.ends_with(':') => (host, Some(port)),
-            _ => (h, None),
-        };
-        let host_ok = if let Some(v6) = host.strip_prefix('[') {
-            v6.strip_suffix(']')
-                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
-        } else {
-            !host.is_empty()
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
-        };
-        if !host_ok {
-            return Err(bad(format!(
-                "{h_shown} is not a host[:port] (example: zk://zk1:2181,zk2:2181,zk3:2181/locks)",
-                h_shown = clip(h)
-            )));
-        }
-        let port: u16 = match port {
-            None => 2181,
-            Some(p) => p
-                .parse()
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| bad(format!("bad port {p_shown}", p_shown = clip(p))))?,
-        };
-        list.push(format!("{host}:{port}"));
-    }
+    let list = parse_host_list(
+        hosts,
+        2181,
+        "zk://",
+        "zk://zk1:2181,zk2:2181,zk3:2181/locks",
+    )?;
     let chroot = percent_decode(path.trim_end_matches('/'))
         .ok_or_else(|| bad("the chroot is not UTF-8".into()))?;
     let chroot = if chroot.is_empty() {
