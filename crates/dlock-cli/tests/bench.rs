@@ -1,5 +1,7 @@
-//! `dlock bench --quick` as a smoke test: against a temporary SQLite store, and against the
-//! Redis server of `scripts/test.sh` (`DLOCK_TEST_REDIS_URL`, with the rslock peer). It checks
+//! `dlock bench --quick` as a smoke test: against a temporary SQLite store, against the Redis
+//! server of `scripts/test.sh` (`DLOCK_TEST_REDIS_URL`, with the rslock peer) and against its
+//! etcd cluster (`DLOCK_TEST_ETCD_URL`, else one started for the test with
+//! `scripts/etcd-cluster.sh`; with etcd's Lock RPC as the peer). It checks
 //! that the run succeeds, that results.json has every workload with positive figures and that
 //! results.md and the charts exist. No timing is asserted: performance is read from a full run
 //! (docs/BENCHMARKS.md), never judged in CI.
@@ -183,6 +185,78 @@ fn quick_bench_on_redis_with_the_rslock_peer() {
     // Store-side command counts exist on Redis.
     let c = &targets[0]["c1"][0];
     assert!(c["store_cmds_per_acq"].as_f64().is_some(), "{c}");
+}
+
+/// The etcd cluster of `DLOCK_TEST_ETCD_URL`, or one started for the test (stopped, by pid,
+/// when dropped).
+struct Etcd {
+    url: String,
+    dir: Option<tempfile::TempDir>,
+}
+
+const ETCD_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/etcd-cluster.sh");
+
+impl Etcd {
+    fn any() -> Etcd {
+        if let Some(url) = std::env::var("DLOCK_TEST_ETCD_URL")
+            .ok()
+            .filter(|u| !u.trim().is_empty())
+        {
+            return Etcd {
+                url: url.trim().to_string(),
+                dir: None,
+            };
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let o = Command::new("bash")
+            .arg(ETCD_SCRIPT)
+            .arg("start")
+            .arg(dir.path())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run scripts/etcd-cluster.sh");
+        let hosts = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        let e = Etcd {
+            url: format!("etcd://{hosts}/dlock-test?ttl=2s"),
+            dir: Some(dir),
+        };
+        assert!(
+            o.status.success() && !hosts.is_empty(),
+            "scripts/etcd-cluster.sh start failed: {:?}",
+            o.status
+        );
+        e
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        if let Some(d) = &self.dir {
+            let _ = Command::new("bash")
+                .arg(ETCD_SCRIPT)
+                .arg("stop")
+                .arg(d.path())
+                .status();
+        }
+    }
+}
+
+#[test]
+fn quick_bench_on_etcd_with_the_lock_rpc_peer() {
+    let etcd = Etcd::any();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v = bench(&[&etcd.url], dir.path(), Duration::from_secs(300));
+    let targets = v["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 1);
+    assert_eq!(targets[0]["kind"], "etcd");
+    check_target(&targets[0], &["dlock", "etcd-lock"], true);
+    // The members' /metrics give writes per acquisition and S1's lease keep-alives.
+    if !etcd.url.starts_with("etcds://") {
+        let c = &targets[0]["c1"][0];
+        assert!(c["store_cmds_per_acq"].as_f64().is_some(), "{c}");
+        let top = &targets[0]["s1"]["levels"][3];
+        assert!(top["store_keepalives_per_s"].as_f64().is_some(), "{top}");
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `dlock bench`: latency, throughput, hand-off, fairness and scale of dlock on each store,
 //! side by side with the store's raw floor (the same client library without lock logic) and
-//! with the `rslock` peer on Redis, all measured in the same run and reported as ratios.
+//! with a peer (the `rslock` crate on Redis, etcd's own `Lock` RPC on etcd), all measured in
+//! the same run and reported as ratios.
 //!
 //! Workloads (see `docs/BENCHMARKS.md`): U1 uncontended, C1 contended (8 and 64 waiters over
 //! worker processes, hold 0 and 1 ms), H1 hand-off latency, F1 fairness, S1 many locks held by
@@ -27,11 +28,11 @@ use workloads::{Contended, Lib, Plan, F1, H1, S1, U1};
 /// Runs U1 (uncontended acquire + release vs the store's raw floor), C1 (one name, 8 and 64
 /// waiters over 4 processes, hold 0 and 1 ms), H1 (hand-off latency between processes), F1
 /// (fairness in fair mode) and S1 (1 to 100 000 names held by one client) on every --url, and
-/// the rslock crate on Redis URLs. Writes results.md and results.json (and SVG charts with
+/// the peers: the rslock crate on Redis URLs, etcd's own Lock RPC on etcd URLs. Writes results.md and results.json (and SVG charts with
 /// --plot) to --out, and prints the Markdown.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  dlock bench --quick\n  dlock bench --url redis://127.0.0.1:6379/ --url postgres://postgres@127.0.0.1/test --plot\n\n--quick takes under a minute per store (about 20 s for SQLite; Redis URLs add the rslock peer). A full run takes a few minutes per store."
+    after_help = "Examples:\n  dlock bench --quick\n  dlock bench --url redis://127.0.0.1:6379/ --url postgres://postgres@127.0.0.1/test --plot\n\n--quick takes under a minute per store (about 20 s for SQLite; Redis URLs add the rslock peer, etcd URLs etcd's Lock RPC). A full run takes a few minutes per store."
 )]
 pub struct BenchArgs {
     /// Store URL to bench; repeat for several [default: a SQLite file in a temporary directory]
@@ -46,7 +47,7 @@ pub struct BenchArgs {
     /// Where to write the results [default: ./dlock-bench-<timestamp>/]
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Skip the peer library (rslock)
+    /// Skip the peers (rslock on Redis, etcd's Lock RPC on etcd)
     #[arg(long)]
     no_peers: bool,
     /// Run only these workloads (comma-separated: u1, c1, h1, f1, s1) [default: all]
@@ -79,6 +80,8 @@ pub struct TargetReport {
     pub commands_what: String,
     /// What "store memory" measures.
     pub memory_what: String,
+    /// What S1's "store keep-alives" counts (stores that count lease renewals).
+    pub keepalives_what: Option<String>,
     /// Store commands per second before the workloads (other users of the server).
     pub background_cmds_per_s: f64,
     /// U1 of dlock and of the peer.
@@ -167,6 +170,10 @@ fn versions() -> std::collections::BTreeMap<String, String> {
         ("redis (crate, rslock: its own, separate)", "1.x"),
         ("sqlx (raw SQL floor, dlock)", "0.8"),
         ("zookeeper-client (raw ZooKeeper floor, dlock)", "0.11"),
+        (
+            "etcd-client (raw etcd floor, the etcd Lock RPC peer, dlock)",
+            "0.21.1",
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -294,6 +301,7 @@ async fn bench_target(t: &Target, plan: &Plan, run: &str, peers: bool) -> Target
         kind: t.kind.name().into(),
         commands_what: store::commands_what(t.kind).into(),
         memory_what: store::memory_what(t.kind).into(),
+        keepalives_what: store::keepalives_what(t.kind).map(String::from),
         ..TargetReport::default()
     };
     let probe = match Probe::open(t).await {
@@ -314,11 +322,10 @@ async fn bench_target(t: &Target, plan: &Plan, run: &str, peers: bool) -> Target
     };
     let background = workloads::background_rate(&probe).await;
     r.background_cmds_per_s = background;
-    let peer = peers && matches!(t.kind, Kind::Redis | Kind::Redlock);
-    let libs: Vec<Lib> = if peer {
-        vec![Lib::Dlock, Lib::Rslock]
-    } else {
-        vec![Lib::Dlock]
+    let libs: Vec<Lib> = match t.kind {
+        Kind::Redis | Kind::Redlock if peers => vec![Lib::Dlock, Lib::Rslock],
+        Kind::Etcd if peers => vec![Lib::Dlock, Lib::EtcdLock],
+        _ => vec![Lib::Dlock],
     };
     let (mut floor_pair, mut ping) = (None, None);
     let on = |w: &str| plan.only.iter().any(|o| o == w);

@@ -156,7 +156,7 @@ pub fn markdown(r: &Report) -> String {
                 s,
                 "| {} | {} | {} | {} | {:.0} | {} | {} | {:.2}× | {:.2}× | {} | {} | {} |",
                 t.label,
-                u.lib.name(),
+                u.lib.label(),
                 fmt_us(u.lat.p50_us),
                 fmt_us(u.lat.p99_us),
                 u.ops_per_s,
@@ -181,7 +181,7 @@ pub fn markdown(r: &Report) -> String {
                 s,
                 "| {} | {} | {} | {} ms | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} | {} | {} |",
                 t.label,
-                c.lib.name(),
+                c.lib.label(),
                 c.waiters,
                 c.hold_ms,
                 c.acq_per_s,
@@ -208,7 +208,7 @@ pub fn markdown(r: &Report) -> String {
                 s,
                 "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} |",
                 t.label,
-                h.lib.name(),
+                h.lib.label(),
                 h.run.handoff_cross.n,
                 fmt_us(h.run.handoff_cross.p50_us),
                 fmt_us(h.run.handoff_cross.p99_us),
@@ -246,13 +246,13 @@ pub fn markdown(r: &Report) -> String {
     }
 
     s.push_str("\n## S1 many locks held by one client\n\n");
-    s.push_str("| store | names | held | acquire time | client RSS / hold | store memory / hold | connections before → holding | extend calls/s | holds renewed/s | store cmds/s | lost |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("| store | names | held | acquire time | client RSS / hold | store memory / hold | connections before → holding | extend calls/s | holds renewed/s | store cmds/s | store keep-alives/s | lost |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for t in &r.targets {
         if let Some(x) = &t.s1 {
             for l in &x.levels {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {}{} | {:.2} s | {} | {} | {} → {} | {:.1} | {:.0} | {} | {} |",
+                    "| {} | {} | {}{} | {:.2} s | {} | {} | {} → {} | {:.1} | {:.0} | {} | {} | {} |",
                     t.label,
                     l.names,
                     l.held,
@@ -265,6 +265,7 @@ pub fn markdown(r: &Report) -> String {
                     l.extend_calls_per_s,
                     l.holds_renewed_per_s,
                     opt(l.store_cmds_per_s, |v| format!("{v:.0}")),
+                    opt(l.store_keepalives_per_s, |v| format!("{v:.2}")),
                     l.lost
                 );
             }
@@ -282,8 +283,15 @@ pub fn markdown(r: &Report) -> String {
     for t in &r.targets {
         let _ = writeln!(
             s,
-            "- {}: commands = {}; memory = {}; background before the run: {:.0}/s (subtracted)",
-            t.label, t.commands_what, t.memory_what, t.background_cmds_per_s
+            "- {}: commands = {}; memory = {}{}; background before the run: {:.0}/s (subtracted)",
+            t.label,
+            t.commands_what,
+            t.memory_what,
+            t.keepalives_what
+                .as_deref()
+                .map(|k| format!("; keep-alives = {k}"))
+                .unwrap_or_default(),
+            t.background_cmds_per_s
         );
     }
     let errs: Vec<String> = r

@@ -30,6 +30,8 @@ pub enum Kind {
     Mysql,
     /// `zk://`
     Zk,
+    /// `etcd://`, `etcds://`
+    Etcd,
 }
 
 impl Kind {
@@ -42,6 +44,7 @@ impl Kind {
             Kind::Postgres => "postgres",
             Kind::Mysql => "mysql",
             Kind::Zk => "zookeeper",
+            Kind::Etcd => "etcd",
         }
     }
 }
@@ -103,9 +106,10 @@ impl Target {
                 "postgres" | "postgresql" => Kind::Postgres,
                 "mysql" | "mariadb" => Kind::Mysql,
                 "zk" => Kind::Zk,
+                "etcd" | "etcds" => Kind::Etcd,
                 "mem" => return Err(
                     "mem:// lives in one process: bench a shared store (sqlite, redis, redlock, \
-                     postgres, mysql, zk)"
+                     postgres, mysql, zk, etcd)"
                         .into(),
                 ),
                 _ => return Err(format!("unknown store scheme {scheme:?} in --url")),
@@ -138,6 +142,7 @@ impl Target {
             Kind::Postgres => 5432,
             Kind::Mysql => 3306,
             Kind::Zk => 2181,
+            Kind::Etcd => 2379,
             Kind::Sqlite => 0,
         };
         let mut servers = Vec::new();
@@ -179,6 +184,7 @@ impl Target {
         match self.kind {
             Kind::Redlock => format!("redlock×{}", self.servers.len()),
             Kind::Zk => format!("zookeeper×{}", self.servers.len()),
+            Kind::Etcd => format!("etcd×{}", self.servers.len()),
             k => k.name().to_string(),
         }
     }
@@ -205,6 +211,33 @@ impl Target {
                 )
             })
             .collect()
+    }
+
+    /// `etcds://` (TLS).
+    pub fn etcd_tls(&self) -> bool {
+        self.url.starts_with("etcds://")
+    }
+
+    /// `http://host:port` (or `https://`) of every etcd member.
+    pub fn etcd_endpoints(&self) -> Vec<String> {
+        let scheme = if self.etcd_tls() { "https" } else { "http" };
+        self.servers
+            .iter()
+            .map(|(h, p)| format!("{scheme}://{h}:{p}"))
+            .collect()
+    }
+
+    /// The key prefix of an etcd URL (its path; dlock's default `dlock`).
+    pub fn etcd_prefix(&self) -> String {
+        let rest = &self.url[self.url.find("://").map(|i| i + 3).unwrap_or(0)..];
+        let path = rest.split('?').next().unwrap_or("");
+        let path = path.find('/').map(|i| &path[i..]).unwrap_or("");
+        let prefix = pct_decode(path.trim_matches('/'));
+        if prefix.is_empty() {
+            "dlock".into()
+        } else {
+            prefix
+        }
     }
 
     /// The URL without dlock's own query options (for sqlx).
@@ -372,6 +405,7 @@ async fn open_backend(t: &Target) -> dlock::Result<Arc<dyn Backend>> {
         Kind::Redlock => Arc::new(b::redlock::RedlockBackend::connect(&t.url).await?),
         Kind::Postgres | Kind::Mysql => Arc::new(b::sql::SqlBackend::open(&t.url).await?),
         Kind::Zk => Arc::new(b::zookeeper::ZooKeeperBackend::connect(&t.url).await?),
+        Kind::Etcd => Arc::new(b::etcd::EtcdBackend::connect(&t.url).await?),
     })
 }
 
@@ -426,6 +460,53 @@ pub enum Floor {
         /// The node.
         path: String,
     },
+    /// etcd: put a key with a lease, then delete it, with `etcd-client` (one `Client`, as
+    /// dlock's store has, connected the same way).
+    Etcd {
+        /// The client (boxed: an `etcd_client::Client` is several KiB).
+        client: Box<etcd_client::Client>,
+        /// The floor's own lease (granted once, like dlock's one lease per client).
+        lease: i64,
+        /// The key.
+        key: String,
+    },
+}
+
+/// The lease of the etcd floor: long enough for a whole run without keep-alives (which would
+/// show in S1's keep-alive count); revoked at the end.
+const ETCD_FLOOR_LEASE_S: i64 = 3600;
+
+/// An `etcd-client` connection to the members of `t`, with the options dlock's etcd store uses
+/// (its default 5 s timeouts, HTTP/2 keep-alive every 10 s while streams are open, require-leader, the URL's user and
+/// TLS with the system's roots or `ca=`).
+pub async fn etcd_connect(t: &Target) -> Result<etcd_client::Client, String> {
+    let timeout = Duration::from_secs(5);
+    let mut opts = etcd_client::ConnectOptions::new()
+        .with_timeout(timeout)
+        .with_connect_timeout(timeout)
+        .with_keep_alive(Duration::from_secs(10), timeout)
+        .with_keep_alive_while_idle(false)
+        .with_require_leader(true);
+    if let Some(userinfo) = t.userinfo.strip_suffix('@') {
+        let (u, p) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+        opts = opts.with_user(pct_decode(u), pct_decode(p));
+    }
+    if t.etcd_tls() {
+        let mut tls = etcd_client::TlsOptions::new().with_native_roots();
+        let query = t.url.split_once('?').map(|(_, q)| q).unwrap_or("");
+        if let Some(ca) = query.split('&').find_map(|kv| kv.strip_prefix("ca=")) {
+            let path = pct_decode(ca);
+            let pem = std::fs::read(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+            tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+        }
+        opts = opts.with_tls(tls);
+    }
+    limit(
+        "etcd connection",
+        timeout * 2,
+        etcd_client::Client::connect(t.etcd_endpoints(), Some(opts)),
+    )
+    .await
 }
 
 /// What the floor measures, for the report.
@@ -437,6 +518,7 @@ pub fn floor_what(kind: Kind) -> &'static str {
             "INSERT + DELETE of one row, autocommit (2 statements); ping = 2× SELECT 1"
         }
         Kind::Zk => "create + delete of an ephemeral node",
+        Kind::Etcd => "put (with a lease) + delete of one key, one etcd-client Client",
     }
 }
 
@@ -517,6 +599,21 @@ impl Floor {
                 Ok(Floor::Zk {
                     client,
                     path: format!("/dlock-bench-floor-{run}"),
+                })
+            }
+            Kind::Etcd => {
+                let mut client = etcd_connect(t).await?;
+                let lease = limit(
+                    "floor lease",
+                    OP,
+                    client.lease_grant(ETCD_FLOOR_LEASE_S, None),
+                )
+                .await?
+                .id();
+                Ok(Floor::Etcd {
+                    client: Box::new(client),
+                    lease,
+                    key: format!("{}/dlock-bench-floor/{run}", t.etcd_prefix()),
                 })
             }
         }
@@ -602,6 +699,13 @@ impl Floor {
                 limit("floor delete", OP, client.delete(path, None)).await?;
                 Ok(())
             }
+            Floor::Etcd { client, lease, key } => {
+                let mut c = (**client).clone();
+                let put = etcd_client::PutOptions::new().with_lease(*lease);
+                limit("floor put", OP, c.put(key.as_str(), "", Some(put))).await?;
+                limit("floor delete", OP, c.delete(key.as_str(), None)).await?;
+                Ok(())
+            }
         }
     }
 
@@ -621,8 +725,12 @@ impl Floor {
         }
     }
 
-    /// Drops the floor's table (SQL).
+    /// Drops the floor's table (SQL), revokes the floor's lease (etcd).
     pub async fn cleanup(&self) {
+        if let Floor::Etcd { client, lease, .. } = self {
+            let mut c = (**client).clone();
+            let _ = limit("floor lease revoke", OP, c.lease_revoke(*lease)).await;
+        }
         if let Floor::Sql { pool, .. } = self {
             let _ = limit(
                 "drop floor table",
@@ -670,6 +778,9 @@ pub struct Probe {
     redis: Vec<redis::aio::MultiplexedConnection>,
     sql: Option<sqlx::AnyPool>,
     zk: Vec<(String, u16)>,
+    /// The etcd members' client ports (their `/metrics`), when the URL is plain `etcd://`.
+    etcd_http: Vec<(String, u16)>,
+    etcd: Option<etcd_client::Client>,
     sqlite: Option<PathBuf>,
 }
 
@@ -683,7 +794,23 @@ pub fn commands_what(kind: Kind) -> &'static str {
         Kind::Postgres => "transactions (pg_stat_database xact_commit+xact_rollback)",
         Kind::Mysql => "statements (SHOW GLOBAL STATUS Questions)",
         Kind::Zk => "packets received (mntr zk_packets_received, all servers)",
+        Kind::Etcd => {
+            "writes applied (/metrics etcd_mvcc_put_total + etcd_mvcc_delete_total, puts and \
+             deletes inside transactions included; the highest of the members, each applies \
+             every write; not measured on etcds://)"
+        }
         Kind::Sqlite => "n/a (no server)",
+    }
+}
+
+/// What [`Probe::keepalives`] counts (S1), where the store counts lease renewals.
+pub fn keepalives_what(kind: Kind) -> Option<&'static str> {
+    match kind {
+        Kind::Etcd => Some(
+            "lease keep-alives served (/metrics etcd_debugging_lease_renewed_total, summed over \
+             the members: only the leader counts them)",
+        ),
+        _ => None,
     }
 }
 
@@ -694,6 +821,10 @@ pub fn memory_what(kind: Kind) -> &'static str {
         Kind::Postgres => "pg_total_relation_size of the dlock_bench tables",
         Kind::Mysql => "data_length + index_length of the dlock_bench tables (after ANALYZE)",
         Kind::Zk => "mntr zk_approximate_data_size (one server; each keeps a full copy)",
+        Kind::Etcd => {
+            "/metrics etcd_mvcc_db_total_size_in_use_in_bytes (one member; each keeps a full \
+             copy, every revision since the last compaction)"
+        }
         Kind::Sqlite => "file size of the database and its WAL",
     }
 }
@@ -706,6 +837,8 @@ impl Probe {
             redis: Vec::new(),
             sql: None,
             zk: Vec::new(),
+            etcd_http: Vec::new(),
+            etcd: None,
             sqlite: t.sqlite_path.clone(),
         };
         match t.kind {
@@ -731,9 +864,78 @@ impl Probe {
                 );
             }
             Kind::Zk => p.zk = t.servers.clone(),
+            Kind::Etcd => {
+                p.etcd = Some(etcd_connect(t).await?);
+                if !t.etcd_tls() {
+                    p.etcd_http = t.servers.clone();
+                }
+            }
             Kind::Sqlite => {}
         }
         Ok(p)
+    }
+
+    /// `GET path` of an etcd member's HTTP endpoint (its client port), the body. HTTP/1.0: the
+    /// answer is the body up to the end of the connection, never chunked.
+    async fn http_get(&self, host: &str, port: u16, path: &str) -> Result<String, String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let f = async {
+            let mut s = tokio::net::TcpStream::connect((host, port)).await?;
+            s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\n\r\n").as_bytes())
+                .await?;
+            let mut out = Vec::new();
+            s.read_to_end(&mut out).await?;
+            Ok::<_, std::io::Error>(String::from_utf8_lossy(&out).into_owned())
+        };
+        let text = limit("etcd /metrics", OP, f).await?;
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        if !head.lines().next().is_some_and(|l| l.contains(" 200 ")) {
+            return Err(format!(
+                "etcd {host}:{port}{path}: {}",
+                head.lines().next().unwrap_or("no answer")
+            ));
+        }
+        Ok(body.to_string())
+    }
+
+    /// The sum of some counters of one member's `/metrics` (the first name it has of each
+    /// alternative: etcd 3.5 renamed `etcd_debugging_mvcc_*` to `etcd_mvcc_*`).
+    fn metric(text: &str, names: &[&[&str]]) -> f64 {
+        names
+            .iter()
+            .map(|alts| {
+                alts.iter()
+                    .find_map(|n| {
+                        text.lines().find_map(|l| {
+                            let (k, v) = l.split_once(' ')?;
+                            (k == *n).then(|| v.trim().parse::<f64>().ok())?
+                        })
+                    })
+                    .unwrap_or(0.0)
+            })
+            .sum()
+    }
+
+    /// etcd: one figure of every member's `/metrics`.
+    async fn etcd_metrics(&self, names: &[&[&str]]) -> Result<Vec<f64>, String> {
+        let mut out = Vec::new();
+        for (h, p) in &self.etcd_http {
+            let text = self.http_get(h, *p, "/metrics").await?;
+            out.push(Self::metric(&text, names));
+        }
+        Ok(out)
+    }
+
+    /// Lease keep-alives the store served so far (see [`keepalives_what`]); `None` where the
+    /// store does not count them.
+    pub async fn keepalives(&self) -> Result<Option<f64>, String> {
+        if self.kind != Kind::Etcd || self.etcd_http.is_empty() {
+            return Ok(None);
+        }
+        let v = self
+            .etcd_metrics(&[&["etcd_debugging_lease_renewed_total"]])
+            .await?;
+        Ok(Some(v.iter().sum()))
     }
 
     async fn redis_info(&self, section: &str) -> Result<Vec<String>, String> {
@@ -829,6 +1031,18 @@ impl Probe {
                 }
                 Ok(Some(total))
             }
+            Kind::Etcd => {
+                if self.etcd_http.is_empty() {
+                    return Ok(None);
+                }
+                let v = self
+                    .etcd_metrics(&[
+                        &["etcd_mvcc_put_total", "etcd_debugging_mvcc_put_total"],
+                        &["etcd_mvcc_delete_total", "etcd_debugging_mvcc_delete_total"],
+                    ])
+                    .await?;
+                Ok(v.into_iter().reduce(f64::max))
+            }
             Kind::Sqlite => Ok(None),
         }
     }
@@ -885,6 +1099,19 @@ impl Probe {
                 let s = self.mntr(h, *p).await?;
                 Ok(Self::field(&s, "zk_approximate_data_size"))
             }
+            Kind::Etcd => {
+                let Some((h, p)) = self.etcd_http.first() else {
+                    return Ok(None);
+                };
+                let text = self.http_get(h, *p, "/metrics").await?;
+                Ok(Some(Self::metric(
+                    &text,
+                    &[&[
+                        "etcd_mvcc_db_total_size_in_use_in_bytes",
+                        "etcd_mvcc_db_total_size_in_bytes",
+                    ]],
+                )))
+            }
             Kind::Sqlite => {
                 let Some(p) = &self.sqlite else {
                     return Ok(None);
@@ -932,6 +1159,11 @@ impl Probe {
                     l.strip_prefix("zk_version")
                         .map(|v| format!("ZooKeeper {}", v.trim().split(',').next().unwrap_or("")))
                 })
+            }
+            Kind::Etcd => {
+                let mut c = self.etcd.clone()?;
+                let st = limit("etcd status", OP, c.status()).await.ok()?;
+                Some(format!("etcd {}", st.version()))
             }
             Kind::Sqlite => Some("SQLite (bundled with sqlx)".into()),
         }
@@ -1058,6 +1290,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn metrics() {
+        let text = "# HELP etcd_mvcc_put_total x\n# TYPE etcd_mvcc_put_total counter\n\
+                    etcd_mvcc_put_total 12\netcd_mvcc_put_total_x 99\n\
+                    etcd_debugging_mvcc_delete_total 5\n";
+        let v = Probe::metric(
+            text,
+            &[
+                &["etcd_mvcc_put_total", "etcd_debugging_mvcc_put_total"],
+                &["etcd_mvcc_delete_total", "etcd_debugging_mvcc_delete_total"],
+            ],
+        );
+        assert_eq!(v, 17.0);
+    }
+
+    #[test]
     fn urls() {
         let t = Target::parse("redlock://a:1,b:2,c:3?drift=1%").unwrap();
         assert_eq!(t.kind, Kind::Redlock);
@@ -1071,6 +1318,19 @@ mod tests {
         assert!(t.url.ends_with("?table=dlock_bench") && t.own_tables);
         let t = Target::parse("sqlite:///tmp/a%20b.db").unwrap();
         assert_eq!(t.sqlite_path, Some(PathBuf::from("/tmp/a b.db")));
+        let t = Target::parse("etcd://a,b:2380,c:3/locks%2Fx?ttl=10s").unwrap();
+        assert_eq!(t.kind, Kind::Etcd);
+        assert_eq!(t.label(), "etcd×3");
+        assert_eq!(
+            t.etcd_endpoints(),
+            vec!["http://a:2379", "http://b:2380", "http://c:3"]
+        );
+        assert_eq!(t.etcd_prefix(), "locks/x");
+        let t = Target::parse("etcds://u:p%40w@h").unwrap();
+        assert!(t.etcd_tls() && !t.shown.contains("p%40w"));
+        assert_eq!(t.etcd_endpoints(), vec!["https://h:2379"]);
+        assert_eq!(t.etcd_prefix(), "dlock");
+        assert_eq!(t.userinfo, "u:p%40w@");
         assert!(Target::parse("mem://").is_err());
         assert!(Target::parse("ftp://x").is_err());
     }

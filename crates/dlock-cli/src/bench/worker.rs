@@ -32,7 +32,7 @@ pub struct WorkerArgs {
     /// Fair (FIFO) mode.
     #[arg(long)]
     pub fair: bool,
-    /// `dlock` or `rslock`.
+    /// `dlock`, `rslock` or `etcd-lock`.
     #[arg(long, default_value = "dlock")]
     pub lib: String,
     /// This process's index (reported back).
@@ -124,6 +124,114 @@ pub async fn rslock_acquire(
     }
 }
 
+/// The lease of each etcd peer waiter (dlock's default TTL on etcd), kept alive every third.
+pub const ETCD_PEER_TTL_S: i64 = 10;
+
+/// etcd's own lock, the peer on etcd: the `Lock` RPC of etcd's v3lock service, which runs Go's
+/// `concurrency.Mutex` inside the member (what `etcdctl lock` and Go clients do), then `Unlock`
+/// of the key it returned. Like a `concurrency.Session`, every waiter has a lease of its own
+/// (waiters that shared one would share the key, i.e. hold the lock together), kept alive by
+/// a task every third of its TTL; the waiters of a process share one `Client`.
+pub struct EtcdPeer {
+    client: etcd_client::Client,
+    lease: i64,
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+impl EtcdPeer {
+    /// Grants the waiter's lease and starts its keep-alives.
+    pub async fn new(client: &etcd_client::Client) -> Result<EtcdPeer, String> {
+        let mut c = client.clone();
+        let lease = tokio::time::timeout(
+            Duration::from_secs(10),
+            c.lease_grant(ETCD_PEER_TTL_S, None),
+        )
+        .await
+        .map_err(|_| "etcd lease grant: no answer".to_string())?
+        .map_err(|e| format!("etcd lease grant: {e}"))?
+        .id();
+        let keeper = tokio::spawn(async move {
+            let every = Duration::from_secs(ETCD_PEER_TTL_S as u64) / 3;
+            let mut stream = None;
+            loop {
+                tokio::time::sleep(every).await;
+                // Opening the stream sends the first keep-alive itself.
+                let opened = stream.is_none();
+                if opened {
+                    stream = c.lease_keep_alive(lease).await.ok();
+                }
+                let Some((keeper, answers)) = stream.as_mut() else {
+                    continue;
+                };
+                let ok = tokio::time::timeout(Duration::from_secs(5), async {
+                    if !opened {
+                        keeper.keep_alive().await?;
+                    }
+                    answers.message().await
+                })
+                .await;
+                if !matches!(ok, Ok(Ok(Some(_)))) {
+                    stream = None;
+                }
+            }
+        });
+        Ok(EtcdPeer {
+            client: client.clone(),
+            lease,
+            keeper,
+        })
+    }
+
+    /// `Lock` until granted (the key) or `end_ns` (`None`; the cancelled RPC makes the member
+    /// delete the waiter's key, as `concurrency.Mutex` does when its context ends).
+    pub async fn lock(&self, name: &str, end_ns: i64) -> Result<Option<Vec<u8>>, String> {
+        let left = Duration::from_nanos(u64::try_from(end_ns - now_ns()).unwrap_or(0));
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let mut c = self.client.clone();
+        let opts = etcd_client::LockOptions::new().with_lease(self.lease);
+        match tokio::time::timeout(left, c.lock(name, Some(opts))).await {
+            Ok(Ok(r)) => Ok(Some(r.key().to_vec())),
+            Ok(Err(e)) => Err(format!("etcd Lock: {e}")),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// `Unlock` of a key `lock` returned.
+    pub async fn unlock(&self, key: Vec<u8>) -> Result<(), String> {
+        let mut c = self.client.clone();
+        match tokio::time::timeout(Duration::from_secs(10), c.unlock(key)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("etcd Unlock: {e}")),
+            Err(_) => Err("etcd Unlock: no answer".into()),
+        }
+    }
+
+    /// Revokes the lease (its keys go with it) and stops the keep-alives.
+    pub async fn close(&self) {
+        self.keeper.abort();
+        let mut c = self.client.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(5), c.lease_revoke(self.lease)).await;
+    }
+}
+
+impl Drop for EtcdPeer {
+    fn drop(&mut self) {
+        self.keeper.abort();
+    }
+}
+
+/// The key of a lock name for etcd's `Lock` RPC: under the URL's prefix, the name escaped as
+/// dlock's etcd store escapes it (`%` → `%25`, `/` → `%2F`), so both use one key layout.
+pub fn etcd_lock_name(t: &Target, name: &str) -> String {
+    format!(
+        "{}/{}",
+        t.etcd_prefix(),
+        name.replace('%', "%25").replace('/', "%2F")
+    )
+}
+
 /// The worker's main.
 pub async fn worker(a: WorkerArgs) -> CliResult {
     let t = Target::parse(&a.url).map_err(Failure::usage)?;
@@ -131,6 +239,7 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
     enum Lib {
         Dlock(dlock::Client, Arc<super::store::Counts>),
         Rslock(rslock::LockManager),
+        EtcdLock(Vec<Arc<EtcdPeer>>),
     }
     let lib = match a.lib.as_str() {
         "dlock" => {
@@ -158,11 +267,34 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
             }
             Lib::Rslock(lm)
         }
+        "etcd-lock" => {
+            let client = super::store::etcd_connect(&t)
+                .await
+                .map_err(|e| Failure::unavailable(format!("worker: {e}")))?;
+            let mut peers = Vec::new();
+            for _ in 0..a.tasks.max(1) {
+                peers.push(Arc::new(
+                    EtcdPeer::new(&client)
+                        .await
+                        .map_err(|e| Failure::unavailable(format!("worker: {e}")))?,
+                ));
+            }
+            let warm = etcd_lock_name(&t, &format!("{}/warm/{}", a.name, a.proc_index));
+            match peers[0].lock(&warm, now_ns() + 10_000_000_000).await {
+                Ok(Some(k)) => peers[0]
+                    .unlock(k)
+                    .await
+                    .map_err(|e| Failure::unavailable(format!("worker warm-up: {e}")))?,
+                Ok(None) => return Err(Failure::unavailable("worker warm-up: timed out")),
+                Err(e) => return Err(Failure::unavailable(format!("worker warm-up: {e}"))),
+            }
+            Lib::EtcdLock(peers)
+        }
         other => return Err(Failure::usage(format!("unknown --lib {other}"))),
     };
     let before = match &lib {
         Lib::Dlock(_, c) => c.snap(),
-        Lib::Rslock(_) => CountSnap::default(),
+        Lib::Rslock(_) | Lib::EtcdLock(_) => CountSnap::default(),
     };
     println!("ready");
     let mut line = String::new();
@@ -282,13 +414,64 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
                     }
                 });
             }
+            Lib::EtcdLock(peers) => {
+                let peer = peers[task as usize % peers.len()].clone();
+                let name = etcd_lock_name(&t, &name);
+                tasks.spawn(async move {
+                    let mut n = 0;
+                    while n < max {
+                        let req = now_ns();
+                        match peer.lock(&name, end).await {
+                            Ok(Some(key)) => {
+                                let grant = now_ns();
+                                hold(hold_us);
+                                let rs = now_ns();
+                                let r = peer.unlock(key).await;
+                                let re = now_ns();
+                                let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
+                                if let Err(e) = r {
+                                    acc.error(e);
+                                }
+                                acc.records.push([
+                                    i64::from(pi),
+                                    i64::from(task),
+                                    req,
+                                    grant,
+                                    rs,
+                                    re,
+                                ]);
+                                n += 1;
+                                drop(acc);
+                                hold(pause_us);
+                            }
+                            Ok(None) => break,
+                            Err(e) => {
+                                let stop = {
+                                    let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
+                                    acc.error(e);
+                                    acc.errors > 100
+                                };
+                                if stop {
+                                    break;
+                                }
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        }
+                    }
+                });
+            }
         }
     }
     while tasks.join_next().await.is_some() {}
     let mut ops = match &lib {
         Lib::Dlock(_, c) => c.snap(),
-        Lib::Rslock(_) => CountSnap::default(),
+        Lib::Rslock(_) | Lib::EtcdLock(_) => CountSnap::default(),
     };
+    if let Lib::EtcdLock(peers) = &lib {
+        for p in peers {
+            p.close().await;
+        }
+    }
     ops.acquire -= before.acquire;
     ops.wait -= before.wait;
     ops.release -= before.release;

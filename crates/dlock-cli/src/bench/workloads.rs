@@ -3,7 +3,7 @@
 
 use super::stats::{jain, now_ns, us, Lat};
 use super::store::{connections, counted_client, rss_bytes, CountSnap, Floor, Kind, Probe, Target};
-use super::worker::{rslock_acquire, rslock_manager, Rec, WorkerOut};
+use super::worker::{etcd_lock_name, rslock_acquire, rslock_manager, EtcdPeer, Rec, WorkerOut};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,14 +79,26 @@ pub enum Lib {
     Dlock,
     /// The `rslock` crate (Redlock), the peer on Redis.
     Rslock,
+    /// etcd's own lock (the `Lock` RPC: v3lock, Go's `concurrency.Mutex`), the peer on etcd.
+    #[serde(rename = "etcd-lock")]
+    EtcdLock,
 }
 
 impl Lib {
-    /// The name used on the worker's command line and in reports.
+    /// The name used on the worker's command line, in results.json and in the charts.
     pub fn name(self) -> &'static str {
         match self {
             Lib::Dlock => "dlock",
             Lib::Rslock => "rslock",
+            Lib::EtcdLock => "etcd-lock",
+        }
+    }
+
+    /// The name shown in the report's tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Lib::EtcdLock => "etcd Lock RPC (v3lock, concurrency.Mutex)",
+            l => l.name(),
         }
     }
 }
@@ -120,6 +132,8 @@ pub struct U1 {
 enum L {
     D(dlock::Mutex, Arc<super::store::Counts>),
     R(rslock::LockManager),
+    /// etcd's Lock RPC and the key name.
+    E(Box<EtcdPeer>, String),
 }
 
 /// One acquire + release.
@@ -138,6 +152,10 @@ async fn once(l: &L, name: &str) -> Result<(), String> {
                 Ok(())
             }
             None => Err("rslock: not granted within 10 s".to_string()),
+        },
+        L::E(peer, key) => match peer.lock(key, now_ns() + 10_000_000_000).await? {
+            Some(k) => peer.unlock(k).await,
+            None => Err("etcd Lock: not granted within 10 s".to_string()),
         },
     }
 }
@@ -158,6 +176,13 @@ pub async fn u1(t: &Target, plan: &Plan, lib: Lib, run: &str, floor: &Floor) -> 
             L::D(m, counts)
         }
         Lib::Rslock => L::R(rslock_manager(t)?),
+        Lib::EtcdLock => {
+            let client = super::store::etcd_connect(t).await?;
+            L::E(
+                Box::new(EtcdPeer::new(&client).await?),
+                etcd_lock_name(t, &name),
+            )
+        }
     };
     let once = |l| once(l, &name);
     // Warm up both.
@@ -199,6 +224,9 @@ pub async fn u1(t: &Target, plan: &Plan, lib: Lib, run: &str, floor: &Floor) -> 
         }
         _ => None,
     };
+    if let L::E(peer, _) = &l {
+        peer.close().await;
+    }
     let lat = Lat::of(&a);
     let fl = Lat::of(&f);
     let ratio_p50 = lat.p50_us / fl.p50_us.max(1e-9);
@@ -501,6 +529,9 @@ pub struct S1Level {
     pub holds_renewed_per_s: f64,
     /// Store commands per second while holding (see `commands_what`), background-corrected.
     pub store_cmds_per_s: Option<f64>,
+    /// Lease keep-alives the store served per second while holding (see `keepalives_what`;
+    /// etcd only). Not background-corrected: the bench's own floor and probe send none.
+    pub store_keepalives_per_s: Option<f64>,
     /// Holds lost during the window (renewal not keeping up).
     pub lost: usize,
 }
@@ -608,10 +639,12 @@ pub async fn s1(
         // Renewal traffic over the window.
         let s0 = counts.snap();
         let c0 = probe.commands().await.ok().flatten();
+        let k0 = probe.keepalives().await.ok().flatten();
         let w0 = Instant::now();
         tokio::time::sleep(Duration::from_secs_f64(plan.s1_window_secs)).await;
         let s1 = counts.snap();
         let c1 = probe.commands().await.ok().flatten();
+        let k1 = probe.keepalives().await.ok().flatten();
         let win = w0.elapsed().as_secs_f64();
         let lost = guards
             .lock()
@@ -663,6 +696,10 @@ pub async fn s1(
             extend_calls_per_s: (s1.extend - s0.extend) as f64 / win,
             holds_renewed_per_s: (s1.extended - s0.extended) as f64 / win,
             store_cmds_per_s,
+            store_keepalives_per_s: match (k0, k1) {
+                (Some(a), Some(b)) => Some((b - a).max(0.0) / win),
+                _ => None,
+            },
             lost,
         });
         if held < k {

@@ -483,9 +483,11 @@ fn transient(e: &ec::Error) -> bool {
         )
 }
 
-/// Whether etcd answered that the lease is gone.
+/// Whether etcd answered that the lease is gone (a request on it, or opening its keep-alive
+/// stream).
 fn lease_gone(e: &ec::Error) -> bool {
     grpc_code(e) == Some(GRPC_NOT_FOUND)
+        || matches!(e, ec::Error::LeaseKeepAliveError(m) if m.contains("not found"))
 }
 
 /// A held key of an owner.
@@ -649,10 +651,11 @@ enum Queued {
 /// What a waiting acquisition watches.
 #[derive(Debug, Clone)]
 enum Plan {
-    /// The deletion of this key.
-    Key(Vec<u8>),
-    /// The deletion of this many of these keys.
-    Departures(HashSet<Vec<u8>>, usize),
+    /// The deletion of this key (by name and create revision: a client that lets go and asks
+    /// again puts the same name back, behind).
+    Key(Vec<u8>, i64),
+    /// The deletion of this many of these keys (name and create revision).
+    Departures(HashMap<Vec<u8>, i64>, usize),
 }
 
 /// One acquisition: its key in the lock's queue (from its first attempt on) and what it
@@ -680,8 +683,10 @@ impl EtcdBackend {
         let mut opts = ec::ConnectOptions::new()
             .with_timeout(target.timeout)
             .with_connect_timeout(target.timeout)
-            .with_keep_alive(Duration::from_secs(2), target.timeout)
-            .with_keep_alive_while_idle(true)
+            // etcd closes a connection that pings more often than every 5 s, or while it has no
+            // stream ("too many pings"); a client always has its lease's keep-alive stream.
+            .with_keep_alive(Duration::from_secs(10), target.timeout)
+            .with_keep_alive_while_idle(false)
             .with_require_leader(true);
         if let Some((u, p)) = &target.user {
             opts = opts.with_user(u.clone(), p.clone());
@@ -1271,12 +1276,17 @@ impl EtcdAcquisition {
                         .any(|e| matches!(e, Entry::Lock | Entry::Write)),
                     _ => j == 0,
                 };
-                self.plan = Some((Plan::Key(queue.kvs[j].key().to_vec()), rev, last));
+                let ahead = &queue.kvs[j];
+                let plan = Plan::Key(ahead.key().to_vec(), ahead.create_revision());
+                self.plan = Some((plan, rev, last));
                 self.place = Some((s, place));
                 Ok(Attempt::Busy(Busy::default()))
             }
             Turn::Departures(n) => {
-                let ahead = queue.kvs[..i].iter().map(|kv| kv.key().to_vec()).collect();
+                let ahead = queue.kvs[..i]
+                    .iter()
+                    .map(|kv| (kv.key().to_vec(), kv.create_revision()))
+                    .collect();
                 self.plan = Some((Plan::Departures(ahead, n), rev, true));
                 self.place = Some((s, place));
                 Ok(Attempt::Busy(Busy::default()))
@@ -1326,7 +1336,7 @@ impl Acquisition for EtcdAcquisition {
         // that starts in the past from its catch-up loop (every 100 ms), one that starts now at
         // once. What left between that read and the watch is found by a read after it.
         let (key, opts, mut left) = match &plan {
-            Plan::Key(k) => (k.clone(), ec::WatchOptions::new().with_filters(filters), 1),
+            Plan::Key(k, _) => (k.clone(), ec::WatchOptions::new().with_filters(filters), 1),
             Plan::Departures(_, n) => (
                 dir.clone(),
                 ec::WatchOptions::new().with_prefix().with_filters(filters),
@@ -1346,7 +1356,7 @@ impl Acquisition for EtcdAcquisition {
             let mut seen = rev;
             if watched_at > rev {
                 let still = match &plan {
-                    Plan::Key(k) => store.get(k.clone(), ec::GetOptions::new().with_keys_only()),
+                    Plan::Key(k, _) => store.get(k.clone(), ec::GetOptions::new().with_keys_only()),
                     Plan::Departures(..) => store.get(
                         dir.clone(),
                         ec::GetOptions::new()
@@ -1357,10 +1367,17 @@ impl Acquisition for EtcdAcquisition {
                 }
                 .await?;
                 seen = still.header().map_or(watched_at, |h| h.revision());
-                let present = |k: &Vec<u8>| still.kvs().iter().any(|kv| kv.key() == k.as_slice());
+                let present = |k: &[u8], created: i64| {
+                    still
+                        .kvs()
+                        .iter()
+                        .any(|kv| kv.key() == k && kv.create_revision() == created)
+                };
                 let departed = match &plan {
-                    Plan::Key(k) => usize::from(!present(k)),
-                    Plan::Departures(ahead, _) => ahead.iter().filter(|k| !present(k)).count(),
+                    Plan::Key(k, created) => usize::from(!present(k, *created)),
+                    Plan::Departures(ahead, _) => {
+                        ahead.iter().filter(|(k, c)| !present(k, **c)).count()
+                    }
                 };
                 left = left.saturating_sub(departed);
             }
@@ -1375,8 +1392,8 @@ impl Acquisition for EtcdAcquisition {
                 for ev in resp.events() {
                     let Some(kv) = ev.kv() else { continue };
                     let counts = match &plan {
-                        Plan::Key(k) => k.as_slice() == kv.key(),
-                        Plan::Departures(ahead, _) => ahead.contains(kv.key()),
+                        Plan::Key(k, _) => k.as_slice() == kv.key(),
+                        Plan::Departures(ahead, _) => ahead.contains_key(kv.key()),
                     };
                     if counts
                         && ev.event_type() == ec::EventType::Delete

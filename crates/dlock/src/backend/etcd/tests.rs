@@ -522,3 +522,31 @@ async fn a_key_whose_deletion_may_have_failed_is_swept() {
     );
     b.release(&hr(&r2)).await.unwrap();
 }
+
+/// Two clients taking turns, each asking again right after it let go: the one asking again
+/// puts the same key name back (its lease's plain key), behind the other; the other's wait must
+/// still end with the release, not with its 5 s slice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn taking_turns_with_the_same_key_name_hands_off_at_once() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let (a, _) = etcd.client(&p, "5s").await;
+    let (b, _) = etcd.client(&p, "5s").await;
+    let turns = |c: Client| async move {
+        let mut worst = Duration::ZERO;
+        for _ in 0..100 {
+            let t = Instant::now();
+            let g = c.mutex("turns").unwrap().acquire().await.unwrap();
+            worst = worst.max(t.elapsed());
+            g.release().await.unwrap();
+        }
+        worst
+    };
+    let (wa, wb) = tokio::join!(tokio::spawn(turns(a)), tokio::spawn(turns(b)));
+    let worst = wa.unwrap().max(wb.unwrap());
+    eprintln!("longest wait for the turn: {worst:?}");
+    assert!(
+        worst < Duration::from_secs(2),
+        "a wake-up was missed: {worst:?}"
+    );
+}
