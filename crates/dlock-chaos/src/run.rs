@@ -109,6 +109,14 @@ pub fn limitation(b: Backend, f: Fault) -> Option<&'static str> {
         (Backend::PostgresSession | Backend::MysqlSession, Fault::Restart | Fault::ConnKill) => {
             Some("a session lock ends with its connection, before the holder can be told")
         }
+        // A server bug of the etcd the tests run (Debian's 3.4.23): a leader deposed while it
+        // was paused still revokes the leases whose renewals it missed when it runs again, and
+        // the new leader commits those revocations (etcd-io/etcd#15247, #12528; fixed upstream
+        // by #16822, backported to 3.4 and 3.5).
+        (Backend::Etcd, Fault::MemberPause) => Some(
+            "etcd 3.4.23: a leader deposed while paused revokes live leases when it resumes \
+             (etcd-io/etcd#15247)",
+        ),
         _ => None,
     }
 }
@@ -764,8 +772,8 @@ mod tests {
         }
         for f in [Fault::ConnKill, Fault::MemberPause] {
             assert!(etcd.contains(&(f, Mode::Enforcing)));
-            assert_eq!(limitation(Backend::Etcd, f), None);
         }
+        assert_eq!(limitation(Backend::Etcd, Fault::ConnKill), None);
     }
 
     #[test]

@@ -54,7 +54,9 @@
 //! One lease per client (TTL `ttl`, default 10 s) carries every key of that client
 //! (`Validity::Session`). The backend records the **send time** of the last keep-alive the
 //! cluster confirmed (and of the lease grant): no member can expire the lease before that time
-//! plus the TTL. [`Backend::extend`] of any number of holds sends at most one keep-alive (none
+//! plus the TTL. A keep-alive counts as confirmed only when a linearizable read after it answers
+//! in the same raft term: etcd does not replicate renewals, and a leader deposed while it was
+//! paused may answer one from its own lessor before it steps down. [`Backend::extend`] of any number of holds sends at most one keep-alive (none
 //! when one was confirmed in the last sixth of the TTL) and answers every hold with
 //! `Held { valid_for: TTL − time since that send }`, so the core's watchdog fires `lost()` before
 //! the lease can run out when keep-alives stop being confirmed. A keep-alive also goes out every
@@ -214,7 +216,28 @@ impl Session {
         })
         .await;
         match answer {
-            Ok(Ok(Some(r))) if r.ttl() > 0 => self.touch(sent),
+            Ok(Ok(Some(r))) if r.ttl() > 0 => {
+                // Renewals are not replicated: a leader that was deposed while paused may still
+                // answer a keep-alive from its own lessor before it steps down, and the real
+                // leader never sees it. The renewal counts only if the answer's term is still the
+                // cluster's term after it (a linearizable read: only a leader with a quorum
+                // serves it).
+                let term = r.header().map_or(0, |h| h.raft_term());
+                let mut c = self.client.clone();
+                let probe = ec::GetOptions::new().with_count_only();
+                match tokio::time::timeout(self.timeout, c.get(&b"\0"[..], Some(probe))).await {
+                    Ok(Ok(g)) if g.header().is_some_and(|h| h.raft_term() == term) => {
+                        self.touch(sent)
+                    }
+                    _ => {
+                        tracing::debug!(
+                            term,
+                            "etcd: a keep-alive answered in a past term; not counted"
+                        );
+                        *keeper = None;
+                    }
+                }
+            }
             Ok(Ok(Some(_))) => {
                 tracing::warn!(
                     lease = format_args!("{:x}", self.lease),
