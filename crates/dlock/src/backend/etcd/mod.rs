@@ -29,9 +29,10 @@
 //!   the name and tries again only when enough of the keys ahead of it are gone.
 //!
 //! A waiter's watch starts at the current revision (etcd serves one that starts in the past
-//! from a catch-up loop, every 100 ms); a read after it finds what left in between. When what
-//! it waited for was all that stood in its way, its turn has come with the deletion (no key can
-//! join the queue ahead of it): the grant needs no further read.
+//! from a catch-up loop, every 100 ms); a read after it finds what left in between. After the
+//! wake-up the waiter reads the queue again before it holds: its own key may be gone too (a
+//! revoked lease, `dlock unlock --break`), and a grant on the wake-up alone would then be a
+//! second holder.
 //!
 //! Grants are FIFO by construction (`Request::fair` is implied). A kind mismatch on one name
 //! (mutex vs rwlock vs semaphore(n)) is [`Error::InvalidConfig`].
@@ -687,12 +688,8 @@ struct EtcdAcquisition {
     store: EtcdBackend,
     want: Want,
     place: Option<(Arc<Session>, Place)>,
-    /// What to watch, the revision the queue was read at, and whether nothing else stands in
-    /// the way once what it waits for has left (then its turn has come: no key can join the
-    /// queue ahead of it, create revisions only grow).
-    plan: Option<(Plan, i64, bool)>,
-    /// The plan's wait ended with its turn: the next attempt grants without reading the queue.
-    turn_came: bool,
+    /// What to watch, and the revision the queue was read at.
+    plan: Option<(Plan, i64)>,
 }
 
 impl EtcdBackend {
@@ -1291,17 +1288,9 @@ impl EtcdAcquisition {
                 Ok(Attempt::Busy(Busy::default()))
             }
             Turn::After(j) => {
-                // The key waited for is the only blocker when nothing exclusive is ahead of it
-                // (a mutex or writer waits for the key just ahead: the first one then).
-                let last = match mine {
-                    Entry::Read => !queue.entries[..j]
-                        .iter()
-                        .any(|e| matches!(e, Entry::Lock | Entry::Write)),
-                    _ => j == 0,
-                };
                 let ahead = &queue.kvs[j];
                 let plan = Plan::Key(ahead.key().to_vec(), ahead.create_revision());
-                self.plan = Some((plan, rev, last));
+                self.plan = Some((plan, rev));
                 self.place = Some((s, place));
                 Ok(Attempt::Busy(Busy::default()))
             }
@@ -1310,7 +1299,7 @@ impl EtcdAcquisition {
                     .iter()
                     .map(|kv| (kv.key().to_vec(), kv.create_revision()))
                     .collect();
-                self.plan = Some((Plan::Departures(ahead, n), rev, true));
+                self.plan = Some((Plan::Departures(ahead, n), rev));
                 self.place = Some((s, place));
                 Ok(Attempt::Busy(Busy::default()))
             }
@@ -1336,18 +1325,11 @@ impl Acquisition for EtcdAcquisition {
                 });
             }
         }
-        if std::mem::take(&mut self.turn_came) {
-            if let Some((s, place)) = self.place.clone() {
-                if !s.is_dead() {
-                    return Ok(self.grant(s, place));
-                }
-            }
-        }
         self.place().await
     }
 
     async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
-        let Some((plan, rev, last)) = self.plan.clone() else {
+        let Some((plan, rev)) = self.plan.clone() else {
             return Ok(Watch::Changed);
         };
         let Some((s, place)) = self.place.clone() else {
@@ -1440,8 +1422,7 @@ impl Acquisition for EtcdAcquisition {
                 Ok(Watch::Recheck)
             }
             Ok(Err(e)) => Err(e),
-            Ok(Ok(departed)) => {
-                self.turn_came = departed && last;
+            Ok(Ok(_)) => {
                 self.store
                     .shared
                     .stats
@@ -1485,7 +1466,6 @@ impl Backend for EtcdBackend {
             want: Want::new(req),
             place: None,
             plan: None,
-            turn_came: false,
         })
     }
 
