@@ -75,6 +75,29 @@ impl Acc {
     }
 }
 
+/// Records one acquisition of a worker task, and its release's error if any.
+fn record(acc: &StdMutex<Acc>, row: Rec, released: Result<(), String>) {
+    let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
+    if let Err(e) = released {
+        acc.error(e);
+    }
+    acc.records.push(row);
+}
+
+/// Counts a failed acquisition: `true` once there were too many to go on, else after a short
+/// pause before the next try.
+async fn failed(acc: &StdMutex<Acc>, e: String) -> bool {
+    let stop = {
+        let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
+        acc.error(e);
+        acc.errors > 100
+    };
+    if !stop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop
+}
+
 fn hold(us: u64) {
     if us > 0 {
         // A precise sleep of the holding thread (tokio's timer has 1 ms granularity).
@@ -338,35 +361,18 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
                                 let grant = now_ns();
                                 hold(hold_us);
                                 let rs = now_ns();
-                                let r = g.release().await;
+                                let r = g.release().await.map_err(|e| format!("release: {e}"));
                                 let re = now_ns();
-                                let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
-                                if let Err(e) = r {
-                                    acc.error(format!("release: {e}"));
-                                }
-                                acc.records.push([
-                                    i64::from(pi),
-                                    i64::from(task),
-                                    req,
-                                    grant,
-                                    rs,
-                                    re,
-                                ]);
+                                let row = [i64::from(pi), i64::from(task), req, grant, rs, re];
+                                record(&acc, row, r.map(drop));
                                 n += 1;
-                                drop(acc);
                                 hold(pause_us);
                             }
                             Err(e) if e.is_not_granted() => break,
                             Err(e) => {
-                                let stop = {
-                                    let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
-                                    acc.error(format!("acquire: {e}"));
-                                    acc.errors > 100
-                                };
-                                if stop {
+                                if failed(&acc, format!("acquire: {e}")).await {
                                     break;
                                 }
-                                tokio::time::sleep(Duration::from_millis(20)).await;
                             }
                         }
                     }
@@ -385,30 +391,16 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
                                 let rs = now_ns();
                                 lm.unlock(&l).await;
                                 let re = now_ns();
-                                let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
-                                acc.records.push([
-                                    i64::from(pi),
-                                    i64::from(task),
-                                    req,
-                                    grant,
-                                    rs,
-                                    re,
-                                ]);
+                                let row = [i64::from(pi), i64::from(task), req, grant, rs, re];
+                                record(&acc, row, Ok(()));
                                 n += 1;
-                                drop(acc);
                                 hold(pause_us);
                             }
                             Ok(None) => break,
                             Err(e) => {
-                                let stop = {
-                                    let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
-                                    acc.error(e);
-                                    acc.errors > 100
-                                };
-                                if stop {
+                                if failed(&acc, e).await {
                                     break;
                                 }
-                                tokio::time::sleep(Duration::from_millis(20)).await;
                             }
                         }
                     }
@@ -428,33 +420,16 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
                                 let rs = now_ns();
                                 let r = peer.unlock(key).await;
                                 let re = now_ns();
-                                let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
-                                if let Err(e) = r {
-                                    acc.error(e);
-                                }
-                                acc.records.push([
-                                    i64::from(pi),
-                                    i64::from(task),
-                                    req,
-                                    grant,
-                                    rs,
-                                    re,
-                                ]);
+                                let row = [i64::from(pi), i64::from(task), req, grant, rs, re];
+                                record(&acc, row, r);
                                 n += 1;
-                                drop(acc);
                                 hold(pause_us);
                             }
                             Ok(None) => break,
                             Err(e) => {
-                                let stop = {
-                                    let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
-                                    acc.error(e);
-                                    acc.errors > 100
-                                };
-                                if stop {
+                                if failed(&acc, e).await {
                                     break;
                                 }
-                                tokio::time::sleep(Duration::from_millis(20)).await;
                             }
                         }
                     }
