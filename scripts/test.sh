@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite of dlock, from a fresh machine: installs what is missing, starts every
-# server the suite needs on loopback ports (Redis, PostgreSQL, MariaDB, a ZooKeeper ensemble, an
-# etcd cluster, an sshfs mount for the network-file-system test; mem:// and sqlite:// need none),
+# server the suite needs on loopback ports (Redis single, Sentinel and Cluster, PostgreSQL, MariaDB, a ZooKeeper
+# ensemble, an etcd cluster, an sshfs mount for the network-file-system test; mem:// and sqlite:// need none),
 # runs formatting and lint checks, every test (unit, conformance, CLI, fault, doctests), and stops
 # what it started.
 #
@@ -33,6 +33,8 @@ cleanup() {
   done
   [ -n "${ZK_DIR:-}" ] && scripts/zk-ensemble.sh stop "$ZK_DIR" >/dev/null 2>&1 || true
   [ -n "${ETCD_DIR:-}" ] && scripts/etcd-cluster.sh stop "$ETCD_DIR" >/dev/null 2>&1 || true
+  [ -n "${REDIS_SENTINEL_DIR:-}" ] && scripts/redis-ha.sh stop "$REDIS_SENTINEL_DIR" >/dev/null 2>&1 || true
+  [ -n "${REDIS_CLUSTER_DIR:-}" ] && scripts/redis-ha.sh stop "$REDIS_CLUSTER_DIR" >/dev/null 2>&1 || true
   # Unmounted before the scratch directory (which holds the mount point) is removed.
   [ -n "${NETFS_DIR:-}" ] && scripts/netfs.sh stop "$NETFS_DIR" >/dev/null 2>&1 || true
   [ -n "${SCRATCH:-}" ] && rm -rf "$SCRATCH"
@@ -57,6 +59,22 @@ if [ -z "${DLOCK_TEST_REDLOCK_URL:-}" ]; then
   export DLOCK_TEST_REDLOCK_URL="redlock://$(IFS=,; echo "${REDIS_HOSTS[*]}")"
 fi
 log "redlock for tests: $DLOCK_TEST_REDLOCK_URL"
+
+# Redis with fail-over: a Sentinel topology (1 master, 2 replicas, 3 sentinels) and a Redis Cluster
+# (3 masters with a replica each), on free loopback ports; the conformance suite runs on both with
+# every grant and renewal confirmed by one replica (replicas=1).
+if [ -z "${DLOCK_TEST_REDIS_SENTINEL_URL:-}" ]; then
+  REDIS_SENTINEL_DIR="$SCRATCH/redis-sentinel"
+  REDIS_SENTINELS=$(scripts/redis-ha.sh sentinel-start "$REDIS_SENTINEL_DIR")
+  export DLOCK_TEST_REDIS_SENTINEL_URL="redis+sentinel://$REDIS_SENTINELS/dlockmaster?replicas=1"
+fi
+log "redis sentinel for tests: $DLOCK_TEST_REDIS_SENTINEL_URL"
+if [ -z "${DLOCK_TEST_REDIS_CLUSTER_URL:-}" ]; then
+  REDIS_CLUSTER_DIR="$SCRATCH/redis-cluster"
+  REDIS_NODES=$(scripts/redis-ha.sh cluster-start "$REDIS_CLUSTER_DIR")
+  export DLOCK_TEST_REDIS_CLUSTER_URL="redis+cluster://$REDIS_NODES/?replicas=1"
+fi
+log "redis cluster for tests: $DLOCK_TEST_REDIS_CLUSTER_URL"
 
 # PostgreSQL and MariaDB: the machine's own servers (127.0.0.1:5432 trust, 127.0.0.1:3306 root),
 # started if they are down and installed if missing. Tests use their own table and lock names.

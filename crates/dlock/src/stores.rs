@@ -89,7 +89,14 @@ fn table() -> [Store; 8] {
         ),
         store!(
             "redis",
-            ["redis", "rediss"],
+            [
+                "redis",
+                "rediss",
+                "redis+sentinel",
+                "redis+cluster",
+                "rediss+sentinel",
+                "rediss+cluster"
+            ],
             |u| crate::backend::redis::RedisTarget::parse(u).map(drop),
             |u| opening(async move { crate::backend::redis::RedisBackend::connect(&u).await })
         ),

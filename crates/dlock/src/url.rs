@@ -21,18 +21,25 @@ pub fn redact_url(url: &str) -> String {
 }
 
 fn redact_full(url: &str) -> String {
-    // Redlock and etcd URLs list several hosts (not a URL the url crate can read): redact the
-    // userinfo.
-    for scheme in ["redlock://", "etcd://", "etcds://"] {
+    // Redlock, etcd, Sentinel and Cluster URLs list several hosts (not a URL the url crate can
+    // read): redact the userinfo and the values of secret query options.
+    for scheme in [
+        "redlock://",
+        "etcd://",
+        "etcds://",
+        "redis+sentinel://",
+        "redis+cluster://",
+    ] {
         if let Some(rest) = url.strip_prefix(scheme) {
             let authority = rest.split(['/', '?']).next().unwrap_or("");
-            return match authority.rsplit_once('@') {
+            let shown = match authority.rsplit_once('@') {
                 Some((userinfo, _)) if userinfo.contains(':') => {
                     let user = userinfo.split(':').next().unwrap_or("");
                     format!("{scheme}{user}:***@{}", &rest[userinfo.len() + 1..])
                 }
                 _ => url.to_string(),
             };
+            return redact_query(&shown);
         }
     }
     // ZooKeeper URLs carry no credentials (and are not URLs the url crate can read).
@@ -83,12 +90,29 @@ fn redact_full(url: &str) -> String {
     }
 }
 
+/// `url` with the values of its secret query options (see [`secret_option`]) replaced by `***`.
+fn redact_query(url: &str) -> String {
+    let Some((head, query)) = url.split_once('?') else {
+        return url.to_string();
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, _)) if secret_option(k) => format!("{k}=***"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{head}?{}", pairs.join("&"))
+}
+
 /// Every scheme dlock knows, built in or not.
 const KNOWN_SCHEMES: &[&str] = &[
     "mem",
     "sqlite",
     "redis",
     "rediss",
+    "redis+sentinel",
+    "redis+cluster",
     "redlock",
     "postgres",
     "postgresql",
@@ -136,7 +160,7 @@ pub(crate) fn percent_decode(s: &str) -> Option<String> {
 
 /// Reads `h1:p1,h2,[::1]:p3` (a list of members): each `host[:port]` with the port
 /// `default_port` when absent. `store` and `example` name the URL in errors.
-#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+#[cfg(any(feature = "zookeeper", feature = "etcd", feature = "redis"))]
 pub(crate) fn parse_host_list(
     hosts: &str,
     default_port: u16,
@@ -269,6 +293,14 @@ mod tests {
             redact_url("sqlite:///tmp/a b.db"),
             "sqlite:///tmp/a%20b.db",
             "no credentials: shown"
+        );
+        assert_eq!(
+            redact_url("redis+sentinel://u:hunter2@s1:26379,s2/m?sentinel_password=hunter3&db=1"),
+            "redis+sentinel://u:***@s1:26379,s2/m?sentinel_password=***&db=1"
+        );
+        assert_eq!(
+            redact_url("redis+cluster://:hunter2@h1:7000,h2:7001"),
+            "redis+cluster://:***@h1:7000,h2:7001"
         );
         let long = format!("redis://h/?prefix={}", "x".repeat(10_000));
         let shown = redact_url(&long);

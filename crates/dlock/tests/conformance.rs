@@ -48,6 +48,12 @@ dlock::conformance!(etcd, |_| env_url("DLOCK_TEST_ETCD_URL"));
 // Redis: the server `scripts/test.sh` starts (DLOCK_TEST_REDIS_URL).
 dlock::conformance!(redis, |_| env_url("DLOCK_TEST_REDIS_URL"));
 
+// Redis Sentinel (1 master, 2 replicas, 3 sentinels) and Redis Cluster (3 masters with a replica
+// each) that `scripts/test.sh` starts with scripts/redis-ha.sh; every grant and renewal confirmed
+// by one replica (`replicas=1`, WAIT).
+dlock::conformance!(redis_sentinel, |_| env_url("DLOCK_TEST_REDIS_SENTINEL_URL"));
+dlock::conformance!(redis_cluster, |_| env_url("DLOCK_TEST_REDIS_CLUSTER_URL"));
+
 // Redlock: five private redis-servers `scripts/test.sh` starts (DLOCK_TEST_REDLOCK_URL); mutex
 // only and no fencing token.
 dlock::conformance!(

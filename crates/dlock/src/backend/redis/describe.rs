@@ -1,12 +1,17 @@
 //! `describe`: the lock names under a prefix (`SCAN`), then each name's holders and waiters
 //! (the `describe` script, in pipelines).
 
-use super::keys::{glob_escape, name_of_key};
+use super::keys::{glob_escape, name_of_key, NUL_TAG};
 use super::scripts::{array, int, text, unexpected};
-use super::{parse_kind, parse_mode, RedisBackend};
+use super::{parse_kind, parse_mode, Conn, RedisBackend};
 use crate::backend::*;
 use crate::error::Result;
+use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use ::redis::{Cmd, Value};
+
+/// The nodes whose keys `describe` scans: `[None]` (the one server) or, on a cluster, every
+/// master that serves slots, as `(host, port)`.
+type ScanNodes = Vec<Option<(String, u16)>>;
 
 /// How many keys one `SCAN` step asks for.
 const SCAN_COUNT: usize = 1000;
@@ -14,39 +19,87 @@ const SCAN_COUNT: usize = 1000;
 const DESCRIBE_BATCH: usize = 100;
 
 impl RedisBackend {
+    async fn scan_nodes(&self) -> Result<ScanNodes> {
+        let sh = &self.shared;
+        if !sh.sharded {
+            return Ok(vec![None]);
+        }
+        let nodes: String = ::redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut sh.conn.clone())
+            .await
+            .map_err(|e| sh.err(e))?;
+        // `<id> <ip:port@cport[,hostname]> <flags> <master> <ping> <pong> <epoch> <state> <slots>…`
+        let mut out = Vec::new();
+        for line in nodes.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(addr), Some(flags)) = (f.get(1), f.get(2)) else {
+                continue;
+            };
+            if !flags.split(',').any(|x| x == "master") || flags.contains("fail") || f.len() < 9 {
+                continue;
+            }
+            let hostport = addr.split(['@', ',']).next().unwrap_or("");
+            if let Some((host, port)) = hostport.rsplit_once(':') {
+                if let Ok(port) = port.parse() {
+                    out.push(Some((host.to_owned(), port)));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The locks whose name starts with `prefix`.
     pub(super) async fn describe_all(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let sh = &self.shared;
         let t = &sh.target;
-        let pattern = if t.hashtag {
+        let pattern = if t.hashtag && prefix.starts_with('}') {
+            format!(
+                "{}{{{NUL_TAG}{}*",
+                glob_escape(&t.prefix),
+                glob_escape(prefix)
+            )
+        } else if t.hashtag {
             format!("{}{{{}*", glob_escape(&t.prefix), glob_escape(prefix))
         } else {
             format!("{}{}*", glob_escape(&t.prefix), glob_escape(prefix))
         };
         let mut names: Vec<String> = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let mut c = Cmd::new();
-            c.arg("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT);
-            let mut conn = sh.conn.clone();
-            let (next, keys): (u64, Vec<Vec<u8>>) =
-                c.query_async(&mut conn).await.map_err(|e| sh.err(e))?;
-            for k in keys {
-                let Ok(k) = String::from_utf8(k) else {
-                    continue;
+        for node in self.scan_nodes().await? {
+            let mut cursor: u64 = 0;
+            loop {
+                let mut c = Cmd::new();
+                c.arg("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT);
+                let v = match (&node, &sh.conn) {
+                    (Some((host, port)), Conn::Cluster(cc)) => {
+                        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port: *port,
+                        });
+                        cc.clone().route_command(&c, route).await
+                    }
+                    _ => c.query_async::<Value>(&mut sh.conn.clone()).await,
                 };
-                if let Some(n) = name_of_key(&sh.target, &k).filter(|n| n.starts_with(prefix)) {
-                    names.push(n);
+                let (next, keys): (u64, Vec<Vec<u8>>) = v
+                    .and_then(|v| ::redis::from_redis_value(&v))
+                    .map_err(|e| sh.err(e))?;
+                for k in keys {
+                    let Ok(k) = String::from_utf8(k) else {
+                        continue;
+                    };
+                    if let Some(n) = name_of_key(&sh.target, &k).filter(|n| n.starts_with(prefix)) {
+                        names.push(n);
+                    }
                 }
-            }
-            cursor = next;
-            if cursor == 0 {
-                break;
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
             }
         }
         names.sort();
@@ -69,7 +122,16 @@ impl RedisBackend {
                     )
                 })
                 .collect();
-            let answers = sh.eval_pipeline(&sh.scripts.describe, &calls).await?;
+            let answers = if sh.sharded {
+                // One slot per pipeline on a cluster: the names' scripts run one by one.
+                let mut out = Vec::with_capacity(calls.len());
+                for c in calls.chunks(1) {
+                    out.extend(sh.eval_pipeline(&sh.scripts.describe, c).await?);
+                }
+                out
+            } else {
+                sh.eval_pipeline(&sh.scripts.describe, &calls).await?
+            };
             for (n, v) in chunk.iter().zip(answers) {
                 if let Some(info) = parse_describe(n, &v)? {
                     out.push(info);

@@ -7,11 +7,21 @@ use crate::name::LockName;
 
 /// Suffixes of the keys next to a base key (skipped by `describe` with `hashtag=false`).
 pub(super) const SUFFIXES: &[&str] = &[":fence", ":exp", ":q", ":qexp", ":qinfo", ":qseq"];
+/// The hash tag of the names that begin with `}` (see [`Shared::base`]). No lock name holds a NUL,
+/// so these bases never meet another name's.
+pub(super) const NUL_TAG: char = '\0';
+
 /// The lock name of a scanned key, if it is a base key.
 pub(super) fn name_of_key(target: &RedisTarget, key: &str) -> Option<String> {
     let rest = key.strip_prefix(target.prefix.as_str())?;
     let name = if target.hashtag {
-        rest.strip_prefix('{')?.strip_suffix('}')?
+        let tagged = rest.strip_prefix('{')?.strip_suffix('}')?;
+        match tagged.strip_prefix(NUL_TAG) {
+            Some(n) if n.starts_with('}') => n,
+            Some(_) => return None,
+            None if tagged.starts_with('}') => return None,
+            None => tagged,
+        }
     } else {
         if SUFFIXES.iter().any(|s| rest.ends_with(s)) {
             return None;
@@ -63,8 +73,13 @@ pub(super) fn glob_escape(s: &str) -> String {
 }
 
 impl Shared {
+    /// The base key of `name`: `prefix{name}`. A name that begins with `}` would make the hash
+    /// tag `{}` empty (Redis then hashes the whole key, and the keys of one lock land in
+    /// different cluster slots), so its base is `prefix{\0name}`, whose hash tag is the NUL.
     pub(super) fn base(&self, name: &str) -> String {
-        if self.target.hashtag {
+        if self.target.hashtag && name.starts_with('}') {
+            format!("{}{{{NUL_TAG}{name}}}", self.target.prefix)
+        } else if self.target.hashtag {
             format!("{}{{{}}}", self.target.prefix, name)
         } else {
             format!("{}{}", self.target.prefix, name)

@@ -95,12 +95,16 @@
 //! - With `hashtag=false`, a lock name ending in one of the suffixes above (`:fence`, `:q`, …)
 //!   overlaps the keys of another name; `describe` skips such keys.
 
+mod conn;
 mod describe;
 mod keys;
 mod pubsub;
 mod scripts;
 mod url;
 pub(crate) use url::RedisTarget;
+
+use conn::Conn;
+use url::Deployment;
 
 use keys::check_verbatim_name;
 use pubsub::{Link, Subs};
@@ -109,13 +113,15 @@ use scripts::{array, int, text, unexpected, Scripts};
 use super::*;
 use crate::error::Error;
 use crate::signal::NameSignals;
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{ErrorKind, RedisError, Value};
 use std::sync::{Arc, Mutex as StdMutex};
 
 struct Shared {
-    conn: ConnectionManager,
-    client: ::redis::Client,
+    conn: Conn,
+    /// The client of a direct deployment's pub/sub connection.
+    client: Option<::redis::Client>,
+    /// A cluster: release messages go over sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`).
+    sharded: bool,
     target: RedisTarget,
     scripts: Scripts,
     link: tokio::sync::Mutex<Option<Link>>,
@@ -200,6 +206,25 @@ impl Shared {
     fn err(&self, e: RedisError) -> Error {
         map_err(&self.target, e)
     }
+
+    /// Runs the write `script` once; with `replicas=N` followed by `WAIT`, answering how many
+    /// replicas confirmed it.
+    async fn write(
+        &self,
+        script: &scripts::Lua,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<(Value, Option<u32>)> {
+        if self.target.replicas == 0 {
+            let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            return Ok((self.eval(script, &key_refs, args).await?, None));
+        }
+        let (mut out, confirmed) = self
+            .eval_confirmed(script, &[(keys.to_vec(), args.to_vec())])
+            .await?;
+        let v = out.pop().ok_or_else(|| unexpected("answer count", &0))?;
+        Ok((v, confirmed))
+    }
 }
 
 /// Maps a redis error to a dlock error; the password never appears.
@@ -247,44 +272,32 @@ impl RedisBackend {
     }
 
     pub(crate) async fn open(target: RedisTarget) -> Result<RedisBackend> {
-        let client = ::redis::Client::open(target.url.as_str()).map_err(|e| {
-            Error::InvalidConfig(format!("redis URL {}: {}", target.shown, e.category()))
-        })?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(target.connect_timeout)
-            .set_response_timeout(target.timeout)
-            .set_number_of_retries(0);
-        let cm = ConnectionManager::new_with_config(client.clone(), config);
-        let mut conn = match tokio::time::timeout(target.connect_timeout, cm).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                let e = map_err(&target, e);
-                return Err(match e {
-                    Error::Backend(b) => Error::Unavailable(b.to_string()),
-                    other => other,
-                });
-            }
-            Err(_) => {
-                return Err(Error::Unavailable(format!(
-                    "redis at {} did not accept a connection within {:?}",
-                    target.shown, target.connect_timeout
-                )))
+        let (mut conn, client) = Conn::open(&target).await?;
+        let sharded = matches!(target.deployment, Deployment::Cluster { .. });
+        let scripts = Scripts::new(sharded);
+        // Proves the connection is authenticated and loads every script: one pipeline to one
+        // server; on a cluster, `SCRIPT LOAD` goes to every master by itself.
+        let load = async {
+            if sharded {
+                for s in scripts.all() {
+                    ::redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(s.code.as_str())
+                        .query_async::<Value>(&mut conn)
+                        .await?;
+                }
+                Ok(())
+            } else {
+                let mut pipe = ::redis::pipe();
+                pipe.cmd("PING");
+                for s in scripts.all() {
+                    pipe.cmd("SCRIPT").arg("LOAD").arg(s.code.as_str());
+                }
+                pipe.query_async::<Vec<Value>>(&mut conn).await.map(drop)
             }
         };
-        let scripts = Scripts::new();
-        // One round trip: proves the connection is authenticated and loads every script.
-        let mut pipe = ::redis::pipe();
-        pipe.cmd("PING");
-        for s in scripts.all() {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(s.code.as_str());
-        }
-        match tokio::time::timeout(
-            target.connect_timeout,
-            pipe.query_async::<Vec<Value>>(&mut conn),
-        )
-        .await
-        {
-            Ok(Ok(_)) => {}
+        match tokio::time::timeout(target.connect_timeout, load).await {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(map_err(&target, e)),
             Err(_) => {
                 return Err(Error::Unavailable(format!(
@@ -297,6 +310,7 @@ impl RedisBackend {
             shared: Arc::new(Shared {
                 conn,
                 client,
+                sharded,
                 target,
                 scripts,
                 link: tokio::sync::Mutex::new(None),
@@ -373,8 +387,7 @@ impl RedisBackend {
             req.meta.pid.to_string(),
             info,
         ];
-        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let v = sh.eval(&sh.scripts.acquire, &key_refs, &args).await?;
+        let (v, confirmed) = sh.write(&sh.scripts.acquire, &keys, &args).await?;
         let a = array(&v).ok_or_else(|| unexpected("acquire answer", &v))?;
         let status = a.first().and_then(int);
         match status {
@@ -383,6 +396,9 @@ impl RedisBackend {
                     .get(1)
                     .and_then(int)
                     .ok_or_else(|| unexpected("token", &v))?;
+                if let Some(n) = confirmed.filter(|n| *n < sh.target.replicas) {
+                    return Err(self.roll_back(req, n).await);
+                }
                 Ok(Attempt::Granted(Grant {
                     token: u64::try_from(token).ok().filter(|t| *t > 0),
                     valid_for: req.lease,
@@ -413,6 +429,27 @@ impl RedisBackend {
                 )))
             }
             _ => Err(unexpected("acquire answer", &v)),
+        }
+    }
+
+    /// Takes back a grant that too few replicas confirmed (`confirmed` of `replicas`), without a
+    /// wake-up; the error the caller reports.
+    async fn roll_back(&self, req: &Request<'_>, confirmed: u32) -> Error {
+        let sh = &self.shared;
+        let t = &sh.target;
+        let what = format!(
+            "redis at {}: the grant of {:?} was confirmed by {confirmed} of the {} replicas \
+             asked for within {:?} (WAIT)",
+            t.shown,
+            req.name.as_str(),
+            t.replicas,
+            t.replicas_timeout
+        );
+        match self.release_quiet(req.name, req.owner).await {
+            Ok(_) => Error::Unavailable(format!("{what}; it was rolled back")),
+            Err(e) => Error::Unavailable(format!(
+                "{what}; rolling it back failed ({e}), so it ends with its lease"
+            )),
         }
     }
 
@@ -457,7 +494,16 @@ impl RedisBackend {
                 )
             })
             .collect();
-        let out = sh.eval_pipeline(&sh.scripts.extend, &calls).await?;
+        let (out, confirmed) = sh.eval_confirmed(&sh.scripts.extend, &calls).await?;
+        if let Some(n) = confirmed.filter(|n| *n < sh.target.replicas) {
+            // Not renewed as far as dlock is concerned: the lease counts from the last renewal
+            // that was confirmed, and the watchdog tries again.
+            return Err(Error::Unavailable(format!(
+                "redis at {}: the renewal was confirmed by {n} of the {} replicas asked for \
+                 within {:?} (WAIT)",
+                sh.target.shown, sh.target.replicas, sh.target.replicas_timeout
+            )));
+        }
         holds
             .iter()
             .zip(out)

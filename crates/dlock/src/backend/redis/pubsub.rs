@@ -5,6 +5,8 @@ use super::{lock, RedisBackend, Seen, Shared};
 use crate::backend::Watch;
 use crate::error::{Error, Result};
 use ::redis::aio::PubSubSink;
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::{PushInfo, PushKind, RedisResult, Value};
 use futures_util::StreamExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -41,9 +43,90 @@ pub(super) struct Subs {
 /// The live pub/sub connection.
 pub(super) struct Link {
     generation: u64,
-    sink: PubSubSink,
+    /// The command connection's [`Conn::epoch`] when it was made: a Sentinel failover since means
+    /// it listens to a server that is no longer the master.
+    epoch: u64,
+    sink: Sink,
     /// Dropping it stops the dispatcher and janitor of this link (and closes the connection).
     _stop: tokio::sync::watch::Sender<()>,
+}
+
+/// Where subscriptions are made: a pub/sub connection to one server, or (on a cluster) a
+/// cluster connection whose RESP3 pushes carry the sharded messages.
+enum Sink {
+    Plain(PubSubSink),
+    Sharded(ClusterConnection),
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Sink::Plain(s) => s.subscribe(channel).await,
+            Sink::Sharded(c) => c.ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+        match self {
+            Sink::Plain(s) => s.unsubscribe(channels).await,
+            // One by one: the channels of different names are in different slots.
+            Sink::Sharded(c) => {
+                for ch in channels {
+                    c.sunsubscribe(ch.as_str()).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What the dispatcher of a link reads.
+enum Source {
+    Plain(::redis::aio::PubSubStream),
+    Sharded(tokio::sync::mpsc::UnboundedReceiver<PushInfo>),
+}
+
+/// One event of a link's source.
+enum Event {
+    /// A release message on this channel.
+    Message(String),
+    /// The server dropped this subscription (its slot moved to another node).
+    Dropped(String),
+    /// A cluster node connection dropped (redis-rs subscribes again when it is back; messages
+    /// in between are lost).
+    Gap,
+    /// Nothing to do.
+    Other,
+    /// The connection is gone.
+    Closed,
+}
+
+impl Source {
+    async fn next(&mut self) -> Event {
+        match self {
+            Source::Plain(s) => match s.next().await {
+                Some(m) => Event::Message(m.get_channel_name().to_owned()),
+                None => Event::Closed,
+            },
+            Source::Sharded(rx) => {
+                let Some(p) = rx.recv().await else {
+                    return Event::Closed;
+                };
+                let channel = || match p.data.first() {
+                    Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+                    _ => None,
+                };
+                match p.kind {
+                    PushKind::SMessage | PushKind::Message => {
+                        channel().map_or(Event::Other, Event::Message)
+                    }
+                    PushKind::SUnsubscribe => channel().map_or(Event::Other, Event::Dropped),
+                    PushKind::Disconnection => Event::Gap,
+                    _ => Event::Other,
+                }
+            }
+        }
+    }
 }
 
 impl Shared {
@@ -70,6 +153,49 @@ impl Shared {
             name
         };
         self.signals.wake(&name);
+    }
+
+    /// A subscription the server dropped (its slot moved): forgets it and wakes its waiters,
+    /// who subscribe again (on the slot's new node).
+    fn on_dropped(&self, channel: &str) {
+        let name = {
+            let mut subs = lock(&self.subs);
+            let Some(name) = subs.names.remove(channel) else {
+                return;
+            };
+            subs.by_name.remove(&name);
+            name
+        };
+        self.signals.wake(&name);
+    }
+
+    /// Messages may have been lost: every waiter tries again.
+    fn on_gap(&self) {
+        let names: Vec<String> = {
+            let mut subs = lock(&self.subs);
+            for s in subs.by_name.values_mut() {
+                s.count = s.count.wrapping_add(1);
+            }
+            subs.by_name.keys().cloned().collect()
+        };
+        for n in names {
+            self.signals.wake(&n);
+        }
+    }
+
+    /// Drops the pub/sub connection if the command connection has moved to another master
+    /// since it was made (a Sentinel failover).
+    async fn drop_stale_link(&self) {
+        let epoch = self.conn.epoch();
+        let generation = match self.link.try_lock() {
+            Ok(l) => match l.as_ref() {
+                Some(l) if l.epoch != epoch => l.generation,
+                _ => return,
+            },
+            // Someone is (re)making or using it; they check again.
+            Err(_) => return,
+        };
+        self.link_lost(generation).await;
     }
 
     /// Forgets every subscription of connection `generation` and wakes their waiters.
@@ -147,37 +273,55 @@ impl Shared {
 
     /// Opens the pub/sub connection and starts its dispatcher and janitor.
     async fn open_link(self: &Arc<Self>, deadline: Instant) -> Result<Link> {
-        let pubsub = match tokio::time::timeout_at(
-            deadline
-                .min(Instant::now() + self.target.connect_timeout)
-                .into(),
-            self.client.get_async_pubsub(),
-        )
-        .await
-        {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => return Err(self.err(e)),
+        let deadline = deadline.min(Instant::now() + self.target.connect_timeout);
+        let epoch = self.conn.epoch();
+        let open = async {
+            if self.sharded {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let client = super::conn::cluster_client(&self.target, Some(tx))?;
+                let c = client
+                    .get_async_connection()
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok((Sink::Sharded(c), Source::Sharded(rx)))
+            } else {
+                let client = self
+                    .conn
+                    .pubsub_client(self.client.as_ref())
+                    .await
+                    .map_err(|e| self.err(e))?;
+                let (sink, stream) = client
+                    .get_async_pubsub()
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .split();
+                Ok((Sink::Plain(sink), Source::Plain(stream)))
+            }
+        };
+        let (sink, mut source) = match tokio::time::timeout_at(deadline.into(), open).await {
+            Ok(r) => r?,
             Err(_) => return Err(self.timed_out("the pub/sub connection")),
         };
         let generation = self
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        let (sink, mut stream) = pubsub.split();
         let (stop, mut stopped) = tokio::sync::watch::channel(());
         *lock(&self.subs) = Subs::default();
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
-                tokio::select! {
-                    msg = stream.next() => match msg {
-                        Some(m) => match weak.upgrade() {
-                            Some(s) => s.on_message(m.get_channel_name()),
-                            None => return,
-                        },
-                        None => break,
-                    },
+                let event = tokio::select! {
+                    e = source.next() => e,
                     _ = stopped.changed() => return,
+                };
+                let Some(s) = weak.upgrade() else { return };
+                match event {
+                    Event::Message(ch) => s.on_message(&ch),
+                    Event::Dropped(ch) => s.on_dropped(&ch),
+                    Event::Gap => s.on_gap(),
+                    Event::Other => {}
+                    Event::Closed => break,
                 }
             }
             if let Some(s) = weak.upgrade() {
@@ -198,6 +342,7 @@ impl Shared {
         });
         Ok(Link {
             generation,
+            epoch,
             sink,
             _stop: stop,
         })
@@ -296,6 +441,7 @@ impl RedisBackend {
         until: Instant,
     ) -> Result<Watch> {
         let sh = &self.shared;
+        sh.drop_stale_link().await;
         let notify = sh.signals.subscribe(name);
         let notified = notify.notified();
         tokio::pin!(notified);

@@ -41,8 +41,17 @@ pub(super) struct Scripts {
 }
 
 impl Scripts {
-    pub(super) fn new() -> Scripts {
-        let with = |body: &str| Lua::new(format!("{COMMON}\n{body}"));
+    /// The scripts; `sharded` (a cluster): release messages go out with `SPUBLISH`, to the
+    /// subscribers of the lock's own shard, instead of `PUBLISH` (broadcast to every node).
+    pub(super) fn new(sharded: bool) -> Scripts {
+        let with = |body: &str| {
+            let code = format!("{COMMON}\n{body}");
+            Lua::new(if sharded {
+                code.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
+            } else {
+                code
+            })
+        };
         Scripts {
             acquire: with(include_str!("acquire.lua")),
             release: with(include_str!("release.lua")),
@@ -93,6 +102,27 @@ impl Shared {
         script: &Script,
         calls: &[(Vec<String>, Vec<String>)],
     ) -> Result<Vec<Value>> {
+        Ok(self.run_pipeline(script, calls, false).await?.0)
+    }
+
+    /// Like [`Shared::eval_pipeline`], for writes: with `replicas=N` the pipeline ends with
+    /// `WAIT N replicas_timeout` (on the same connection, so it covers these writes), and the
+    /// answer says how many replicas confirmed them (`None` without `replicas`).
+    pub(super) async fn eval_confirmed(
+        &self,
+        script: &Script,
+        calls: &[(Vec<String>, Vec<String>)],
+    ) -> Result<(Vec<Value>, Option<u32>)> {
+        self.run_pipeline(script, calls, self.target.replicas > 0)
+            .await
+    }
+
+    async fn run_pipeline(
+        &self,
+        script: &Script,
+        calls: &[(Vec<String>, Vec<String>)],
+        wait: bool,
+    ) -> Result<(Vec<Value>, Option<u32>)> {
         let mut pipe = ::redis::pipe();
         for (keys, args) in calls {
             let mut c = Cmd::new();
@@ -102,6 +132,12 @@ impl Shared {
                 .arg(keys)
                 .arg(args);
             pipe.add_command(c);
+        }
+        if wait {
+            // A cluster pipeline goes to the node of its first keyed command: the keys' master.
+            pipe.cmd("WAIT")
+                .arg(self.target.replicas)
+                .arg(u64::try_from(self.target.replicas_timeout.as_millis()).unwrap_or(u64::MAX));
         }
         let mut conn = self.conn.clone();
         let run = async {
@@ -113,11 +149,18 @@ impl Shared {
                 other => other,
             }
         };
-        let out = run.await.map_err(|e| self.err(e))?;
+        let mut out = run.await.map_err(|e| self.err(e))?;
+        let confirmed = if wait {
+            let v = out.pop();
+            let n = v.as_ref().and_then(int).and_then(|n| u32::try_from(n).ok());
+            Some(n.ok_or_else(|| unexpected("WAIT answer", &v))?)
+        } else {
+            None
+        };
         if out.len() != calls.len() {
             return Err(unexpected("pipeline answer count", &out.len()));
         }
-        Ok(out)
+        Ok((out, confirmed))
     }
 }
 

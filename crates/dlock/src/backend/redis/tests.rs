@@ -32,13 +32,9 @@ fn uniq(tag: &str) -> LockName {
 fn glob_escaping_and_key_names() {
     assert_eq!(glob_escape(r"a*b?[c]\d"), r"a\*b\?\[c\]\\d");
     let target = |hashtag| RedisTarget {
-        url: String::new(),
-        shown: String::new(),
-        password: None,
         prefix: "p:".into(),
         hashtag,
-        connect_timeout: Duration::from_secs(1),
-        timeout: Duration::from_secs(1),
+        ..RedisTarget::parse("redis://h/").unwrap()
     };
     let t = target(true);
     assert_eq!(name_of_key(&t, "p:{a/b}").as_deref(), Some("a/b"));
@@ -50,6 +46,11 @@ fn glob_escaping_and_key_names() {
     );
     assert_eq!(name_of_key(&t, "q:{a}"), None);
     assert_eq!(name_of_key(&t, "p:{}"), None);
+    // A name that begins with `}` has the NUL as its hash tag (see `Shared::base`).
+    assert_eq!(name_of_key(&t, "p:{\0}x}").as_deref(), Some("}x"));
+    assert_eq!(name_of_key(&t, "p:{\0}x}:fence"), None);
+    assert_eq!(name_of_key(&t, "p:{\0x}"), None);
+    assert_eq!(name_of_key(&t, "p:{}x}"), None);
     let f = target(false);
     assert_eq!(name_of_key(&f, "p:jobs").as_deref(), Some("jobs"));
     assert_eq!(name_of_key(&f, "p:jobs:fence"), None);
