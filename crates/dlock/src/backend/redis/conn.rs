@@ -232,15 +232,18 @@ impl SentinelConn {
         Ok(m)
     }
 
-    /// Forgets master `epoch` after an error that says it may no longer be the master.
-    fn check<T>(&self, epoch: u64, r: &RedisResult<T>) {
-        let Err(e) = r else { return };
-        let stale = e.is_io_error()
-            || e.is_timeout()
+    /// Forgets master `epoch` after an error that says it may no longer be the master. `true` if
+    /// the command is worth sending once more to the master the sentinels name now: the server
+    /// refused it or the connection is gone (not after a timeout: the time is spent).
+    fn check<T>(&self, epoch: u64, r: &RedisResult<T>) -> bool {
+        let Err(e) = r else { return false };
+        let moved = matches!(e.kind(), ErrorKind::ReadOnly | ErrorKind::MasterDown)
             || e.is_connection_dropped()
-            || e.is_connection_refusal()
+            || e.is_connection_refusal();
+        let stale = moved
+            || e.is_io_error()
+            || e.is_timeout()
             || e.is_unrecoverable_error()
-            || matches!(e.kind(), ErrorKind::ReadOnly | ErrorKind::MasterDown)
             || e.code() == Some("LOADING");
         if stale {
             let mut now = lock(&self.now);
@@ -248,6 +251,7 @@ impl SentinelConn {
                 *now = None;
             }
         }
+        moved && !e.is_timeout()
     }
 }
 
@@ -259,7 +263,14 @@ impl ConnectionLike for Conn {
             Conn::Sentinel(s) => Box::pin(async move {
                 let mut m = s.current().await?;
                 let r = m.conn.req_packed_command(cmd).await;
-                s.check(m.epoch, &r);
+                if s.check(m.epoch, &r) {
+                    // The master changed: once more on the one the sentinels name now (every
+                    // script of the store is safe to repeat).
+                    let mut m = s.current().await?;
+                    let r = m.conn.req_packed_command(cmd).await;
+                    s.check(m.epoch, &r);
+                    return r;
+                }
                 r
             }),
         }
@@ -277,7 +288,12 @@ impl ConnectionLike for Conn {
             Conn::Sentinel(s) => Box::pin(async move {
                 let mut m = s.current().await?;
                 let r = m.conn.req_packed_commands(cmd, offset, count).await;
-                s.check(m.epoch, &r);
+                if s.check(m.epoch, &r) {
+                    let mut m = s.current().await?;
+                    let r = m.conn.req_packed_commands(cmd, offset, count).await;
+                    s.check(m.epoch, &r);
+                    return r;
+                }
                 r
             }),
         }

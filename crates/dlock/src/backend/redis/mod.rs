@@ -642,4 +642,6 @@ impl Acquisition for RedisAcquisition {
 }
 
 #[cfg(test)]
+mod ha_tests;
+#[cfg(test)]
 mod tests;
