@@ -206,6 +206,8 @@ pub fn validate_url(url: &str) -> Result<()> {
 /// | `postgres://user@host/db[?table=…&mode=session]` | PostgreSQL (feature `postgres`; module `backend::sql`) |
 /// | `mysql://user@host/db[?table=…&mode=session]`, `mariadb://…` | MySQL/MariaDB (feature `mysql`; module `backend::sql`) |
 /// | `redis://[user:pass@]host:6379[/db][?prefix=dlock:]`, `rediss://…` | one Redis server (feature `redis`; module `backend::redis`) |
+/// | `redis+sentinel://[user:pass@]s1:26379,s2,s3/MASTER[?db=0]` | the master Redis Sentinel names, followed across fail-overs (feature `redis`) |
+/// | `redis+cluster://[user:pass@]h1:7000,h2:7001,…` | a Redis Cluster (feature `redis`); `?replicas=N` on any Redis URL confirms grants with `WAIT` |
 /// | `zk://host:2181,host2:2181/chroot[?session_timeout=10s]` | a ZooKeeper ensemble (feature `zookeeper`) |
 /// | `etcd://[user:pass@]h1:2379,h2:2379/prefix[?ttl=10s]`, `etcds://…` | an etcd cluster (feature `etcd`; module `backend::etcd`) |
 /// | `redlock://h1:6379,h2:6379,h3:6379[?drift=0.01]` | Redlock over independent Redis servers (feature `redlock`, mutex only, no fencing; module `backend::redlock`) |

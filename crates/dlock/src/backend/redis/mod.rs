@@ -1,22 +1,77 @@
-//! The Redis store (`redis://[user:pass@]host:port[/db]`, `rediss://…` for TLS with the system's
-//! root certificates), behind the cargo feature `redis`.
+//! The Redis store, behind the cargo feature `redis`:
+//!
+//! | URL | deployment |
+//! |---|---|
+//! | `redis://[user:pass@]host:port[/db]`, `rediss://…` | one server (`rediss`: TLS with the system's root certificates) |
+//! | `redis+sentinel://[user:pass@]s1:26379,s2,s3/MASTER[?db=N]` | the master that Sentinel calls `MASTER`, found again after every fail-over |
+//! | `redis+cluster://[user:pass@]h1:p1,h2:p2,…` | a Redis Cluster (the seed nodes; the rest are discovered) |
+//!
+//! The user and password of a Sentinel URL are those of the Redis servers, and of the sentinels
+//! too unless `sentinel_user` / `sentinel_password` say otherwise; every password is redacted in
+//! messages and listings. TLS to Sentinel or Cluster deployments is not supported yet
+//! (`rediss+sentinel://`, `rediss+cluster://` are [`Error::InvalidConfig`] saying so).
 //!
 //! # URL options
 //!
 //! | option | default | meaning |
 //! |---|---|---|
 //! | `prefix` | `dlock:` | prepended to every key and channel; must not contain `{` or `}` |
-//! | `hashtag` | `true` | wrap the lock name in `{…}` so every key of one name is in one cluster slot; `false` uses `prefix + name` verbatim (for interop with hand-written locks on exact key names) |
-//! | `connect_timeout` | `3s` | how long connecting (TCP, TLS, AUTH, SELECT) may take |
+//! | `hashtag` | `true` | wrap the lock name in `{…}` so every key of one name is in one cluster slot; `false` uses `prefix + name` verbatim (for interop with hand-written locks on exact key names; not on a cluster) |
+//! | `connect_timeout` | `3s` | how long connecting (TCP, TLS, AUTH, SELECT; asking the sentinels) may take |
 //! | `timeout` | `2s` | how long one command or pipeline may take |
+//! | `replicas` | `0` | `N` > 0: every grant and renewal must be confirmed by `N` replicas (`WAIT`, below) |
+//! | `replicas_timeout` | `500ms` | how long `WAIT` waits for them; less than `timeout` |
+//! | `db` | `0` | Sentinel URLs: the database number (a direct URL has it in its path) |
+//! | `sentinel_user`, `sentinel_password` | the URL's | Sentinel URLs: the sentinels' credentials |
 //!
 //! Durations are `500ms`, `2s`, `1m` or a bare number of seconds. Any other option is
 //! [`Error::InvalidConfig`].
 //!
+//! # Fail-over: Sentinel, Cluster and `replicas=N`
+//!
+//! - **Sentinel.** Commands go over one multiplexed connection to the master the sentinels name
+//!   (checked with `ROLE`). After an I/O error, a dropped connection, `READONLY` or `MASTERDOWN`
+//!   the sentinels are asked again; a command refused by a deposed master or cut by its death is
+//!   sent once more to the new one (every script is safe to repeat), a timed-out one is not. The
+//!   pub/sub connection is made again on the new master.
+//! - **Cluster.** redis-rs's cluster client routes each script to the master of the name's slot
+//!   and follows `MOVED`/`ASK` and fail-overs. Wake-ups use sharded pub/sub (`SPUBLISH` in the
+//!   scripts, `SSUBSCRIBE` over RESP3): a release message goes to the shard of the lock only. A
+//!   subscription the server drops (its slot moved) is made again on the slot's new node; after
+//!   a node connection drops, every waiter attempts again (messages in between are lost).
+//!   `describe` scans every master.
+//! - **`replicas=N`.** The grant or renewal script and `WAIT N replicas_timeout` go in one
+//!   pipeline on the same connection (one round trip; on a cluster the pipeline goes to the
+//!   name's master). A grant that fewer than `N` replicas confirmed is released again (quietly,
+//!   without a wake-up) and the acquisition fails with [`Error::Unavailable`] saying how many
+//!   confirmed; if that release fails too, the hold ends with its lease. A renewal that fewer
+//!   confirmed is an error, not a renewal: the watchdog tries again, and `lost()` fires when the
+//!   last confirmed renewal's lease runs out. The fencing counter is written by the grant script,
+//!   so a confirmed grant's token is confirmed with it.
+//!
+//! What `WAIT` buys, in Redis's words, is "real world data safety", not consistency: replication
+//! stays asynchronous, and a fail-over is a best-effort choice of the best replica. A grant
+//! confirmed by `N` replicas survives a fail-over **if one of those replicas is promoted** (Sentinel
+//! and Cluster promote the replica with the most recent replication offset, so with healthy
+//! replicas that is the usual case); then the hold, its renewals and the fence counter are all
+//! on the new master, nobody else is granted the lock, and the next token is higher. It does
+//! not survive when the promoted replica had not received it (every replica that confirmed it
+//! died or was cut off with the master, a replica was promoted by hand, or the write reached the
+//! replica after it was promoted), nor a restart of a master without persistence that still
+//! counts as master. Then the new master has no hold: the holder's next renewal answers that the
+//! hold is gone and `lost()` fires; another client can be granted it before that, and **the
+//! fence counter can go back** to the promoted replica's value, so a resource that checks
+//! tokens may see an old value again. Without `replicas`, any grant acknowledged before it
+//! reached a replica is exposed to that on every fail-over. docs/RELIABILITY.md has the counts
+//! of both from the fault harness.
+//!
 //! # Key layout
 //!
 //! `base` is `prefix + "{" + name + "}"` (or `prefix + name` with `hashtag=false`); the lock
-//! name `jobs` with the default prefix has the base `dlock:{jobs}`.
+//! name `jobs` with the default prefix has the base `dlock:{jobs}`. Redis hashes the text
+//! between the first `{` and the next `}`, so every key of a name is in one cluster slot; a name
+//! that begins with `}` would leave that tag empty, so its base is `prefix + "{\0" + name + "}"`
+//! (its tag is the NUL, which no lock name holds).
 //!
 //! | key / channel | type | contents | expires |
 //! |---|---|---|---|
@@ -62,7 +117,7 @@
 //! # Connections and wake-ups
 //!
 //! One multiplexed connection per backend carries every command (it reconnects by itself after
-//! an I/O error), plus one pub/sub connection serving all names. A waiter subscribes the name's
+//! an I/O error; Sentinel and Cluster: above), plus one pub/sub connection serving all names. A waiter subscribes the name's
 //! channel before its next attempt (the first wait of a name subscribes and returns at once), and
 //! a per-name message counter read before each attempt is compared when it waits, so a release between
 //! the attempt and the wait is never missed. Subscriptions are dropped after 30 s without
@@ -84,12 +139,11 @@
 //!
 //! # What breaks it
 //!
-//! - **A Redis restart without persistence, or a failover to a replica that missed the write,
+//! - **A Redis restart without persistence, or a fail-over to a replica that missed the write,
 //!   loses both the lock and the fence counter**: another client may be granted the lock while the
 //!   old holder still trusts it, and fencing tokens can go backwards. Configure AOF with
-//!   `appendfsync always` for a single server; with replicas, a grant acknowledged before it
-//!   reached a replica can still be lost on failover (Redis's `WAIT` would narrow that window;
-//!   dlock does not issue `WAIT` today).
+//!   `appendfsync always` for a single server; with replicas, use `replicas=N` (above), which
+//!   narrows the window to a fail-over that promotes a replica without the write.
 //! - Deleting or rewriting dlock's keys by hand (`FLUSHDB`, eviction under `maxmemory` with an
 //!   `allkeys-*` policy — use `noeviction` or `volatile-*` with care).
 //! - With `hashtag=false`, a lock name ending in one of the suffixes above (`:fence`, `:q`, …)
