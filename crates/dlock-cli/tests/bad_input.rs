@@ -2,7 +2,7 @@
 //! bad flags. Every one gets a clear error or works; none panics, none hangs (every call is
 //! bounded), none corrupts another lock.
 //!
-//! The servers come from `scripts/test.sh` through `DLOCK_TEST_{REDIS,POSTGRES,MYSQL,ZK,REDLOCK}_URL`;
+//! The servers come from `scripts/test.sh` through `DLOCK_TEST_{REDIS,REDIS_SENTINEL,REDIS_CLUSTER,POSTGRES,MYSQL,ZK,REDLOCK}_URL`;
 //! a missing variable fails the test (it never skips).
 
 use dlock::{Client, ClientOptions, Error};
@@ -50,6 +50,18 @@ fn stores(dir: &std::path::Path) -> Vec<(&'static str, String, bool, bool)> {
             true,
         ),
         ("redis", env_url("DLOCK_TEST_REDIS_URL"), true, true),
+        (
+            "redis-sentinel",
+            env_url("DLOCK_TEST_REDIS_SENTINEL_URL"),
+            true,
+            true,
+        ),
+        (
+            "redis-cluster",
+            env_url("DLOCK_TEST_REDIS_CLUSTER_URL"),
+            true,
+            true,
+        ),
         ("postgres", env_url("DLOCK_TEST_POSTGRES_URL"), true, true),
         ("mysql", env_url("DLOCK_TEST_MYSQL_URL"), true, true),
         ("zookeeper", env_url("DLOCK_TEST_ZK_URL"), true, true),

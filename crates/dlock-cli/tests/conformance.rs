@@ -108,9 +108,11 @@ processes!(zookeeper, |_| env_url("DLOCK_TEST_ZK_URL"));
 // TTL: a dead holder is taken over after the TTL).
 processes!(etcd, |_| env_url("DLOCK_TEST_ETCD_URL"));
 
-// Redis, Redlock (five private redis-servers), PostgreSQL and MariaDB (lease tables), as
+// Redis (one server; Sentinel and Cluster with replicas=1), Redlock (five private redis-servers), PostgreSQL and MariaDB (lease tables), as
 // `scripts/test.sh` provides them.
 processes!(redis, |_| env_url("DLOCK_TEST_REDIS_URL"));
+processes!(redis_sentinel, |_| env_url("DLOCK_TEST_REDIS_SENTINEL_URL"));
+processes!(redis_cluster, |_| env_url("DLOCK_TEST_REDIS_CLUSTER_URL"));
 processes!(
     redlock,
     |_| env_url("DLOCK_TEST_REDLOCK_URL"),
