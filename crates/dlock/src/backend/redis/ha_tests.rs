@@ -217,3 +217,25 @@ async fn sentinel_failover_keeps_a_confirmed_hold_and_its_fence() {
     );
     g2.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_wait_asks_the_master_of_the_names_slot() {
+    let base = env("DLOCK_TEST_REDIS_CLUSTER_URL");
+    // Every master has one replica: one confirms, two never do.
+    let one = RedisBackend::connect(&with_option(&base, "replicas=1"))
+        .await
+        .unwrap();
+    let two = RedisBackend::connect(&with_option(&base, "replicas=2&replicas_timeout=100ms"))
+        .await
+        .unwrap();
+    let m = meta("t");
+    // Names in many slots, so each master answers WAIT for its own.
+    for i in 0..6 {
+        let n = name(&format!("{}/{i}", uniq("wait")));
+        let r = rq(&n, "o", &m);
+        let e = two.attempt(&r).await.unwrap_err();
+        assert!(e.to_string().contains("confirmed by 1 of the 2"), "{e}");
+        token(one.attempt(&r).await.unwrap());
+        assert_eq!(one.release(&hr(&r)).await.unwrap(), Released::Released);
+    }
+}
