@@ -122,16 +122,7 @@ impl RedisBackend {
                     )
                 })
                 .collect();
-            let answers = if sh.sharded {
-                // One slot per pipeline on a cluster: the names' scripts run one by one.
-                let mut out = Vec::with_capacity(calls.len());
-                for c in calls.chunks(1) {
-                    out.extend(sh.eval_pipeline(&sh.scripts.describe, c).await?);
-                }
-                out
-            } else {
-                sh.eval_pipeline(&sh.scripts.describe, &calls).await?
-            };
+            let answers = sh.eval_pipeline(&sh.scripts.describe, &calls).await?;
             for (n, v) in chunk.iter().zip(answers) {
                 if let Some(info) = parse_describe(n, &v)? {
                     out.push(info);

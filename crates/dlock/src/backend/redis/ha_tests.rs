@@ -239,3 +239,32 @@ async fn cluster_wait_asks_the_master_of_the_names_slot() {
         assert_eq!(one.release(&hr(&r)).await.unwrap(), Released::Released);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_renews_holds_in_many_slots_in_one_call() {
+    let base = env("DLOCK_TEST_REDIS_CLUSTER_URL");
+    let b = RedisBackend::connect(&base).await.unwrap();
+    let m = meta("t");
+    let prefix = uniq("renew");
+    let names: Vec<LockName> = (0..40).map(|i| name(&format!("{prefix}/{i}"))).collect();
+    let reqs: Vec<Request<'_>> = names.iter().map(|n| rq(n, "o", &m)).collect();
+    for r in &reqs {
+        token(b.attempt(r).await.unwrap());
+    }
+    let holds: Vec<HoldRef<'_>> = reqs.iter().map(hr).collect();
+    let out = b.extend(&holds, false).await.unwrap();
+    assert_eq!(out.len(), holds.len());
+    assert!(
+        out.iter().all(|e| matches!(e, Extended::Held { .. })),
+        "{out:?}"
+    );
+    // One of them gone: its answer, in its place.
+    assert_eq!(b.release(&holds[7]).await.unwrap(), Released::Released);
+    let out = b.extend(&holds, false).await.unwrap();
+    for (i, e) in out.iter().enumerate() {
+        assert_eq!(matches!(e, Extended::Gone), i == 7, "{i}: {e:?}");
+    }
+    for h in &holds {
+        b.release(h).await.unwrap();
+    }
+}

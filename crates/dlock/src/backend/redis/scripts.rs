@@ -117,7 +117,53 @@ impl Shared {
             .await
     }
 
+    /// One pipeline per slot on a cluster (a pipeline must not span slots), sent at once; one
+    /// pipeline elsewhere. The answers are in the order of `calls`; the replicas that confirmed
+    /// are the fewest any pipeline's `WAIT` counted.
     async fn run_pipeline(
+        &self,
+        script: &Script,
+        calls: &[(Vec<String>, Vec<String>)],
+        wait: bool,
+    ) -> Result<(Vec<Value>, Option<u32>)> {
+        if !self.sharded || calls.len() < 2 {
+            return self.run_one_pipeline(script, calls, wait).await;
+        }
+        // Calls whose first key has the same hash tag are in the same slot.
+        let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (i, (keys, _)) in calls.iter().enumerate() {
+            let tag = keys.first().map_or("", |k| hash_tag(k));
+            match groups.iter_mut().find(|(t, _)| *t == tag) {
+                Some((_, idx)) => idx.push(i),
+                None => groups.push((tag, vec![i])),
+            }
+        }
+        if groups.len() == 1 {
+            return self.run_one_pipeline(script, calls, wait).await;
+        }
+        let runs = groups.iter().map(|(_, idx)| {
+            let part: Vec<(Vec<String>, Vec<String>)> =
+                idx.iter().map(|i| calls[*i].clone()).collect();
+            async move { self.run_one_pipeline(script, &part, wait).await }
+        });
+        let answers = futures_util::future::join_all(runs).await;
+        let mut out: Vec<Option<Value>> = vec![None; calls.len()];
+        let mut confirmed: Option<u32> = None;
+        for ((_, idx), answer) in groups.iter().zip(answers) {
+            let (values, n) = answer?;
+            if let Some(n) = n {
+                confirmed = Some(confirmed.map_or(n, |c| c.min(n)));
+            }
+            for (i, v) in idx.iter().zip(values) {
+                out[*i] = Some(v);
+            }
+        }
+        let out: Option<Vec<Value>> = out.into_iter().collect();
+        let out = out.ok_or_else(|| unexpected("pipeline answer count", &calls.len()))?;
+        Ok((out, confirmed))
+    }
+
+    async fn run_one_pipeline(
         &self,
         script: &Script,
         calls: &[(Vec<String>, Vec<String>)],
@@ -164,6 +210,19 @@ impl Shared {
     }
 }
 
+/// The part of `key` Redis Cluster hashes: between the first `{` and the next `}` if that is not
+/// empty, else the whole key.
+fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        if let Some(len) = key[open + 1..].find('}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
 pub(super) fn unexpected(what: &str, v: &dyn fmt::Debug) -> Error {
     Error::backend(format!("unexpected {what} from redis: {v:?}"))
 }
@@ -185,6 +244,17 @@ pub(super) fn text(v: &Value) -> Option<String> {
         Value::Nil => Some(String::new()),
         _ => None,
     }
+}
+
+#[cfg(test)]
+#[test]
+fn hash_tags_as_redis_cluster_reads_them() {
+    assert_eq!(hash_tag("dlock:{jobs}:fence"), "jobs");
+    assert_eq!(hash_tag("dlock:{a}b}"), "a");
+    assert_eq!(hash_tag("dlock:{}x}"), "dlock:{}x}");
+    assert_eq!(hash_tag("dlock:{\0}x}"), "\0");
+    assert_eq!(hash_tag("plain"), "plain");
+    assert_eq!(hash_tag("open{only"), "open{only");
 }
 
 pub(super) fn array(v: &Value) -> Option<&[Value]> {
