@@ -1,5 +1,7 @@
 //! `dlock bench --quick` as a smoke test: against a temporary SQLite store, against the Redis
-//! server of `scripts/test.sh` (`DLOCK_TEST_REDIS_URL`, with the rslock peer) and against its
+//! server of `scripts/test.sh` (`DLOCK_TEST_REDIS_URL`, with the rslock peer), against its
+//! Redis Sentinel topology and Redis Cluster (`DLOCK_TEST_REDIS_SENTINEL_URL`,
+//! `DLOCK_TEST_REDIS_CLUSTER_URL`; each benched with and without `replicas=1`) and against its
 //! etcd cluster (`DLOCK_TEST_ETCD_URL`, else one started for the test with
 //! `scripts/etcd-cluster.sh`; with etcd's Lock RPC as the peer). It checks
 //! that the run succeeds, that results.json has every workload with positive figures and that
@@ -185,6 +187,128 @@ fn quick_bench_on_redis_with_the_rslock_peer() {
     // Store-side command counts exist on Redis.
     let c = &targets[0]["c1"][0];
     assert!(c["store_cmds_per_acq"].as_f64().is_some(), "{c}");
+}
+
+/// The URL in `var` (`scripts/test.sh` sets it); a missing one fails the test, never skips it.
+fn env_url(var: &str) -> String {
+    std::env::var(var)
+        .ok()
+        .map(|u| u.trim().to_string())
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| panic!("{var} is not set: run through scripts/test.sh"))
+}
+
+/// `url` without its `replicas=` option, and with `replicas=1` (or the `replicas=N` it has).
+fn without_and_with_wait(url: &str) -> (String, String) {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|kv| !kv.is_empty() && !kv.starts_with("replicas="))
+        .collect();
+    let plain = if rest.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    let wait = if query.split('&').any(|kv| kv.starts_with("replicas=")) {
+        url.to_string()
+    } else {
+        format!(
+            "{plain}{}replicas=1",
+            if rest.is_empty() { '?' } else { '&' }
+        )
+    };
+    (plain, wait)
+}
+
+/// One Redis deployment with fail-over, benched without and with `replicas=N`: both rows
+/// complete, the `+wait` row's floor waits like its grants, the peer rslock runs where it can
+/// (`rslock`: on the row without `+wait`) and says why not elsewhere.
+fn check_ha(var: &str, kind: &str, rslock: bool, about: &str) {
+    let (plain, wait) = without_and_with_wait(&env_url(var));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v = bench(&[&plain, &wait], dir.path(), Duration::from_secs(600));
+    let targets = v["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 2);
+    for (i, t) in targets.iter().enumerate() {
+        let label = t["label"].as_str().unwrap_or("?");
+        assert_eq!(t["kind"], kind, "{t}");
+        assert!(
+            label.starts_with(kind) && label.contains("+wait") == (i == 1),
+            "{label}"
+        );
+        let server = t["server"].as_str().unwrap_or_default();
+        assert!(
+            server.starts_with("Redis ") && server.contains(about),
+            "{label}: {server}"
+        );
+        let libs: &[&str] = if rslock && i == 0 {
+            &["dlock", "rslock"]
+        } else {
+            &["dlock"]
+        };
+        check_target(t, libs, true);
+        let errors: Vec<&str> = t["errors"]
+            .as_array()
+            .expect("errors")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(
+            errors
+                .iter()
+                .any(|e| e.contains("peer rslock: not supported")),
+            libs.len() == 1,
+            "{label}: {errors:?}"
+        );
+        let floor = t["u1"][0]["floor_what"].as_str().unwrap_or_default();
+        assert_eq!(floor.contains("WAIT"), i == 1, "{label}: {floor}");
+        // Store-side command counts: the master (Sentinel) or every master (Cluster).
+        let c = &t["c1"][0];
+        assert!(c["store_cmds_per_acq"].as_f64().is_some(), "{c}");
+        // Renewal keeps every S1 hold, whatever slots (Cluster) the names are in.
+        for l in t["s1"]["levels"].as_array().expect("s1 levels") {
+            assert_eq!(num(l, "lost"), 0.0, "{label}: S1 holds lost: {l}");
+        }
+    }
+}
+
+#[test]
+fn quick_bench_on_redis_sentinel_with_and_without_wait() {
+    check_ha(
+        "DLOCK_TEST_REDIS_SENTINEL_URL",
+        "redis-sentinel",
+        true,
+        "Sentinel, master",
+    );
+}
+
+#[test]
+fn quick_bench_on_redis_cluster_with_and_without_wait() {
+    check_ha(
+        "DLOCK_TEST_REDIS_CLUSTER_URL",
+        "redis-cluster",
+        false,
+        "Cluster, ",
+    );
+}
+
+#[test]
+fn bench_urls_without_and_with_wait() {
+    assert_eq!(
+        without_and_with_wait("redis+cluster://a:1,b:2/?replicas=1"),
+        (
+            "redis+cluster://a:1,b:2/".to_string(),
+            "redis+cluster://a:1,b:2/?replicas=1".to_string()
+        )
+    );
+    assert_eq!(
+        without_and_with_wait("redis+sentinel://s:1/m?timeout=3s"),
+        (
+            "redis+sentinel://s:1/m?timeout=3s".to_string(),
+            "redis+sentinel://s:1/m?timeout=3s&replicas=1".to_string()
+        )
+    );
 }
 
 /// The etcd cluster of `DLOCK_TEST_ETCD_URL`, or one started for the test (stopped, by pid,

@@ -9,6 +9,7 @@
 //! in the report, never a hang.
 
 mod plot;
+mod redis_ha;
 mod report;
 mod stats;
 mod store;
@@ -28,11 +29,14 @@ use workloads::{Contended, Lib, Plan, F1, H1, S1, U1};
 /// Runs U1 (uncontended acquire + release vs the store's raw floor), C1 (one name, 8 and 64
 /// waiters over 4 processes, hold 0 and 1 ms), H1 (hand-off latency between processes), F1
 /// (fairness in fair mode) and S1 (1 to 100 000 names held by one client) on every --url, and
-/// the peers: the rslock crate on Redis URLs, etcd's own Lock RPC on etcd URLs. Writes results.md and results.json (and SVG charts with
-/// --plot) to --out, and prints the Markdown.
+/// the peers: the rslock crate on Redis URLs (on a Sentinel deployment's master; not on a
+/// Cluster, nor with replicas=N), etcd's own Lock RPC on etcd URLs. A Redis URL with
+/// ?replicas=N is its own row (label +wait) whose raw floor pipelines WAIT after its SET, as
+/// dlock's grants do. Writes results.md and results.json (and SVG charts with --plot) to --out,
+/// and prints the Markdown.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  dlock bench --quick\n  dlock bench --url redis://127.0.0.1:6379/ --url postgres://postgres@127.0.0.1/test --plot\n\n--quick takes under a minute per store (about 20 s for SQLite; Redis URLs add the rslock peer, etcd URLs etcd's Lock RPC). A full run takes a few minutes per store."
+    after_help = "Examples:\n  dlock bench --quick\n  dlock bench --url redis://127.0.0.1:6379/ --url postgres://postgres@127.0.0.1/test --plot\n  dlock bench --only u1,c1,h1 --url redis+sentinel://127.0.0.1:26379/mymaster --url 'redis+sentinel://127.0.0.1:26379/mymaster?replicas=1'\n\n--quick takes under a minute per store (about 20 s for SQLite; Redis URLs add the rslock peer, etcd URLs etcd's Lock RPC). A full run takes a few minutes per store."
 )]
 pub struct BenchArgs {
     /// Store URL to bench; repeat for several [default: a SQLite file in a temporary directory]
@@ -323,10 +327,23 @@ async fn bench_target(t: &Target, plan: &Plan, run: &str, peers: bool) -> Target
     let background = workloads::background_rate(&probe).await;
     r.background_cmds_per_s = background;
     let libs: Vec<Lib> = match t.kind {
-        Kind::Redis | Kind::Redlock if peers => vec![Lib::Dlock, Lib::Rslock],
+        // rslock sends no WAIT: on a `replicas=N` URL it would measure the row without it again
+        // (and look cheaper than a floor that waits), so it runs on that row only.
+        Kind::Redis | Kind::Redlock | Kind::RedisSentinel if peers && t.replicas() == 0 => {
+            vec![Lib::Dlock, Lib::Rslock]
+        }
         Kind::Etcd if peers => vec![Lib::Dlock, Lib::EtcdLock],
         _ => vec![Lib::Dlock],
     };
+    if peers && t.kind == Kind::RedisCluster {
+        r.errors.push(redis_ha::RSLOCK_NOT_ON_CLUSTER.into());
+    } else if peers && t.replicas() > 0 {
+        r.errors.push(format!(
+            "peer rslock: not supported with replicas={} (rslock sends no WAIT: its figures are \
+             those of the same deployment without replicas=, the row without +wait)",
+            t.replicas()
+        ));
+    }
     let (mut floor_pair, mut ping) = (None, None);
     let on = |w: &str| plan.only.iter().any(|o| o == w);
     // C1, H1 and F1 need the floor of U1 for their ideal and round trips.
@@ -385,7 +402,10 @@ async fn bench_target(t: &Target, plan: &Plan, run: &str, peers: bool) -> Target
             Ok(c) => {
                 let rtt = floor_pair.unwrap_or(0.0) / 2.0;
                 let p50 = c.handoff_cross.p50_us / rtt.max(1e-9);
-                let applies = matches!(t.kind, Kind::Redis | Kind::Postgres) && lib == Lib::Dlock;
+                let applies = matches!(
+                    t.kind,
+                    Kind::Redis | Kind::RedisSentinel | Kind::RedisCluster | Kind::Postgres
+                ) && lib == Lib::Dlock;
                 r.h1.push(H1 {
                     lib,
                     rtt_us: rtt,

@@ -32,6 +32,12 @@ pub enum Kind {
     Zk,
     /// `etcd://`, `etcds://`
     Etcd,
+    /// `redis+sentinel://`: the master Sentinel names.
+    #[serde(rename = "redis-sentinel")]
+    RedisSentinel,
+    /// `redis+cluster://`: a Redis Cluster.
+    #[serde(rename = "redis-cluster")]
+    RedisCluster,
 }
 
 impl Kind {
@@ -45,7 +51,14 @@ impl Kind {
             Kind::Mysql => "mysql",
             Kind::Zk => "zookeeper",
             Kind::Etcd => "etcd",
+            Kind::RedisSentinel => "redis-sentinel",
+            Kind::RedisCluster => "redis-cluster",
         }
+    }
+
+    /// A Redis URL that takes dlock's `replicas=N` (each grant and renewal then `WAIT`s).
+    pub fn takes_replicas(self) -> bool {
+        matches!(self, Kind::Redis | Kind::RedisSentinel | Kind::RedisCluster)
     }
 }
 
@@ -71,7 +84,7 @@ pub struct Target {
 /// The table the bench uses on SQL stores unless the URL names one.
 pub const BENCH_TABLE: &str = "dlock_bench";
 
-fn pct_decode(s: &str) -> String {
+pub(super) fn pct_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -98,22 +111,32 @@ impl Target {
         let (scheme, rest) = url
             .split_once(':')
             .ok_or_else(|| format!("{url:?} is not a store URL"))?;
-        let kind =
-            match scheme {
-                "sqlite" => Kind::Sqlite,
-                "redis" | "rediss" => Kind::Redis,
-                "redlock" => Kind::Redlock,
-                "postgres" | "postgresql" => Kind::Postgres,
-                "mysql" | "mariadb" => Kind::Mysql,
-                "zk" => Kind::Zk,
-                "etcd" | "etcds" => Kind::Etcd,
-                "mem" => return Err(
-                    "mem:// lives in one process: bench a shared store (sqlite, redis, redlock, \
-                     postgres, mysql, zk, etcd)"
+        let kind = match scheme {
+            "sqlite" => Kind::Sqlite,
+            "redis" | "rediss" => Kind::Redis,
+            "redlock" => Kind::Redlock,
+            "postgres" | "postgresql" => Kind::Postgres,
+            "mysql" | "mariadb" => Kind::Mysql,
+            "zk" => Kind::Zk,
+            "etcd" | "etcds" => Kind::Etcd,
+            "redis+sentinel" => Kind::RedisSentinel,
+            "redis+cluster" => Kind::RedisCluster,
+            "rediss+sentinel" | "rediss+cluster" => {
+                return Err(format!(
+                    "{}: TLS to Sentinel or Cluster deployments is not supported by dlock yet \
+                     (use redis+sentinel:// or redis+cluster://)",
+                    dlock::redact_url(url)
+                ))
+            }
+            "mem" => {
+                return Err(
+                    "mem:// lives in one process: bench a shared store (sqlite, redis, \
+                     redis+sentinel, redis+cluster, redlock, postgres, mysql, zk, etcd)"
                         .into(),
-                ),
-                _ => return Err(format!("unknown store scheme {scheme:?} in --url")),
-            };
+                )
+            }
+            _ => return Err(format!("unknown store scheme {scheme:?} in --url")),
+        };
         let shown = dlock::redact_url(url);
         if kind == Kind::Sqlite {
             let path = rest.strip_prefix("//").unwrap_or(rest);
@@ -138,7 +161,8 @@ impl Target {
             None => (String::new(), authority),
         };
         let default_port = match kind {
-            Kind::Redis | Kind::Redlock => 6379,
+            Kind::Redis | Kind::Redlock | Kind::RedisCluster => 6379,
+            Kind::RedisSentinel => 26379,
             Kind::Postgres => 5432,
             Kind::Mysql => 3306,
             Kind::Zk => 2181,
@@ -179,14 +203,78 @@ impl Target {
         })
     }
 
-    /// A short label for tables: the kind and, for several servers, their number.
+    /// A short label for tables: the kind and, for several servers, their number; `+wait` when
+    /// every grant and renewal waits for a replica (`replicas=1`; `+wait×N` for N).
     pub fn label(&self) -> String {
+        let wait = match self.replicas() {
+            0 => String::new(),
+            1 => "+wait".into(),
+            n => format!("+wait×{n}"),
+        };
         match self.kind {
             Kind::Redlock => format!("redlock×{}", self.servers.len()),
             Kind::Zk => format!("zookeeper×{}", self.servers.len()),
             Kind::Etcd => format!("etcd×{}", self.servers.len()),
-            k => k.name().to_string(),
+            k => format!("{}{wait}", k.name()),
         }
+    }
+
+    /// The value of the URL's query option `key`, percent-decoded.
+    pub fn option(&self, key: &str) -> Option<String> {
+        let query = self.url.split_once('?').map(|(_, q)| q)?;
+        query.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (pct_decode(k) == key).then(|| pct_decode(v))
+        })
+    }
+
+    /// `replicas=N` of a Redis URL (0 without it, and on other stores).
+    pub fn replicas(&self) -> u32 {
+        if !self.kind.takes_replicas() {
+            return 0;
+        }
+        self.option("replicas")
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// `replicas_timeout` of a Redis URL, in ms (dlock's default 500 ms): `500ms`, `1s`, or a bare
+    /// number of seconds, as dlock reads it.
+    pub fn replicas_timeout_ms(&self) -> u64 {
+        self.option("replicas_timeout")
+            .and_then(|v| {
+                let v = v.trim();
+                let d = match v.parse::<f64>() {
+                    Ok(secs) if secs.is_finite() && (0.0..=86_400.0).contains(&secs) => {
+                        Duration::from_secs_f64(secs)
+                    }
+                    _ => humantime::parse_duration(v).ok()?,
+                };
+                Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            })
+            .unwrap_or(500)
+    }
+
+    /// `WAIT replicas timeout_ms` after each grant of a `replicas=N` URL, as dlock sends it.
+    pub fn wait(&self) -> Option<(u32, u64)> {
+        let n = self.replicas();
+        (n > 0).then(|| (n, self.replicas_timeout_ms()))
+    }
+
+    /// The userinfo's user and password, percent-decoded (Sentinel and Cluster clients take
+    /// them apart).
+    pub fn credentials(&self) -> (Option<String>, Option<String>) {
+        let Some(ui) = self.userinfo.strip_suffix('@') else {
+            return (None, None);
+        };
+        let (u, p) = match ui.split_once(':') {
+            Some((u, p)) => (u, Some(p)),
+            None => (ui, None),
+        };
+        (
+            Some(pct_decode(u)).filter(|u| !u.is_empty()),
+            p.map(pct_decode),
+        )
     }
 
     /// `redis://[userinfo]host:port/` of each Redis server (Redis and Redlock).
@@ -401,7 +489,9 @@ async fn open_backend(t: &Target) -> dlock::Result<Arc<dyn Backend>> {
                 .ok_or_else(|| dlock::Error::InvalidConfig("no sqlite path".into()))?;
             Arc::new(b::sql::sqlite::SqliteBackend::open(path).await?)
         }
-        Kind::Redis => Arc::new(b::redis::RedisBackend::connect(&t.url).await?),
+        Kind::Redis | Kind::RedisSentinel | Kind::RedisCluster => {
+            Arc::new(b::redis::RedisBackend::connect(&t.url).await?)
+        }
         Kind::Redlock => Arc::new(b::redlock::RedlockBackend::connect(&t.url).await?),
         Kind::Postgres | Kind::Mysql => Arc::new(b::sql::SqlBackend::open(&t.url).await?),
         Kind::Zk => Arc::new(b::zookeeper::ZooKeeperBackend::connect(&t.url).await?),
@@ -438,8 +528,27 @@ const OP: Duration = Duration::from_secs(10);
 /// The raw floor of one acquire + release: the same client library, no lock logic.
 pub enum Floor {
     /// Redis / Redlock: `SET` then `EVALSHA` of a no-op script on each server (the connection
-    /// type dlock uses, `ConnectionManager`), the servers of Redlock in parallel.
-    Redis(Vec<redis::aio::ConnectionManager>, redis::Script),
+    /// type dlock uses, `ConnectionManager`), the servers of Redlock in parallel; with
+    /// `replicas=N` the `SET` is pipelined with `WAIT N replicas_timeout`, as dlock's grants are.
+    Redis(
+        Vec<redis::aio::ConnectionManager>,
+        redis::Script,
+        Option<(u32, u64)>,
+    ),
+    /// Redis Sentinel: the same pair on one `MultiplexedConnection` to the master redis-rs's
+    /// `SentinelClient` names (what dlock's store holds).
+    Sentinel(
+        redis::aio::MultiplexedConnection,
+        redis::Script,
+        Option<(u32, u64)>,
+    ),
+    /// Redis Cluster: the same pair through redis-rs's async `ClusterConnection`, the no-op
+    /// script given the key so that both go to the key's master (as dlock's scripts do).
+    Cluster(
+        redis::cluster_async::ClusterConnection,
+        redis::Script,
+        Option<(u32, u64)>,
+    ),
     /// SQL stores and SQLite through sqlx `Any` (the driver dlock uses): one autocommitted
     /// `INSERT` and one `DELETE` of a row (a lock without rules), and `SELECT 1` pings.
     Sql {
@@ -510,16 +619,61 @@ pub async fn etcd_connect(t: &Target) -> Result<etcd_client::Client, String> {
 }
 
 /// What the floor measures, for the report.
-pub fn floor_what(kind: Kind) -> &'static str {
-    match kind {
+pub fn floor_what(t: &Target) -> String {
+    let what = match t.kind {
         Kind::Redis => "SET + EVALSHA(no-op), 2 round trips",
+        Kind::RedisSentinel => {
+            "SET + EVALSHA(no-op), 2 round trips, one MultiplexedConnection to the master \
+             redis-rs's SentinelClient names"
+        }
+        Kind::RedisCluster => {
+            "SET + EVALSHA(no-op, with the key), 2 round trips to the key's master through \
+             redis-rs's async ClusterConnection"
+        }
         Kind::Redlock => "SET + EVALSHA(no-op) on every server in parallel, 2 rounds",
         Kind::Postgres | Kind::Mysql | Kind::Sqlite => {
             "INSERT + DELETE of one row, autocommit (2 statements); ping = 2× SELECT 1"
         }
         Kind::Zk => "create + delete of an ephemeral node",
         Kind::Etcd => "put (with a lease) + delete of one key, one etcd-client Client",
+    };
+    match t.wait() {
+        Some((n, ms)) => {
+            format!("{what}; the SET pipelined with WAIT {n} {ms} (a confirmed grant)")
+        }
+        None => what.to_string(),
     }
+}
+
+/// The raw floor's key on Redis.
+const REDIS_FLOOR_KEY: &str = "dlockbench:scratch";
+
+/// `SET key 1 PX 10000`, with `WAIT n ms` in the same pipeline (its answer must be ≥ n, as
+/// dlock takes back a grant fewer replicas confirm).
+async fn redis_set<C: redis::aio::ConnectionLike + Send>(
+    c: &mut C,
+    wait: Option<(u32, u64)>,
+) -> Result<(), String> {
+    let mut set = redis::cmd("SET");
+    set.arg(REDIS_FLOOR_KEY).arg("1").arg("PX").arg(10_000);
+    let Some((n, ms)) = wait else {
+        // One command, as dlock's grant without `replicas` is one EVALSHA.
+        limit("SET", OP, set.query_async::<redis::Value>(c)).await?;
+        return Ok(());
+    };
+    let mut pipe = redis::pipe();
+    pipe.add_command(set).cmd("WAIT").arg(n).arg(ms);
+    let out = limit("SET + WAIT", OP, pipe.query_async::<Vec<redis::Value>>(c)).await?;
+    let got = match out.last() {
+        Some(redis::Value::Int(i)) => *i,
+        other => return Err(format!("WAIT: unexpected answer {other:?}")),
+    };
+    if got < i64::from(n) {
+        return Err(format!(
+            "WAIT: {got} of {n} replicas confirmed the SET within {ms} ms"
+        ));
+    }
+    Ok(())
 }
 
 /// The floor's table on SQL stores.
@@ -542,8 +696,29 @@ impl Floor {
                         .await?,
                     );
                 }
-                Ok(Floor::Redis(v, redis::Script::new("return 1")))
+                Ok(Floor::Redis(v, redis::Script::new("return 1"), t.wait()))
             }
+            Kind::RedisSentinel => {
+                let (client, _) = super::redis_ha::sentinel_master(t).await?;
+                let conn = limit(
+                    "raw connection to the master",
+                    OP,
+                    client.get_multiplexed_async_connection_with_config(
+                        &super::redis_ha::connection_config(),
+                    ),
+                )
+                .await?;
+                Ok(Floor::Sentinel(
+                    conn,
+                    redis::Script::new("return 1"),
+                    t.wait(),
+                ))
+            }
+            Kind::RedisCluster => Ok(Floor::Cluster(
+                super::redis_ha::cluster_connection(t).await?,
+                redis::Script::new("return 1"),
+                t.wait(),
+            )),
             Kind::Postgres | Kind::Mysql | Kind::Sqlite => {
                 sqlx::any::install_default_drivers();
                 let (url, dollar) = match t.kind {
@@ -622,19 +797,12 @@ impl Floor {
     /// One raw acquire + release equivalent.
     pub async fn once(&self) -> Result<(), String> {
         match self {
-            Floor::Redis(servers, noop) => {
-                let r =
-                    join(
-                        servers.iter().map(|c| {
-                            let mut c = c.clone();
-                            let mut set = redis::cmd("SET");
-                            set.arg("dlockbench:scratch").arg("1").arg("PX").arg(10_000);
-                            async move {
-                                limit("SET", OP, set.query_async::<redis::Value>(&mut c)).await
-                            }
-                        }),
-                    )
-                    .await;
+            Floor::Redis(servers, noop, wait) => {
+                let r = join(servers.iter().map(|c| {
+                    let mut c = c.clone();
+                    async move { redis_set(&mut c, *wait).await }
+                }))
+                .await;
                 r.into_iter().collect::<Result<Vec<_>, String>>()?;
                 let r =
                     join(servers.iter().map(|c| {
@@ -646,6 +814,21 @@ impl Floor {
                     }))
                     .await;
                 r.into_iter().collect::<Result<Vec<_>, String>>()?;
+                Ok(())
+            }
+            Floor::Sentinel(conn, noop, wait) => {
+                let mut c = conn.clone();
+                redis_set(&mut c, *wait).await?;
+                let call = noop.prepare_invoke();
+                limit("EVALSHA", OP, call.invoke_async::<redis::Value>(&mut c)).await?;
+                Ok(())
+            }
+            Floor::Cluster(conn, noop, wait) => {
+                let mut c = conn.clone();
+                redis_set(&mut c, *wait).await?;
+                let mut call = noop.prepare_invoke();
+                call.key(REDIS_FLOOR_KEY);
+                limit("EVALSHA", OP, call.invoke_async::<redis::Value>(&mut c)).await?;
                 Ok(())
             }
             Floor::Sql {
@@ -775,7 +958,14 @@ pub async fn join<F: std::future::Future>(futs: impl IntoIterator<Item = F>) -> 
 /// used, read from the server. `None` where the store has no such counter.
 pub struct Probe {
     kind: Kind,
+    /// Redis: one connection to each server whose `INFO` counts (Sentinel: the master; Cluster:
+    /// every master).
     redis: Vec<redis::aio::MultiplexedConnection>,
+    /// Servers found behind the URL's (Sentinel: the master; Cluster: every node), whose
+    /// connections count as the store's too.
+    nodes: Vec<(String, u16)>,
+    /// What the report says of the deployment after the version.
+    about: Option<String>,
     sql: Option<sqlx::AnyPool>,
     zk: Vec<(String, u16)>,
     /// The etcd members' client ports (their `/metrics`), when the URL is plain `etcd://`.
@@ -790,6 +980,16 @@ pub fn commands_what(kind: Kind) -> &'static str {
         Kind::Redis | Kind::Redlock => {
             "commands (INFO commandstats summed over servers: every EVALSHA and every command \
              its Lua script runs, PUBLISH, SUBSCRIBE…; INFO excluded)"
+        }
+        Kind::RedisSentinel => {
+            "commands on the master (INFO commandstats: every EVALSHA and every command its Lua \
+             script runs, PUBLISH, SUBSCRIBE, WAIT…; INFO and REPLCONF, the replicas' \
+             acknowledgements, excluded; the sentinels' PINGs and hellos are background)"
+        }
+        Kind::RedisCluster => {
+            "commands (INFO commandstats summed over the masters: every EVALSHA and every \
+             command its Lua script runs, SPUBLISH, SSUBSCRIBE, WAIT…; INFO, CLUSTER and \
+             REPLCONF, the replicas' acknowledgements, excluded)"
         }
         Kind::Postgres => "transactions (pg_stat_database xact_commit+xact_rollback)",
         Kind::Mysql => "statements (SHOW GLOBAL STATUS Questions)",
@@ -818,6 +1018,13 @@ pub fn keepalives_what(kind: Kind) -> Option<&'static str> {
 pub fn memory_what(kind: Kind) -> &'static str {
     match kind {
         Kind::Redis | Kind::Redlock => "INFO memory used_memory (sum over servers)",
+        Kind::RedisSentinel => {
+            "INFO memory used_memory of the master (each replica keeps a full copy)"
+        }
+        Kind::RedisCluster => {
+            "INFO memory used_memory summed over the masters (each replica keeps a copy of its \
+             master's slots)"
+        }
         Kind::Postgres => "pg_total_relation_size of the dlock_bench tables",
         Kind::Mysql => "data_length + index_length of the dlock_bench tables (after ANALYZE)",
         Kind::Zk => "mntr zk_approximate_data_size (one server; each keeps a full copy)",
@@ -835,6 +1042,8 @@ impl Probe {
         let mut p = Probe {
             kind: t.kind,
             redis: Vec::new(),
+            nodes: Vec::new(),
+            about: None,
             sql: None,
             zk: Vec::new(),
             etcd_http: Vec::new(),
@@ -849,6 +1058,40 @@ impl Probe {
                         limit("redis probe", OP, c.get_multiplexed_async_connection()).await?,
                     );
                 }
+            }
+            Kind::RedisSentinel => {
+                let (c, (h, port)) = super::redis_ha::sentinel_master(t).await?;
+                p.redis.push(
+                    limit(
+                        "redis probe of the master",
+                        OP,
+                        c.get_multiplexed_async_connection(),
+                    )
+                    .await?,
+                );
+                p.about = Some(format!("Sentinel, master {h}:{port}"));
+                p.nodes.push((h, port));
+            }
+            Kind::RedisCluster => {
+                let nodes = super::redis_ha::cluster_nodes(t).await?;
+                for n in nodes.iter().filter(|n| n.master) {
+                    let u = super::redis_ha::server_url(t, &n.host, n.port, 0);
+                    let c = redis::Client::open(u.as_str()).map_err(|e| e.to_string())?;
+                    p.redis.push(
+                        limit(
+                            "redis probe of a master",
+                            OP,
+                            c.get_multiplexed_async_connection(),
+                        )
+                        .await?,
+                    );
+                }
+                let masters = nodes.iter().filter(|n| n.master).count();
+                p.about = Some(format!(
+                    "Cluster, {masters} masters, {} other nodes",
+                    nodes.len() - masters
+                ));
+                p.nodes = nodes.into_iter().map(|n| (n.host, n.port)).collect();
             }
             Kind::Postgres | Kind::Mysql => {
                 sqlx::any::install_default_drivers();
@@ -979,14 +1222,20 @@ impl Probe {
     /// Commands served by the store so far (see [`commands_what`]).
     pub async fn commands(&self) -> Result<Option<f64>, String> {
         match self.kind {
-            Kind::Redis | Kind::Redlock => {
+            k @ (Kind::Redis | Kind::Redlock | Kind::RedisSentinel | Kind::RedisCluster) => {
+                // Not commands of a client: the probe's INFO, a cluster's own CLUSTER traffic
+                // and the replicas' REPLCONF ACKs (which WAIT asks for).
+                let skip: &[&str] = match k {
+                    Kind::Redis | Kind::Redlock => &["info:"],
+                    _ => &["info:", "replconf:", "cluster|", "cluster:"],
+                };
                 let mut total = 0.0;
                 for s in self.redis_info("commandstats").await? {
                     for l in s.lines() {
                         let Some(rest) = l.strip_prefix("cmdstat_") else {
                             continue;
                         };
-                        if rest.starts_with("info:") {
+                        if skip.iter().any(|p| rest.starts_with(p)) {
                             continue;
                         }
                         if let Some(calls) = rest
@@ -1050,7 +1299,7 @@ impl Probe {
     /// Memory (or disk) the store uses for locks (see [`memory_what`]), in bytes.
     pub async fn memory(&self) -> Result<Option<f64>, String> {
         match self.kind {
-            Kind::Redis | Kind::Redlock => {
+            Kind::Redis | Kind::Redlock | Kind::RedisSentinel | Kind::RedisCluster => {
                 let mut total = 0.0;
                 for s in self.redis_info("memory").await? {
                     total += Self::field(&s, "used_memory").unwrap_or(0.0);
@@ -1132,12 +1381,16 @@ impl Probe {
     /// The server's version, for the report.
     pub async fn version(&self) -> Option<String> {
         match self.kind {
-            Kind::Redis | Kind::Redlock => {
+            Kind::Redis | Kind::Redlock | Kind::RedisSentinel | Kind::RedisCluster => {
                 let s = self.redis_info("server").await.ok()?;
-                s.first()?.lines().find_map(|l| {
+                let v = s.first()?.lines().find_map(|l| {
                     l.trim()
                         .strip_prefix("redis_version:")
                         .map(|v| format!("Redis {v}"))
+                })?;
+                Some(match &self.about {
+                    Some(a) => format!("{v}; {a}"),
+                    None => v,
                 })
             }
             Kind::Postgres | Kind::Mysql => {
@@ -1191,12 +1444,12 @@ impl Probe {
                 .await;
                 let Ok((next, keys)) = r else { break };
                 if !keys.is_empty() {
-                    let _ = limit(
-                        "DEL",
-                        OP,
-                        redis::cmd("DEL").arg(&keys).query_async::<i64>(&mut c),
-                    )
-                    .await;
+                    // One key a command: the keys of a cluster node are in several slots.
+                    let mut pipe = redis::pipe();
+                    for k in &keys {
+                        pipe.cmd("DEL").arg(k).ignore();
+                    }
+                    let _ = limit("DEL", OP, pipe.query_async::<()>(&mut c)).await;
                 }
                 cursor = next;
                 if cursor == 0 {
@@ -1239,9 +1492,10 @@ pub fn rss_bytes() -> f64 {
 }
 
 /// Connections this process has open to the store: established TCP connections to its
-/// servers' ports (from `/proc/self/fd` and `/proc/net/tcp{,6}`), or for SQLite the open file
-/// descriptors of the database file.
-pub fn connections(t: &Target) -> usize {
+/// servers' ports (the URL's and those `probe` found behind them: a Sentinel deployment's
+/// master, a cluster's nodes; from `/proc/self/fd` and `/proc/net/tcp{,6}`), or for SQLite the
+/// open file descriptors of the database file.
+pub fn connections(t: &Target, probe: &Probe) -> usize {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return 0;
     };
@@ -1262,7 +1516,12 @@ pub fn connections(t: &Target) -> usize {
                 .map(str::to_string)
         })
         .collect();
-    let ports: HashSet<u16> = t.servers.iter().map(|(_, p)| *p).collect();
+    let ports: HashSet<u16> = t
+        .servers
+        .iter()
+        .chain(&probe.nodes)
+        .map(|(_, p)| *p)
+        .collect();
     let mut n = 0;
     for f in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
         let Ok(text) = std::fs::read_to_string(f) else {

@@ -105,13 +105,14 @@ fn hold(us: u64) {
     }
 }
 
-/// The Redlock peer's lock manager over the servers of `url` (one for redis://, N for redlock://).
+/// The Redlock peer's lock manager over the servers of `url` (one for redis://, N for
+/// redlock://, the master Sentinel names now for redis+sentinel://; none on a cluster).
 ///
 /// rslock 0.10 uses redis 1.x (not our 0.32) and does not re-export it, so it is given URLs;
 /// its `LockManager::new` unwraps `Client::open`, so every URL is first checked with our redis
 /// crate's parser and a bad one is an error here, never a panic there.
-pub fn rslock_manager(t: &Target) -> Result<rslock::LockManager, String> {
-    let urls = t.redis_urls();
+pub async fn rslock_manager(t: &Target) -> Result<rslock::LockManager, String> {
+    let urls = super::redis_ha::rslock_urls(t).await?;
     for u in &urls {
         redis::Client::open(u.as_str()).map_err(|e| format!("rslock: bad URL {u:?}: {e}"))?;
     }
@@ -281,7 +282,7 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
             Lib::Dlock(c, counts)
         }
         "rslock" => {
-            let lm = rslock_manager(&t).map_err(Failure::usage)?;
+            let lm = rslock_manager(&t).await.map_err(Failure::unavailable)?;
             let warm = format!("{}/warm/{}", a.name, a.proc_index);
             match rslock_acquire(&lm, &warm, now_ns() + 10_000_000_000).await {
                 Ok(Some(l)) => lm.unlock(&l).await,

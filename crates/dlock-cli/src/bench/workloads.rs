@@ -175,7 +175,7 @@ pub async fn u1(t: &Target, plan: &Plan, lib: Lib, run: &str, floor: &Floor) -> 
             let m = c.mutex(name.clone()).map_err(|e| e.to_string())?;
             L::D(m, counts)
         }
-        Lib::Rslock => L::R(rslock_manager(t)?),
+        Lib::Rslock => L::R(rslock_manager(t).await?),
         Lib::EtcdLock => {
             let client = super::store::etcd_connect(t).await?;
             L::E(
@@ -238,7 +238,7 @@ pub async fn u1(t: &Target, plan: &Plan, lib: Lib, run: &str, floor: &Floor) -> 
         target_met: ratio_p50 <= 1.2,
         lat,
         floor: fl,
-        floor_what: super::store::floor_what(t.kind).into(),
+        floor_what: super::store::floor_what(t),
         ping: (!p.is_empty()).then(|| Lat::of(&p)),
         client_ops_per_pair,
     })
@@ -579,7 +579,7 @@ pub async fn s1(
                 .map_err(|e| format!("S1 warm-up: {e}"))?;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let conns_before = connections(t);
+        let conns_before = connections(t, probe);
         let mem0 = probe.memory().await?;
         let rss0 = rss_bytes();
         let started = Instant::now();
@@ -635,7 +635,7 @@ pub async fn s1(
         }
         let rss1 = rss_bytes();
         let mem1 = probe.memory().await?;
-        let conns_after = connections(t);
+        let conns_after = connections(t, probe);
         // Renewal traffic over the window.
         let s0 = counts.snap();
         let c0 = probe.commands().await.ok().flatten();
