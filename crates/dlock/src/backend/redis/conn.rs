@@ -9,10 +9,9 @@ use ::redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use ::redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisError,
-    RedisFuture, RedisResult, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline,
+    RedisConnectionInfo, RedisError, RedisFuture, RedisResult, Value,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -58,9 +57,10 @@ impl Conn {
                 }
             }
             Deployment::Sentinel { .. } => {
-                let s = SentinelConn::new(target)?;
+                let s = Arc::new(SentinelConn::new(target)?);
                 s.current().await.map_err(unavailable)?;
-                Ok((Conn::Sentinel(Arc::new(s)), None))
+                s.watch();
+                Ok((Conn::Sentinel(s), None))
             }
             Deployment::Cluster { .. } => {
                 let client = cluster_client(target, None)?;
@@ -130,9 +130,21 @@ pub(super) fn cluster_client(
     })
 }
 
-/// The connection to the master Sentinel names, found again when it fails.
+/// How often a Sentinel client asks a sentinel which server is the master, so that it leaves a
+/// deposed master even while no command fails on it (a master continued after a pause, or
+/// restarted empty, answers as a master until Sentinel demotes it, about ten seconds later).
+const SENTINEL_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The connection to the master Sentinel names, found again when it fails or Sentinel names
+/// another.
 pub(super) struct SentinelConn {
-    sentinel: tokio::sync::Mutex<SentinelClient>,
+    /// Each sentinel, in the URL's order.
+    sentinels: Vec<ConnectionInfo>,
+    /// The master's name in Sentinel.
+    master: String,
+    /// How to handshake with the Redis servers (database, credentials).
+    node: RedisConnectionInfo,
+    finding: tokio::sync::Mutex<()>,
     now: StdMutex<Option<Master>>,
     config: AsyncConnectionConfig,
     connect_timeout: std::time::Duration,
@@ -143,8 +155,13 @@ pub(super) struct SentinelConn {
 #[derive(Clone)]
 struct Master {
     epoch: u64,
+    addr: (String, u16),
     conn: MultiplexedConnection,
     client: Client,
+}
+
+fn io_err(what: String) -> RedisError {
+    RedisError::from(std::io::Error::other(what))
 }
 
 impl SentinelConn {
@@ -162,31 +179,34 @@ impl SentinelConn {
                 target.shown
             )));
         };
-        let addrs = sentinels.iter().filter_map(|h| {
-            let (host, port) = h.rsplit_once(':')?;
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            Some(ConnectionAddr::Tcp(host.to_owned(), port.parse().ok()?))
-        });
-        let bad = |e: RedisError| {
-            Error::InvalidConfig(format!("sentinel URL {}: {}", target.shown, e.category()))
+        let sentinel_redis = RedisConnectionInfo {
+            username: sentinel_user.clone().or_else(|| target.user.clone()),
+            password: sentinel_password
+                .clone()
+                .or_else(|| target.password.clone()),
+            ..RedisConnectionInfo::default()
         };
-        let mut b = SentinelClientBuilder::new(addrs, master.clone(), SentinelServerType::Master)
-            .map_err(bad)?
-            .set_client_to_redis_db(*db);
-        if let Some(u) = &target.user {
-            b = b.set_client_to_redis_username(u.clone());
-        }
-        if let Some(p) = &target.password {
-            b = b.set_client_to_redis_password(p.clone());
-        }
-        if let Some(u) = sentinel_user.as_ref().or(target.user.as_ref()) {
-            b = b.set_client_to_sentinel_username(u.clone());
-        }
-        if let Some(p) = sentinel_password.as_ref().or(target.password.as_ref()) {
-            b = b.set_client_to_sentinel_password(p.clone());
-        }
+        let sentinels = sentinels
+            .iter()
+            .filter_map(|h| {
+                let (host, port) = h.rsplit_once(':')?;
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                Some(ConnectionInfo {
+                    addr: ConnectionAddr::Tcp(host.to_owned(), port.parse().ok()?),
+                    redis: sentinel_redis.clone(),
+                })
+            })
+            .collect();
         Ok(SentinelConn {
-            sentinel: tokio::sync::Mutex::new(b.build().map_err(bad)?),
+            sentinels,
+            master: master.clone(),
+            node: RedisConnectionInfo {
+                db: *db,
+                username: target.user.clone(),
+                password: target.password.clone(),
+                ..RedisConnectionInfo::default()
+            },
+            finding: tokio::sync::Mutex::new(()),
             now: StdMutex::new(None),
             config: AsyncConnectionConfig::new()
                 .set_connection_timeout(target.connect_timeout)
@@ -196,40 +216,113 @@ impl SentinelConn {
         })
     }
 
+    /// The master's address as the first sentinel that answers says
+    /// (`SENTINEL get-master-addr-by-name`, what Sentinel's client guide prescribes: unlike
+    /// `SENTINEL MASTERS`, it names the new master as soon as the fail-over elected it).
+    async fn ask(&self) -> RedisResult<(String, u16)> {
+        let mut last = io_err("no sentinel in the URL".into());
+        for s in &self.sentinels {
+            let answer = async {
+                let mut c = Client::open(s.clone())?
+                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .await?;
+                ::redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.master)
+                    .query_async::<Option<(String, u16)>>(&mut c)
+                    .await
+            };
+            match answer.await {
+                Ok(Some(addr)) => return Ok(addr),
+                Ok(None) => {
+                    last = io_err(format!(
+                        "sentinel {:?} knows no master named {:?}",
+                        s.addr.to_string(),
+                        self.master
+                    ))
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
     /// The connection to the master, asking the sentinels for it if there is none.
     async fn current(&self) -> RedisResult<Master> {
         if let Some(m) = lock(&self.now).clone() {
             return Ok(m);
         }
-        let mut sentinel = self.sentinel.lock().await;
+        let _finding = self.finding.lock().await;
         if let Some(m) = lock(&self.now).clone() {
             return Ok(m);
         }
         let find = async {
-            // Asks the sentinels, then checks that the server answers ROLE as a master.
-            let client = sentinel.async_get_client().await?;
-            let conn = client
+            let addr = self.ask().await?;
+            let client = Client::open(ConnectionInfo {
+                addr: ConnectionAddr::Tcp(addr.0.clone(), addr.1),
+                redis: self.node.clone(),
+            })?;
+            let mut conn = client
                 .get_multiplexed_async_connection_with_config(&self.config)
                 .await?;
-            RedisResult::Ok((client, conn))
+            // A server the sentinels name may not know it yet (or any more): ask it.
+            let role: Vec<Value> = ::redis::cmd("ROLE").query_async(&mut conn).await?;
+            let is_master = matches!(role.first(), Some(Value::BulkString(b)) if b == b"master");
+            if !is_master {
+                return Err(io_err(format!(
+                    "{}:{} that the sentinels name as the master answers ROLE as a replica",
+                    addr.0, addr.1
+                )));
+            }
+            RedisResult::Ok((addr, client, conn))
         };
-        let (client, conn) = match tokio::time::timeout(self.connect_timeout, find).await {
+        let (addr, client, conn) = match tokio::time::timeout(self.connect_timeout, find).await {
             Ok(r) => r?,
             Err(_) => {
-                return Err(RedisError::from((
-                    ErrorKind::IoError,
-                    "the sentinels or the master they name did not answer in time",
-                )))
+                return Err(io_err(
+                    "the sentinels or the master they name did not answer in time".into(),
+                ))
             }
         };
         let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
         let m = Master {
             epoch,
+            addr,
             conn,
             client,
         };
         *lock(&self.now) = Some(m.clone());
         Ok(m)
+    }
+
+    /// Every [`SENTINEL_CHECK`] while the connection lives: if the sentinels name another
+    /// master than the one connected to, forgets it (the next command finds the new one).
+    fn watch(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SENTINEL_CHECK).await;
+                let Some(s) = weak.upgrade() else { return };
+                let Some((epoch, addr)) = lock(&s.now).as_ref().map(|m| (m.epoch, m.addr.clone()))
+                else {
+                    continue;
+                };
+                let named = tokio::time::timeout(s.connect_timeout, s.ask()).await;
+                if let Ok(Ok(named)) = named {
+                    if named != addr {
+                        tracing::info!(
+                            old = %format!("{}:{}", addr.0, addr.1),
+                            new = %format!("{}:{}", named.0, named.1),
+                            "redis sentinel names another master; switching"
+                        );
+                        let mut now = lock(&s.now);
+                        if now.as_ref().is_some_and(|m| m.epoch == epoch) {
+                            *now = None;
+                        }
+                    }
+                }
+            }
+        });
     }
 
     /// Forgets master `epoch` after an error that says it may no longer be the master. `true` if
