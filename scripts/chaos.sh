@@ -17,5 +17,5 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/dlock-target}"
 need_private_servers
 log "building dlock-chaos (release)"
 cargo build --release --locked -p dlock-chaos
-log "running (about 15 minutes for every backend)"
+log "running (about 30 minutes for every backend, half of it the Redis Sentinel and Cluster fail-overs)"
 exec "$CARGO_TARGET_DIR/release/dlock-chaos" --json chaos-report.json --markdown chaos-report.md "$@"

@@ -18,7 +18,11 @@
 //! - a hold is **taken over** when another hold is granted while it is live; `lost()` came first
 //!   when the holder's `lost()` fired before that grant (for a paused process, which cannot run
 //!   `lost()`, when its last known local deadline lay before that grant);
-//! - the **takeover time** after a holder was killed is from the kill to the next grant.
+//! - the **takeover time** after a holder was killed is from the kill to the next grant;
+//! - after a fault of a Redis fail-over deployment (`master-kill`, `master-pause`,
+//!   `slot-migrate`), the **fail-over time** is from the fault to the moment the harness saw the
+//!   store recovered (a new master named, a paused one continued, the slot moved), and the
+//!   **time without a grant** is from the fault to the next grant.
 
 use crate::event::{Event, ReadRecord, ReleaseResult, WriteRecord};
 use serde::Serialize;
@@ -90,7 +94,22 @@ pub struct Figures {
     pub pause_takeover_ms: Vec<f64>,
     /// Pauses during which another process was granted the lock.
     pub taken_over_during_pause: u64,
+    /// Holds whose `lost()` fired before they were released.
+    pub lost: u64,
+    /// Acquisitions refused because too few replicas confirmed the grant (`WAIT`; rolled back).
+    pub wait_refusals: u64,
+    /// Faults of a Redis fail-over deployment, and how many of them found a hold live.
+    pub failovers: u64,
+    pub failovers_during_hold: u64,
+    /// From each such fault to the store's recovery as the harness saw it, in ms (sorted).
+    pub failover_ms: Vec<f64>,
+    /// From each such fault to the next grant, in ms (sorted), and faults never followed by one.
+    pub outage_ms: Vec<f64>,
+    pub outage_missing: u64,
 }
+
+/// The fault kinds of a Redis fail-over deployment.
+pub const FAILOVER_KINDS: [&str; 3] = ["master-kill", "master-pause", "slot-migrate"];
 
 impl Figures {
     /// Median of the takeover times after kills.
@@ -232,6 +251,8 @@ pub fn analyze(data: &RunData) -> Figures {
         |p: fn(&Event) -> bool| data.events.values().flatten().filter(|e| p(e)).count() as u64;
     f.errors = count(|e| matches!(e, Event::Error { .. }));
     f.skipped_lost = count(|e| matches!(e, Event::Skipped { .. }));
+    f.wait_refusals = count(|e| matches!(e, Event::Error { what, .. } if what.contains("(WAIT)")));
+    f.lost = holds.iter().filter(|h| h.lost.is_some()).count() as u64;
     let grants: Vec<i64> = holds.iter().map(|h| h.granted).collect();
     // When each hold first read or wrote the resource.
     let mut touched: HashMap<(u32, u64), i64> = HashMap::new();
@@ -347,6 +368,19 @@ pub fn analyze(data: &RunData) -> Figures {
             .iter()
             .any(|h| Some(h.worker) == x.worker && h.granted < x.at && x.at <= h.end);
         let kill = x.kind == "kill" || x.kind == "run-kill";
+        if FAILOVER_KINDS.contains(&x.kind.as_str()) {
+            f.failovers += 1;
+            let live = holds.iter().any(|h| h.live_at(x.at));
+            f.failovers_during_hold += live as u64;
+            if let Some(u) = x.until {
+                f.failover_ms.push((u - x.at) as f64 / 1000.0);
+            }
+            match grants.iter().find(|g| **g > x.at) {
+                Some(g) => f.outage_ms.push((g - x.at) as f64 / 1000.0),
+                None => f.outage_missing += 1,
+            }
+            continue;
+        }
         if kill && !holding {
             f.kills_between_holds += 1;
             continue;
@@ -366,6 +400,8 @@ pub fn analyze(data: &RunData) -> Figures {
     }
     f.takeover_ms.sort_by(f64::total_cmp);
     f.pause_takeover_ms.sort_by(f64::total_cmp);
+    f.failover_ms.sort_by(f64::total_cmp);
+    f.outage_ms.sort_by(f64::total_cmp);
     f
 }
 
@@ -606,6 +642,58 @@ mod tests {
         assert!(f.takeover_ms.is_empty());
         assert_eq!(f.kills_between_holds, 1);
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 0.5), Some(2.0));
+    }
+
+    #[test]
+    fn a_master_fault_times_the_failover_and_the_next_grant() {
+        // A hold from 100 to 5000; the master is killed at 1000, the fail-over is over at 3000,
+        // the next grant comes at 5200 after a refused one. A second fault at 6000 has no grant.
+        let mut d = data(
+            vec![
+                (
+                    1,
+                    vec![
+                        granted(1, 100, 1, 1100),
+                        Event::Lost {
+                            hold: 1,
+                            at: 1100,
+                            reason: "x".into(),
+                        },
+                        released(1, 5000, ReleaseResult::Lost),
+                    ],
+                ),
+                (
+                    2,
+                    vec![
+                        Event::Error {
+                            at: 4000,
+                            what: "redis at …: the grant of \"n\" was confirmed by 0 of the 1 \
+                                   replicas asked for within 500ms (WAIT); it was rolled back"
+                                .into(),
+                        },
+                        granted(1, 5200, 2, 6200),
+                    ],
+                ),
+            ],
+            vec![],
+            0,
+        );
+        for (kind, at, until) in [("master-kill", 1000, 3000), ("slot-migrate", 6000, 6500)] {
+            d.faults.push(FaultRecord {
+                kind: kind.into(),
+                worker: Some(1),
+                at,
+                until: Some(until),
+                detail: String::new(),
+            });
+        }
+        let f = analyze(&d);
+        assert_eq!((f.failovers, f.failovers_during_hold), (2, 2));
+        assert_eq!(f.failover_ms, vec![0.5, 2.0]);
+        assert_eq!(f.outage_ms, vec![4.2]);
+        assert_eq!(f.outage_missing, 1);
+        assert_eq!((f.lost, f.wait_refusals, f.errors), (1, 1, 1));
+        assert!(f.takeover_ms.is_empty(), "a master fault is no holder kill");
     }
 
     #[test]

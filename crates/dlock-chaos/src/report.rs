@@ -1,5 +1,6 @@
 //! The figures table (Markdown) and the JSON report of a chaos run.
 
+use crate::analysis::percentile;
 use crate::run::{Outcome, Settings, Status};
 use serde::Serialize;
 
@@ -105,6 +106,38 @@ pub fn markdown(r: &Report) -> String {
             lost,
             o.verdict()
         ));
+    }
+    let failovers: Vec<&Outcome> = r
+        .outcomes
+        .iter()
+        .filter(|o| o.figures.failovers > 0)
+        .collect();
+    if !failovers.is_empty() {
+        s.push_str("\nRedis fail-overs: from each fault to the store's recovery as the harness saw it (Sentinel: every sentinel names another master that answers as one; Cluster: every node says cluster_state:ok and none gives the old master a slot; the paused master is continued then; the slot moved), and to the next grant (\"no grant\": the store unavailable, or the rest of a hold that outlived the fault, as a slot migration's do). Before the next fault, the killed or paused node is a replica again. Acquire errors include the attempts refused because no replica confirmed them (WAIT).\n\n");
+        s.push_str("| backend | fault | faults (a hold live) | fail-over p50 / max ms | no grant p50 / max ms | acquire errors | of which WAIT refusals | holds lost |\n");
+        s.push_str("|---|---|---:|---:|---:|---:|---:|---:|\n");
+        for o in failovers {
+            let x = &o.figures;
+            let pair =
+                |v: &[f64]| format!("{} / {}", opt(percentile(v, 0.5)), opt(v.last().copied()));
+            let never = if x.outage_missing > 0 {
+                format!(" ({} never)", x.outage_missing)
+            } else {
+                String::new()
+            };
+            s.push_str(&format!(
+                "| {} | {} | {} ({}) | {} | {}{never} | {} | {} | {} |\n",
+                o.backend.label(),
+                o.fault.label(),
+                x.failovers,
+                x.failovers_during_hold,
+                pair(&x.failover_ms),
+                pair(&x.outage_ms),
+                x.errors,
+                x.wait_refusals,
+                x.lost
+            ));
+        }
     }
     let mut notes = String::new();
     for o in &r.outcomes {

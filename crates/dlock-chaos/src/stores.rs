@@ -2,7 +2,10 @@
 //! shared ones), their URLs (optionally through one fault proxy per endpoint and client), and the
 //! store-side faults.
 
-use dlock_testkit::{Db, EtcdCluster, RedisServer, SqlServer, TcpProxy, ZkEnsemble};
+use crate::event::now_us;
+use dlock_testkit::{
+    Db, EtcdCluster, RedisCluster, RedisSentinel, RedisServer, SqlServer, TcpProxy, ZkEnsemble,
+};
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,11 +36,19 @@ pub enum Backend {
     Etcd,
     /// Redlock over five independent Redis servers without persistence.
     Redlock,
+    /// Redis Sentinel (`redis+sentinel://`): a master, two replicas, three sentinels; no `WAIT`.
+    RedisSentinel,
+    /// Redis Sentinel with every grant and renewal confirmed by a replica (`?replicas=1`).
+    RedisSentinelWait,
+    /// A six-node Redis Cluster (`redis+cluster://`, 3 masters with a replica each); no `WAIT`.
+    RedisCluster,
+    /// The Redis Cluster with every grant and renewal confirmed by a replica (`?replicas=1`).
+    RedisClusterWait,
 }
 
 impl Backend {
     /// Every backend, in report order.
-    pub const ALL: [Backend; 10] = [
+    pub const ALL: [Backend; 14] = [
         Backend::Sqlite,
         Backend::Redis,
         Backend::RedisAof,
@@ -48,6 +59,10 @@ impl Backend {
         Backend::Zookeeper,
         Backend::Etcd,
         Backend::Redlock,
+        Backend::RedisSentinel,
+        Backend::RedisSentinelWait,
+        Backend::RedisCluster,
+        Backend::RedisClusterWait,
     ];
 
     /// The name used in tables and JSON.
@@ -63,7 +78,31 @@ impl Backend {
             Backend::Zookeeper => "zookeeper",
             Backend::Etcd => "etcd",
             Backend::Redlock => "redlock",
+            Backend::RedisSentinel => "redis-sentinel",
+            Backend::RedisSentinelWait => "redis-sentinel-wait",
+            Backend::RedisCluster => "redis-cluster",
+            Backend::RedisClusterWait => "redis-cluster-wait",
         }
+    }
+
+    /// A Redis deployment with fail-over (Sentinel or Cluster).
+    pub fn redis_ha(self) -> bool {
+        self.sentinel() || self.cluster()
+    }
+
+    /// Redis Sentinel, with or without `WAIT`.
+    pub fn sentinel(self) -> bool {
+        matches!(self, Backend::RedisSentinel | Backend::RedisSentinelWait)
+    }
+
+    /// Redis Cluster, with or without `WAIT`.
+    pub fn cluster(self) -> bool {
+        matches!(self, Backend::RedisCluster | Backend::RedisClusterWait)
+    }
+
+    /// Grants and renewals are confirmed by a replica (`replicas=1`: `WAIT 1`).
+    pub fn waits(self) -> bool {
+        matches!(self, Backend::RedisSentinelWait | Backend::RedisClusterWait)
     }
 
     /// Whether grants carry fencing tokens.
@@ -81,6 +120,8 @@ enum Servers {
     Zk(Shared<ZkEnsemble>),
     Etcd(Shared<EtcdCluster>),
     Redlock(Vec<Shared<RedisServer>>),
+    Sentinel(Shared<RedisSentinel>),
+    Cluster(Shared<RedisCluster>),
 }
 
 /// The private servers of one backend, started for a run and stopped when dropped.
@@ -101,8 +142,8 @@ fn loopback(port: u16) -> SocketAddr {
 }
 
 impl StoreEnv {
-    /// Starts the private servers of `backend` (blocking: up to tens of seconds for databases
-    /// ZooKeeper and etcd).
+    /// Starts the private servers of `backend` (blocking: up to tens of seconds for databases,
+    /// ZooKeeper, etcd and the Redis fail-over topologies).
     pub fn start(backend: Backend, lease: Duration) -> io::Result<StoreEnv> {
         let dir = tempfile::Builder::new().prefix("dlock-chaos-").tempdir()?;
         let no_persistence = ["--save", "", "--appendonly", "no"];
@@ -132,6 +173,12 @@ impl StoreEnv {
                     .map(|_| RedisServer::start(&no_persistence).map(|s| Arc::new(Mutex::new(s))))
                     .collect::<io::Result<_>>()?,
             ),
+            Backend::RedisSentinel | Backend::RedisSentinelWait => {
+                Servers::Sentinel(Arc::new(Mutex::new(RedisSentinel::start()?)))
+            }
+            Backend::RedisCluster | Backend::RedisClusterWait => {
+                Servers::Cluster(Arc::new(Mutex::new(RedisCluster::start()?)))
+            }
         };
         Ok(StoreEnv {
             backend,
@@ -141,10 +188,12 @@ impl StoreEnv {
         })
     }
 
-    /// The network endpoints of the store (none for SQLite).
+    /// The network endpoints of the store (none for SQLite; none for Redis Sentinel and Cluster,
+    /// whose clients learn the data nodes' addresses from the servers, so a proxy in front of
+    /// the addresses in the URL would not carry their traffic).
     pub fn endpoints(&self) -> Vec<SocketAddr> {
         match &self.servers {
-            Servers::Sqlite(_) => vec![],
+            Servers::Sqlite(_) | Servers::Sentinel(_) | Servers::Cluster(_) => vec![],
             Servers::Redis(s) => vec![loopback(lock(s).port)],
             Servers::Sql(s) => vec![loopback(lock(s).port)],
             Servers::Zk(z) => lock(z).client_ports().into_iter().map(loopback).collect(),
@@ -188,7 +237,149 @@ impl StoreEnv {
                 )
             }
             (Servers::Redlock(_), _) => format!("redlock://{hosts}"),
+            // The servers' own addresses (see `endpoints`), the default timeouts.
+            (Servers::Sentinel(s), b) => lock(s).url(if b.waits() { "?replicas=1" } else { "" }),
+            (Servers::Cluster(c), b) => lock(c).url(if b.waits() { "?replicas=1" } else { "" }),
         }
+    }
+
+    /// The master a fault of `key` aims at: the Sentinel master, or the master of `key`'s slot in
+    /// the cluster (with the slot, after checking with `CLUSTER KEYSLOT` that `key` and `tag`,
+    /// the lock name that is its hash tag, are both in it).
+    pub fn master_of(&self, key: &str, tag: &str) -> io::Result<MasterTarget> {
+        match &self.servers {
+            Servers::Sentinel(s) => {
+                let (node, addr) = lock(s).master_node()?;
+                Ok(MasterTarget {
+                    node,
+                    addr,
+                    slot: None,
+                })
+            }
+            Servers::Cluster(c) => {
+                let c = lock(c);
+                let slot = c.key_slot(key)?;
+                let of_tag = c.key_slot(tag)?;
+                if slot != of_tag {
+                    return Err(io::Error::other(format!(
+                        "key {key:?} is in slot {slot}, its hash tag {tag:?} in slot {of_tag}"
+                    )));
+                }
+                let (node, addr) = c.master_node_of(key)?;
+                Ok(MasterTarget {
+                    node,
+                    addr,
+                    slot: Some(slot),
+                })
+            }
+            _ => Err(io::Error::other("not a Redis Sentinel or Cluster store")),
+        }
+    }
+
+    /// Redis Sentinel / Cluster: SIGKILL the master `m`, wait until the fail-over is over, start
+    /// the killed node again and wait until it is a replica (so that the next fault finds
+    /// replicas again). Returns a description and when the fail-over was over.
+    pub fn master_kill(&self, m: &MasterTarget) -> io::Result<(String, i64)> {
+        self.master_down(m, false)
+    }
+
+    /// Redis Sentinel / Cluster: SIGSTOP the master `m` until the fail-over is over, then SIGCONT
+    /// it and wait until it has been demoted to a replica. Returns a description and when it was
+    /// continued.
+    pub fn master_pause(&self, m: &MasterTarget) -> io::Result<(String, i64)> {
+        self.master_down(m, true)
+    }
+
+    fn master_down(&self, m: &MasterTarget, pause: bool) -> io::Result<(String, i64)> {
+        let t = std::time::Instant::now();
+        let secs = |d: Duration| d.as_secs_f64();
+        let slot = m.slot.map(|s| format!("slot {s}: ")).unwrap_or_default();
+        let what = if pause { "SIGSTOP" } else { "SIGKILL" };
+        let (promoted, over, back) = match &self.servers {
+            Servers::Sentinel(s) => {
+                let s = lock(s);
+                if pause {
+                    s.pause(&m.node)?;
+                } else {
+                    s.kill(&m.node)?;
+                }
+                let new = s.wait_failover(&m.addr);
+                let over = now_us();
+                let took = t.elapsed();
+                if pause {
+                    s.resume(&m.node)?;
+                } else {
+                    s.start_one(&m.node)?;
+                }
+                let new = new?;
+                let node = s.node_of(&new).unwrap_or_default();
+                let back = s.wait_replica(&m.node)?;
+                (
+                    format!("{node} ({new}) master after {:.1} s", secs(took)),
+                    over,
+                    back,
+                )
+            }
+            Servers::Cluster(c) => {
+                let c = lock(c);
+                if pause {
+                    c.pause(&m.node)?;
+                } else {
+                    c.kill(&m.node)?;
+                }
+                let done = c.wait_failover(&m.addr);
+                let over = now_us();
+                let took = t.elapsed();
+                if pause {
+                    c.resume(&m.node)?;
+                } else {
+                    c.start_one(&m.node)?;
+                }
+                done?;
+                let back = c.wait_replica(&m.node)?;
+                (
+                    format!("its replica master after {:.1} s", secs(took)),
+                    over,
+                    back,
+                )
+            }
+            _ => return Err(io::Error::other("not a Redis Sentinel or Cluster store")),
+        };
+        let again = if pause {
+            "SIGCONT; "
+        } else {
+            "started again; "
+        };
+        Ok((
+            format!(
+                "{slot}master {} ({}) {what}; {promoted}; {again}{} a replica after {:.1} s more",
+                m.node,
+                m.addr,
+                m.node,
+                secs(back)
+            ),
+            over,
+        ))
+    }
+
+    /// Redis Cluster: move `key`'s slot (and its keys) to another master while the lock is held.
+    /// Returns a description and when the move was over.
+    pub fn migrate_slot(&self, key: &str) -> io::Result<(String, i64)> {
+        let Servers::Cluster(c) = &self.servers else {
+            return Err(io::Error::other("not a Redis Cluster store"));
+        };
+        let t = std::time::Instant::now();
+        let mv = lock(c).migrate_slot(key)?;
+        Ok((
+            format!(
+                "slot {} moved from {} to {} in {:.1} s",
+                mv.slot,
+                mv.from,
+                mv.to,
+                t.elapsed().as_secs_f64()
+            ),
+            now_us(),
+        ))
     }
 
     /// Crash the store and start it again (Redis, PostgreSQL, MariaDB: SIGKILL of the server;
@@ -272,6 +463,16 @@ impl StoreEnv {
             "{n} of 5 servers stopped for {down:?}, started again empty"
         ))
     }
+}
+
+/// The master a Redis Sentinel or Cluster fault aims at.
+#[derive(Debug, Clone)]
+pub struct MasterTarget {
+    /// Its node name (`n1`..`n3`, `c1`..`c6`) and `host:port`.
+    pub node: String,
+    pub addr: String,
+    /// The cluster slot of the lock's keys.
+    pub slot: Option<u16>,
 }
 
 /// One client's proxies, one per store endpoint.

@@ -5,6 +5,8 @@
 //! - [`SqlServer`]: a private PostgreSQL or MariaDB server ([`Db`]) on a free loopback port.
 //! - [`ZkEnsemble`]: a three-server ZooKeeper ensemble (wraps `scripts/zk-ensemble.sh`).
 //! - [`EtcdCluster`]: a three-member etcd cluster (wraps `scripts/etcd-cluster.sh`).
+//! - [`RedisSentinel`], [`RedisCluster`]: Redis with fail-over, a Sentinel topology (1 master,
+//!   2 replicas, 3 sentinels) and a six-node Redis Cluster (wrap `scripts/redis-ha.sh`).
 //! - [`TcpProxy`]: a TCP proxy on 127.0.0.1 whose delay, black hole and resets are switched at
 //!   run time.
 //! - [`free_port`], [`alive`], [`children`], [`signal`]: process and port helpers.
@@ -17,6 +19,7 @@
 mod etcd;
 mod proxy;
 mod redis;
+mod redis_ha;
 mod sql;
 mod util;
 mod zk;
@@ -24,6 +27,7 @@ mod zk;
 pub use etcd::EtcdCluster;
 pub use proxy::TcpProxy;
 pub use redis::RedisServer;
+pub use redis_ha::{RedisCluster, RedisSentinel, SlotMove, SENTINEL_MASTER_NAME};
 pub use sql::{pg_bin, Db, SqlServer};
 pub use zk::ZkEnsemble;
 

@@ -1,12 +1,15 @@
 //! The private servers, each briefly: start, the fault operations, stop. They need the server
-//! binaries `scripts/test.sh` installs (redis-server, PostgreSQL, MariaDB, ZooKeeper).
+//! binaries `scripts/test.sh` installs (redis-server, PostgreSQL, MariaDB, ZooKeeper; the Redis
+//! fail-over topologies install redis-server themselves when it is missing).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dlock_testkit::{alive, Db, RedisServer, SqlServer, TcpProxy, ZkEnsemble};
+use dlock_testkit::{
+    alive, Db, RedisCluster, RedisSentinel, RedisServer, SqlServer, TcpProxy, ZkEnsemble,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -206,5 +209,79 @@ fn zookeeper_ensemble_kill_and_start_one() {
     zk.stop();
     for p in ports {
         assert!(std::net::TcpStream::connect(("127.0.0.1", p)).is_err());
+    }
+}
+
+/// `127.0.0.1:PORT` for every node of a started topology, in order.
+fn addrs(hosts: &str) -> Vec<String> {
+    hosts.split(',').map(str::to_string).collect()
+}
+
+#[test]
+fn redis_sentinel_starts_and_names_its_master() {
+    let mut s = RedisSentinel::start().expect("sentinel topology starts");
+    let sentinels = addrs(s.hosts());
+    assert_eq!(sentinels.len(), 3, "{}", s.hosts());
+    for (i, a) in sentinels.iter().enumerate() {
+        let node = format!("s{}", i + 1);
+        assert_eq!(a, &format!("127.0.0.1:{}", s.port(&node).unwrap()));
+        assert_eq!(s.node_of(a).unwrap(), node);
+    }
+    assert_eq!(
+        s.url("?replicas=1"),
+        format!("redis+sentinel://{}/dlockmaster?replicas=1", s.hosts())
+    );
+    // The first master is n1, and it has both replicas.
+    let (node, master) = s.master_node().unwrap();
+    assert_eq!(node, "n1");
+    assert_eq!(master, format!("127.0.0.1:{}", s.port("n1").unwrap()));
+    assert_eq!(s.role("n1").unwrap(), "master");
+    assert_eq!(s.role("s1").unwrap(), "sentinel");
+    s.wait_replica("n2").expect("n2 replicates the master");
+    assert!(
+        s.kill("c1").is_err(),
+        "no cluster node in a sentinel topology"
+    );
+    let pids: Vec<u32> = ["n1", "n2", "n3", "s1", "s2", "s3"]
+        .iter()
+        .map(|n| s.pid(n).expect("running"))
+        .collect();
+    s.stop();
+    for p in pids {
+        assert!(!alive(p), "pid {p} outlived stop");
+    }
+}
+
+#[test]
+fn redis_cluster_starts_and_names_the_master_of_a_key() {
+    let mut c = RedisCluster::start().expect("cluster starts");
+    let nodes = addrs(c.hosts());
+    assert_eq!(nodes.len(), 6, "{}", c.hosts());
+    assert_eq!(
+        c.url("?replicas=1"),
+        format!("redis+cluster://{}/?replicas=1", c.hosts())
+    );
+    // dlock's keys of the lock `x` are `dlock:{x}`...: the slot of the hash tag.
+    let slot = c.key_slot("dlock:{x}").unwrap();
+    assert_eq!(slot, c.key_slot("x").unwrap());
+    assert_eq!(slot, 16287);
+    let (node, master) = c.master_node_of("dlock:{x}").unwrap();
+    assert!(nodes.contains(&master), "{master} not in {nodes:?}");
+    assert_eq!(master, format!("127.0.0.1:{}", c.port(&node).unwrap()));
+    assert_eq!(c.role(&node).unwrap(), "master");
+    let replicas: Vec<String> = (1..=6)
+        .map(|n| format!("c{n}"))
+        .filter(|n| c.role(n).unwrap() == "slave")
+        .collect();
+    assert_eq!(replicas.len(), 3, "three replicas: {replicas:?}");
+    for r in &replicas {
+        c.wait_replica(r).expect("a replica with its link up");
+    }
+    let pids: Vec<u32> = (1..=6)
+        .map(|n| c.pid(&format!("c{n}")).expect("running"))
+        .collect();
+    c.stop();
+    for p in pids {
+        assert!(!alive(p), "pid {p} outlived stop");
     }
 }
