@@ -27,7 +27,7 @@ mod zk;
 pub use etcd::EtcdCluster;
 pub use proxy::TcpProxy;
 pub use redis::RedisServer;
-pub use redis_ha::{RedisCluster, RedisSentinel, SlotMove, SENTINEL_MASTER_NAME};
+pub use redis_ha::{RedisCluster, RedisHa, RedisSentinel, SlotMove, SENTINEL_MASTER_NAME};
 pub use sql::{pg_bin, Db, SqlServer};
 pub use zk::ZkEnsemble;
 

@@ -31,17 +31,18 @@ enum Kind {
     Cluster,
 }
 
-/// What both topologies share: the directory, the list the start printed, the script's verbs.
+/// What both topologies share (reached through [`RedisSentinel`] and [`RedisCluster`]): the
+/// directory, the list the start printed, and the script's verbs on one node.
 #[derive(Debug)]
-struct Ha {
+pub struct RedisHa {
     kind: Kind,
     dir: tempfile::TempDir,
     hosts: String,
     stopped: bool,
 }
 
-impl Ha {
-    fn start(kind: Kind) -> io::Result<Ha> {
+impl RedisHa {
+    fn start(kind: Kind) -> io::Result<RedisHa> {
         let (prefix, verb, count) = match kind {
             Kind::Sentinel => ("dlock-redis-sentinel-", "sentinel-start", 3),
             Kind::Cluster => ("dlock-redis-cluster-", "cluster-start", 6),
@@ -50,7 +51,7 @@ impl Ha {
             .prefix(prefix)
             .tempdir()
             .map_err(|e| io::Error::other(format!("cannot create a temp dir for redis: {e}")))?;
-        let mut ha = Ha {
+        let mut ha = RedisHa {
             kind,
             dir,
             hosts: String::new(),
@@ -108,11 +109,48 @@ impl Ha {
         self.script(&[verb, node], limit).map(drop)
     }
 
-    fn node_of(&self, addr: &str) -> io::Result<String> {
+    /// The list the start printed: the sentinels (`s1`..`s3`) or the cluster's nodes
+    /// (`c1`..`c6`), `127.0.0.1:p1,…`, as written after the URL's scheme.
+    pub fn hosts(&self) -> &str {
+        &self.hosts
+    }
+
+    /// The node (`n1`, `s2`, `c4`, …) whose port is `addr`'s.
+    pub fn node_of(&self, addr: &str) -> io::Result<String> {
         self.script(&["node-of", addr], STOP_LIMIT)
     }
 
-    fn port(&self, node: &str) -> io::Result<u16> {
+    /// SIGKILL to `node`, by its recorded pid; returns once it is gone.
+    pub fn kill(&self, node: &str) -> io::Result<()> {
+        self.node_script("kill", node, STOP_LIMIT)
+    }
+
+    /// Starts `node` again (same port, directory and config, as the sentinels rewrote it, or its
+    /// `nodes.conf`) and waits (at most 60 s) until it answers PING. A killed Sentinel master
+    /// comes back as an empty master until the sentinels make it a replica; a failed-over
+    /// cluster master rejoins as a replica.
+    pub fn start_one(&self, node: &str) -> io::Result<()> {
+        self.node_script("start-one", node, WAIT_LIMIT)
+    }
+
+    /// SIGSTOP to `node`: it keeps its sockets open and answers nothing until [`Self::resume`].
+    pub fn pause(&self, node: &str) -> io::Result<()> {
+        self.node_script("pause", node, STOP_LIMIT)
+    }
+
+    /// SIGCONT to `node`.
+    pub fn resume(&self, node: &str) -> io::Result<()> {
+        self.node_script("resume", node, STOP_LIMIT)
+    }
+
+    /// The topology's temporary directory (`NODE/redis.log` or `NODE/sentinel.log`, `NODE/pid`,
+    /// `NODE/port`, `NODE/redis.conf`, `NODE/sentinel.conf` or `NODE/nodes.conf`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The port of `node`.
+    pub fn port(&self, node: &str) -> io::Result<u16> {
         self.check_node(node)?;
         let p = self.dir.path().join(node).join("port");
         std::fs::read_to_string(&p)
@@ -121,12 +159,14 @@ impl Ha {
             .ok_or_else(|| io::Error::other(format!("no port recorded in {}", p.display())))
     }
 
-    fn role(&self, node: &str) -> io::Result<String> {
+    /// The first word of `node`'s `ROLE` answer: `master`, `slave` or `sentinel`.
+    pub fn role(&self, node: &str) -> io::Result<String> {
         let out = cli(self.port(node)?, &["ROLE"])?;
         Ok(out.lines().next().unwrap_or_default().to_string())
     }
 
-    fn pid(&self, node: &str) -> Option<u32> {
+    /// The pid of `node` while it runs (as recorded by the script).
+    pub fn pid(&self, node: &str) -> Option<u32> {
         self.check_node(node).ok()?;
         let pid: u32 = std::fs::read_to_string(self.dir.path().join(node).join("pid"))
             .ok()?
@@ -165,7 +205,9 @@ impl Ha {
         )))
     }
 
-    fn stop(&mut self) {
+    /// Stops every node (SIGTERM and SIGCONT, SIGKILL after 5 s; by recorded pid). Also done on
+    /// drop.
+    pub fn stop(&mut self) {
         if !self.stopped {
             self.stopped = true;
             let _ = self.script(&["stop"], STOP_LIMIT);
@@ -173,7 +215,7 @@ impl Ha {
     }
 }
 
-impl Drop for Ha {
+impl Drop for RedisHa {
     fn drop(&mut self) {
         self.stop();
     }
@@ -227,7 +269,7 @@ fn port_of(addr: &str) -> Option<u16> {
 /// `scripts/redis-ha.sh`. Every node it started is stopped (by its recorded pid; a paused one is
 /// continued first) by [`RedisSentinel::stop`] or when dropped.
 #[derive(Debug)]
-pub struct RedisSentinel(Ha);
+pub struct RedisSentinel(RedisHa);
 
 /// The master's name in the sentinels' configuration.
 pub const SENTINEL_MASTER_NAME: &str = "dlockmaster";
@@ -238,13 +280,7 @@ impl RedisSentinel {
     /// sentinels (at most 5 minutes). On failure every node started so far is stopped and the
     /// error carries the script's stderr (with the logs' tails).
     pub fn start() -> io::Result<RedisSentinel> {
-        Ha::start(Kind::Sentinel).map(RedisSentinel)
-    }
-
-    /// The sentinels: `127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3` (`s1`, `s2`, `s3`), as written
-    /// between `redis+sentinel://` and the master's name.
-    pub fn hosts(&self) -> &str {
-        &self.0.hosts
+        RedisHa::start(Kind::Sentinel).map(RedisSentinel)
     }
 
     /// `redis+sentinel://HOSTS/dlockmaster` followed by `query` (`""` or `"?replicas=1"`, …).
@@ -260,43 +296,10 @@ impl RedisSentinel {
         self.0.script(&["master"], WAIT_LIMIT)
     }
 
-    /// The node (`n1`..`n3`, `s1`..`s3`) listening on `addr`'s port.
-    pub fn node_of(&self, addr: &str) -> io::Result<String> {
-        self.0.node_of(addr)
-    }
-
     /// The node that is the master now (`n1`..`n3`) and its address.
     pub fn master_node(&self) -> io::Result<(String, String)> {
         let addr = self.master()?;
         Ok((self.node_of(&addr)?, addr))
-    }
-
-    /// The port of `node`.
-    pub fn port(&self, node: &str) -> io::Result<u16> {
-        self.0.port(node)
-    }
-
-    /// SIGKILL to `node`, by its recorded pid; returns once it is gone.
-    pub fn kill(&self, node: &str) -> io::Result<()> {
-        self.0.node_script("kill", node, STOP_LIMIT)
-    }
-
-    /// Starts `node` again (same port, directory and config, as the sentinels rewrote it) and
-    /// waits (at most 60 s) until it answers PING. A killed master comes back as an empty master
-    /// until the sentinels make it a replica (see [`RedisSentinel::wait_replica`]).
-    pub fn start_one(&self, node: &str) -> io::Result<()> {
-        self.0.node_script("start-one", node, WAIT_LIMIT)
-    }
-
-    /// SIGSTOP to `node`: it keeps its sockets open and answers nothing until
-    /// [`RedisSentinel::resume`].
-    pub fn pause(&self, node: &str) -> io::Result<()> {
-        self.0.node_script("pause", node, STOP_LIMIT)
-    }
-
-    /// SIGCONT to `node`.
-    pub fn resume(&self, node: &str) -> io::Result<()> {
-        self.0.node_script("resume", node, STOP_LIMIT)
     }
 
     /// Waits (at most 60 s) until every live sentinel reports a master other than `old`
@@ -316,28 +319,6 @@ impl RedisSentinel {
                 && cli(mport, &["INFO", "replication"]).is_ok_and(|i| online_replicas(&i) >= 2)
         })
     }
-
-    /// The first word of `node`'s `ROLE` answer: `master`, `slave` or `sentinel`.
-    pub fn role(&self, node: &str) -> io::Result<String> {
-        self.0.role(node)
-    }
-
-    /// The pid of `node` while it runs (as recorded by the script).
-    pub fn pid(&self, node: &str) -> Option<u32> {
-        self.0.pid(node)
-    }
-
-    /// The topology's temporary directory (`NODE/redis.log` or `NODE/sentinel.log`, `NODE/pid`,
-    /// `NODE/port`, `NODE/redis.conf` or `NODE/sentinel.conf`).
-    pub fn dir(&self) -> &Path {
-        self.0.dir.path()
-    }
-
-    /// Stops every node (SIGTERM and SIGCONT, SIGKILL after 5 s; by recorded pid). Also done on
-    /// drop.
-    pub fn stop(&mut self) {
-        self.0.stop();
-    }
 }
 
 /// A six-node Redis Cluster on loopback (`c1`..`c6`: three masters with one replica each,
@@ -345,7 +326,7 @@ impl RedisSentinel {
 /// node it started is stopped (by its recorded pid; a paused one is continued first) by
 /// [`RedisCluster::stop`] or when dropped.
 #[derive(Debug)]
-pub struct RedisCluster(Ha);
+pub struct RedisCluster(RedisHa);
 
 /// What [`RedisCluster::migrate_slot`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -362,13 +343,7 @@ impl RedisCluster {
     /// `cluster_state:ok` and every master has a replica (at most 5 minutes). On failure every
     /// node started so far is stopped and the error carries the script's stderr.
     pub fn start() -> io::Result<RedisCluster> {
-        Ha::start(Kind::Cluster).map(RedisCluster)
-    }
-
-    /// The nodes: `127.0.0.1:p1,...,127.0.0.1:p6` (`c1`..`c6`), as written after
-    /// `redis+cluster://`.
-    pub fn hosts(&self) -> &str {
-        &self.0.hosts
+        RedisHa::start(Kind::Cluster).map(RedisCluster)
     }
 
     /// `redis+cluster://HOSTS/` followed by `query` (`""` or `"?replicas=1"`, …).
@@ -405,41 +380,10 @@ impl RedisCluster {
         self.0.script(&["master-of", key], WAIT_LIMIT)
     }
 
-    /// The node (`c1`..`c6`) listening on `addr`'s port.
-    pub fn node_of(&self, addr: &str) -> io::Result<String> {
-        self.0.node_of(addr)
-    }
-
     /// The node that serves `key`'s slot now and its address.
     pub fn master_node_of(&self, key: &str) -> io::Result<(String, String)> {
         let addr = self.master_of(key)?;
         Ok((self.node_of(&addr)?, addr))
-    }
-
-    /// The port of `node`.
-    pub fn port(&self, node: &str) -> io::Result<u16> {
-        self.0.port(node)
-    }
-
-    /// SIGKILL to `node`, by its recorded pid; returns once it is gone.
-    pub fn kill(&self, node: &str) -> io::Result<()> {
-        self.0.node_script("kill", node, STOP_LIMIT)
-    }
-
-    /// Starts `node` again (same port, directory, config and `nodes.conf`) and waits (at most
-    /// 60 s) until it answers PING; a failed-over master rejoins as a replica.
-    pub fn start_one(&self, node: &str) -> io::Result<()> {
-        self.0.node_script("start-one", node, WAIT_LIMIT)
-    }
-
-    /// SIGSTOP to `node`.
-    pub fn pause(&self, node: &str) -> io::Result<()> {
-        self.0.node_script("pause", node, STOP_LIMIT)
-    }
-
-    /// SIGCONT to `node`.
-    pub fn resume(&self, node: &str) -> io::Result<()> {
-        self.0.node_script("resume", node, STOP_LIMIT)
     }
 
     /// Waits (at most 60 s) until every live node says `cluster_state:ok` and none gives `old`
@@ -471,25 +415,30 @@ impl RedisCluster {
             ))),
         }
     }
+}
 
-    /// The first word of `node`'s `ROLE` answer: `master`, `slave` or `sentinel`.
-    pub fn role(&self, node: &str) -> io::Result<String> {
-        self.0.role(node)
+impl std::ops::Deref for RedisSentinel {
+    type Target = RedisHa;
+    fn deref(&self) -> &RedisHa {
+        &self.0
     }
+}
 
-    /// The pid of `node` while it runs (as recorded by the script).
-    pub fn pid(&self, node: &str) -> Option<u32> {
-        self.0.pid(node)
+impl std::ops::DerefMut for RedisSentinel {
+    fn deref_mut(&mut self) -> &mut RedisHa {
+        &mut self.0
     }
+}
 
-    /// The cluster's temporary directory (`cN/redis.log`, `cN/nodes.conf`, `cN/pid`, `cN/port`).
-    pub fn dir(&self) -> &Path {
-        self.0.dir.path()
+impl std::ops::Deref for RedisCluster {
+    type Target = RedisHa;
+    fn deref(&self) -> &RedisHa {
+        &self.0
     }
+}
 
-    /// Stops every node (SIGTERM and SIGCONT, SIGKILL after 5 s; by recorded pid). Also done on
-    /// drop.
-    pub fn stop(&mut self) {
-        self.0.stop();
+impl std::ops::DerefMut for RedisCluster {
+    fn deref_mut(&mut self) -> &mut RedisHa {
+        &mut self.0
     }
 }

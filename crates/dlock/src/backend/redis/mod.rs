@@ -29,9 +29,11 @@
 //!
 //! # Fail-over: Sentinel, Cluster and `replicas=N`
 //!
-//! - **Sentinel.** Commands go over one multiplexed connection to the master the sentinels name
-//!   (checked with `ROLE`). After an I/O error, a dropped connection, `READONLY` or `MASTERDOWN`
-//!   the sentinels are asked again; a command refused by a deposed master or cut by its death is
+//! - **Sentinel.** Commands go over one multiplexed connection to the master the first sentinel
+//!   that answers names (`SENTINEL get-master-addr-by-name`, checked with `ROLE`). The sentinels
+//!   are asked again every second (a deposed master that is back answers as a master until it is
+//!   demoted, so a failing command alone would not tell) and after an I/O error, a dropped
+//!   connection, `READONLY` or `MASTERDOWN`; a command refused by a deposed master or cut by its death is
 //!   sent once more to the new one (every script is safe to repeat), a timed-out one is not. The
 //!   pub/sub connection is made again on the new master.
 //! - **Cluster.** redis-rs's cluster client routes each script to the master of the name's slot
