@@ -106,6 +106,7 @@ mod tests {
             client_id: "c".into(),
             host: "h".into(),
             pid: 1,
+            value: None,
         }
     }
 

@@ -115,7 +115,15 @@ pub struct HolderMeta {
     pub host: String,
     /// Process id of the holder.
     pub pid: u32,
+    /// A value the holder publishes with its hold: a leader's value in an election
+    /// ([`crate::Election`]); `None` for plain locks. Stored where the store has
+    /// [`Capabilities::values`], at most [`MAX_VALUE_LEN`] bytes, no NUL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
 }
+
+/// The longest value a hold may carry ([`HolderMeta::value`]), in bytes.
+pub const MAX_VALUE_LEN: usize = 4096;
 
 /// One attempt to acquire, as the core hands it to a backend.
 #[derive(Debug, Clone)]
@@ -379,6 +387,10 @@ pub struct Capabilities {
     /// (ZooKeeper: each waiter a node watching its predecessor). The core then lets each waiter
     /// wait for itself: no client-side line, no wake-up on the client's own releases.
     pub queues_waiters: bool,
+    /// The store keeps a hold's [`HolderMeta::value`] (written with the grant, listed by
+    /// [`Backend::describe`]) and replaces it with [`Backend::set_value`]: what an election's
+    /// `campaign(value)` and `proclaim(value)` need.
+    pub values: bool,
 }
 
 impl Capabilities {
@@ -390,6 +402,7 @@ impl Capabilities {
             wakeups,
             validity: Validity::Lease,
             queues_waiters: false,
+            values: false,
         }
     }
 }
@@ -535,6 +548,18 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// An administrator's unlock of `name`, as `how` says. Fencing counters are kept.
     async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced>;
+
+    /// Replaces the value stored with the owner's hold ([`HolderMeta::value`]) if, and only if,
+    /// the owner still holds it (an election's `proclaim`), and wakes whoever watches the name
+    /// as a release would. `NotHeld` leaves everything untouched. Stores without
+    /// [`Capabilities::values`] answer [`crate::Error::Unsupported`].
+    async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
+        let _ = (hold, value);
+        Err(crate::Error::Unsupported(format!(
+            "the {} store does not keep values with its holds",
+            self.name()
+        )))
+    }
 
     /// For a store whose holds live with the client's session: how long the store keeps the
     /// holds of a client that died (ZooKeeper: the session timeout the server granted). `None`

@@ -12,6 +12,7 @@ pub(crate) fn meta(id: &str) -> HolderMeta {
         client_id: id.into(),
         host: "testhost".into(),
         pid: 42,
+        value: None,
     }
 }
 

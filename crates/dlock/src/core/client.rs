@@ -68,6 +68,7 @@ impl Client {
                 client_id: uuid::Uuid::new_v4().to_string(),
                 host: gethostname::gethostname().to_string_lossy().into_owned(),
                 pid: std::process::id(),
+                value: None,
             },
             store,
             url,

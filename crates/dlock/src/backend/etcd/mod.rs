@@ -1457,6 +1457,7 @@ impl Backend for EtcdBackend {
             wakeups: Wakeups::Native,
             validity: Validity::Session,
             queues_waiters: true,
+            values: false,
         }
     }
 
@@ -1591,6 +1592,7 @@ impl Backend for EtcdBackend {
                     client_id: d.client_id.clone(),
                     host: d.host.clone(),
                     pid: d.pid,
+                    value: None,
                 };
                 if turn(&entries, i) == Turn::Holds {
                     info.holders.push(HolderInfo {

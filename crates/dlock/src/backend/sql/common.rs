@@ -211,6 +211,7 @@ impl Rows {
             client_id,
             host,
             pid: self.pid(pid)?,
+            value: None,
         })
     }
 }

@@ -845,6 +845,7 @@ impl Backend for ZooKeeperBackend {
             wakeups: Wakeups::Native,
             validity: Validity::Session,
             queues_waiters: true,
+            values: false,
         }
     }
 
@@ -968,6 +969,7 @@ impl Backend for ZooKeeperBackend {
                             client_id: d.client_id,
                             host: d.host,
                             pid: d.pid,
+                            value: None,
                         },
                     ),
                     // Curator stores the client's IP address; anything else shows as empty.
@@ -981,6 +983,7 @@ impl Backend for ZooKeeperBackend {
                                 .unwrap_or("")
                                 .to_owned(),
                             pid: 0,
+                            value: None,
                         },
                     ),
                 };
