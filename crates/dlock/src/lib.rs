@@ -43,10 +43,12 @@ mod url;
 
 pub use crate::core::client::Client;
 pub use crate::core::handles::{Guard, Mutex, RwLock, Semaphore};
+pub use crate::core::election::{Election, Leader, Leadership, Observer, OBSERVE_EVERY};
+pub use crate::core::multi::{MultiGuard, MultiLock, Striped, MAX_STRIPES};
 pub use crate::core::rules::{ClientOptions, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
 pub use backend::{
     Capabilities, Force, Forced, HoldStatus, HolderInfo, HolderMeta, LockInfo, LockKind, Mode,
-    Validity, WaiterInfo, Wakeups, QUEUE_PLACE_TTL,
+    Validity, WaiterInfo, Wakeups, MAX_VALUE_LEN, QUEUE_PLACE_TTL,
 };
 pub use error::{Error, Result};
 pub use name::{LockName, MAX_NAME_LEN};

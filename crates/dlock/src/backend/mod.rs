@@ -44,8 +44,8 @@ use crate::name::LockName;
 
 /// FNV-1a, 64 bits (offset basis `0xcbf29ce484222325`, prime `0x100000001b3`): a hash that
 /// every client computes alike, in any language, for keys the store sees (SQL session locks)
-/// or choices all clients must agree on (Redlock's lead server).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "redlock"))]
+/// or choices all clients must agree on (Redlock's lead server, the stripe of a key in
+/// [`crate::Striped`]).
 pub(crate) fn fnv1a64_bytes(bytes: impl IntoIterator<Item = u8>) -> u64 {
     bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)

@@ -146,6 +146,12 @@ macro_rules! conformance {
             waiter_wakes_by_notification,
             bad_input,
             dropped_guard_releases,
+            multi_lock_all_or_nothing,
+            multi_lock_opposite_orders,
+            multi_lock_dropped_leaves_nothing,
+            striped_keys_share_stripes,
+            semaphore_acquire_many,
+            election_campaign_follow_again,
             $($extra,)*
         );
     };

@@ -187,6 +187,17 @@ impl Inner {
     async fn acquire_inner(self: &Arc<Self>, spec: &Spec, wait: Wait) -> Result<Arc<Hold>> {
         check_lease(spec.lease)?;
         let owner = uuid::Uuid::new_v4().to_string();
+        let valued;
+        let meta = match &spec.value {
+            None => &self.meta,
+            Some(v) => {
+                valued = HolderMeta {
+                    value: Some(v.clone()),
+                    ..self.meta.clone()
+                };
+                &valued
+            }
+        };
         let req = Request {
             name: &spec.name,
             kind: spec.kind,
@@ -195,7 +206,7 @@ impl Inner {
             lease: spec.lease,
             fair: spec.fair,
             waiting: !matches!(wait, Wait::No),
-            meta: &self.meta,
+            meta,
         };
         let started = Instant::now();
         let local = self.store.local.subscribe(spec.name.as_str());

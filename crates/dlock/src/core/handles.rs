@@ -50,6 +50,7 @@ impl Core {
             lease: self.lease,
             renew: self.renew,
             fair: self.fair,
+            value: None,
         }
     }
 
@@ -87,7 +88,7 @@ impl Core {
     }
 }
 
-fn until(d: Duration) -> Wait {
+pub(crate) fn until(d: Duration) -> Wait {
     match Instant::now().checked_add(d) {
         Some(t) => Wait::Until(t),
         None => Wait::Forever,
@@ -350,6 +351,13 @@ impl Semaphore {
             .acquire(self.kind(), Mode::Shared, until(timeout), false)
             .await
     }
+
+    /// What a multi-acquisition of permits needs (`core/multi.rs`): the client, the name, the
+    /// lease, renewal and fair mode.
+    pub(crate) fn parts(&self) -> (&Client, &LockName, Duration, bool, bool) {
+        let c = &self.core;
+        (&c.client, &c.name, c.lease, c.renew, c.fair)
+    }
 }
 
 /// A granted hold. Dropping it releases the hold in the background (on the tokio runtime the guard
@@ -363,7 +371,7 @@ pub struct Guard {
 }
 
 impl Guard {
-    fn new(hold: Arc<Hold>) -> Self {
+    pub(crate) fn new(hold: Arc<Hold>) -> Self {
         Guard { hold, done: false }
     }
 
@@ -552,6 +560,46 @@ impl Guard {
             }
             Extended::Gone => {
                 hold.mark_lost("the store no longer had the hold when asked to keep it");
+                Err(Error::NotOwner {
+                    name: hold.name.to_string(),
+                })
+            }
+        }
+    }
+}
+
+impl Guard {
+    /// Replaces the value stored with this hold (an election's `proclaim`): checked by the
+    /// caller, sent only while the hold is held; a store that no longer has it loses the hold.
+    pub(crate) async fn set_value(&self, value: &str) -> Result<()> {
+        let hold = &self.hold;
+        let reason = match hold.check_deadline() {
+            HoldState::Held { .. } => None,
+            HoldState::Lost(reason) => Some(reason),
+            HoldState::Released => Some("released".into()),
+        };
+        if let Some(reason) = reason {
+            return Err(Error::Lost {
+                name: hold.name.to_string(),
+                reason,
+            });
+        }
+        let answer = hold
+            .store
+            .calls
+            .timed(
+                hold.store
+                    .backend
+                    .set_value(&hold.as_ref_with(hold.lease), value),
+            )
+            .await?;
+        match answer {
+            Released::Released => {
+                hold.store.wake_local(hold.name.as_str());
+                Ok(())
+            }
+            Released::NotHeld => {
+                hold.mark_lost("the store no longer had the hold when its value was set");
                 Err(Error::NotOwner {
                     name: hold.name.to_string(),
                 })

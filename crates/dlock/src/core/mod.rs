@@ -8,9 +8,11 @@
 //! handles and guards users hold).
 
 pub(crate) mod client;
+pub(crate) mod election;
 pub(crate) mod handles;
 pub(crate) mod hold;
 pub(crate) mod line;
+pub(crate) mod multi;
 pub(crate) mod rules;
 pub(crate) mod wait;
 pub(crate) mod watchdog;

@@ -63,6 +63,8 @@ pub(crate) struct Spec {
     pub lease: Duration,
     pub renew: bool,
     pub fair: bool,
+    /// Stored with the hold ([`crate::HolderMeta::value`]): an election's value.
+    pub value: Option<String>,
 }
 
 /// How long an acquisition may wait.

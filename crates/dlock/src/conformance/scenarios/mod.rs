@@ -5,12 +5,14 @@
 //! the section comments are the scenario numbers of the suite's specification (2, mutual
 //! exclusion between processes, and the process parts of 5 and 14 are in the CLI's tests).
 
+mod coordination;
 mod exclusion;
 mod holds;
 mod inputs;
 mod leases;
 mod primitives;
 
+pub use coordination::*;
 pub use exclusion::*;
 pub use holds::*;
 pub use inputs::*;
