@@ -9,6 +9,10 @@
 //!   and a small sentinel process (`dlock reap-group`, in a group of its own) kills the rest of
 //!   the command's group when dlock's end of a pipe closes without a word, which is what happens
 //!   when dlock is killed.
+//! - It **does not outlive the lock when dlock freezes**: dlock tells the sentinel every 100 ms
+//!   how long its hold is still trusted; a dlock that is stopped (SIGSTOP) or frozen stops
+//!   telling, and the sentinel kills the group when the last trust runs out, which is before the
+//!   store may grant the lock to anyone else.
 //! - When dlock is the foreground job of a terminal, the command's group gets the terminal while
 //!   it runs (as a shell gives it to a job): Ctrl-C and Ctrl-\ reach the command directly, once,
 //!   and Ctrl-Z stops it; dlock then stops too, so the shell sees the job stopped, and `fg`
@@ -48,7 +52,7 @@ pub struct Child {
     tty: Option<Tty>,
     /// dlock ignores SIGTTOU while the command has the terminal (and did not before).
     restore_sigttou: bool,
-    /// dlock's end of the sentinel's pipe: one byte on it means "done, kill nothing".
+    /// dlock's end of the sentinel's pipe (see [`reap_group`] for what dlock says on it).
     sentinel: Option<OwnedFd>,
     sigchld: tokio::signal::unix::Signal,
     exit: Option<Exit>,
@@ -290,12 +294,31 @@ impl Child {
         2
     }
 
+    fn tell(&self, word: &str) {
+        if let Some(fd) = &self.sentinel {
+            // A full pipe means the sentinel is behind; the next word will do.
+            let _ = nix::unistd::write(fd, word.as_bytes());
+        }
+    }
+
+    /// The hold is trusted for `v` from now: unless told again within `v`, the sentinel kills
+    /// the command's group (dlock is stopped or frozen, and cannot stop it itself before the
+    /// store may grant the lock to someone else).
+    pub fn trust_for(&self, v: Duration) {
+        self.tell(&format!("T{}\n", v.as_millis()));
+    }
+
+    /// dlock stops the command itself (the lock was lost): the sentinel no longer watches the
+    /// time, only dlock's death.
+    pub fn stand_down(&self) {
+        self.tell("L\n");
+    }
+
     /// dlock is done with the command (it exited and its group is empty): the sentinel leaves
     /// without killing anything.
     pub fn finish(mut self) {
-        if let Some(fd) = self.sentinel.take() {
-            let _ = nix::unistd::write(&fd, b"done");
-        }
+        self.tell("done\n");
+        self.sentinel = None;
         if self.restore_sigttou {
             ignore_sigttou(false);
         }
@@ -344,11 +367,13 @@ fn spawn_sentinel(group: Pid) -> io::Result<OwnedFd> {
     Ok(wr)
 }
 
-/// `dlock reap-group PGID`: waits for its stdin to close; if dlock did not say "done" first,
+/// `dlock reap-group PGID`: the sentinel. It reads what dlock says on its stdin, one word per
+/// line: `T<ms>` (the hold is trusted that long from now: if no word comes within it, dlock is
+/// stopped or frozen, and the group is killed), `L` (the lock was lost and dlock stops the command
+/// itself: no more deadline), `done` (leave, killing nothing). If stdin closes without `done`,
 /// dlock died, and every process left in group PGID is killed. Ignores the signals a terminal or
-/// a supervisor sends to a group, so only dlock's end decides.
+/// a supervisor sends to a group, so only dlock's words decide.
 pub fn reap_group(pgid: i32) -> i32 {
-    use std::io::Read;
     let job_control = [
         Signal::SIGTSTP,
         Signal::SIGTTIN,
@@ -362,16 +387,53 @@ pub fn reap_group(pgid: i32) -> i32 {
     if pgid <= 1 {
         return crate::exit::USAGE;
     }
-    let mut buf = [0u8; 16];
-    let mut stdin = io::stdin().lock();
+    let mut deadline: Option<Instant> = None;
+    let mut line = Vec::new();
+    let mut buf = [0u8; 256];
     loop {
-        match stdin.read(&mut buf) {
+        if let Some(d) = deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+            let fd = stdin_fd();
+            let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+            match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
+                Ok(0) if Instant::now() >= d => break,
+                Ok(0) | Err(Errno::EINTR) => continue,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        // Unbuffered, so that `poll` sees every byte not yet read.
+        let n = match nix::unistd::read(stdin_fd().as_raw_fd(), &mut buf) {
             Ok(0) => break,
-            Ok(_) => return 0,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Ok(n) => n,
+            Err(Errno::EINTR) => continue,
             Err(_) => break,
+        };
+        for &b in &buf[..n] {
+            if b != b'\n' {
+                line.push(b);
+                continue;
+            }
+            match line.as_slice() {
+                b"done" => return 0,
+                b"L" => deadline = None,
+                [b'T', ms @ ..] => {
+                    if let Some(ms) = std::str::from_utf8(ms).ok().and_then(|m| m.parse().ok()) {
+                        deadline = Some(Instant::now() + Duration::from_millis(ms));
+                    }
+                }
+                _ => {}
+            }
+            line.clear();
         }
     }
     let _ = kill(Pid::from_raw(-pgid), Signal::SIGKILL);
     0
+}
+
+/// The sentinel's stdin, borrowed for `poll`.
+fn stdin_fd() -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: descriptor 0 stays open for the sentinel's whole life (it only reads it).
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(0) }
 }

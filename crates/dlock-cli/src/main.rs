@@ -4,6 +4,7 @@
 mod bench;
 mod child;
 mod demo;
+mod elect;
 mod exit;
 mod hold;
 mod list;
@@ -46,6 +47,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     Run(RunArgs),
+    Elect(ElectArgs),
     Hold(HoldArgs),
     List(ListArgs),
     Info(InfoArgs),
@@ -157,6 +159,60 @@ struct RunArgs {
     /// After a lost lock, how long CMD has between SIGTERM and SIGKILL
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     kill_after: Duration,
+    /// Run STRING with `sh -c` instead of CMD
+    #[arg(short = 'c', value_name = "STRING", conflicts_with = "cmd")]
+    command: Option<OsString>,
+    /// The command to run and its arguments (after `--`)
+    #[arg(
+        value_name = "CMD",
+        required_unless_present = "command",
+        trailing_var_arg = true
+    )]
+    cmd: Vec<OsString>,
+}
+
+/// Run a command only while this host leads the election NAME: a hot standby.
+///
+/// Campaigns for NAME (waiting while another dlock leads), runs CMD with DLOCK_NAME and
+/// DLOCK_TOKEN = DLOCK_TERM (the term: a fencing token greater than every earlier term) in its
+/// environment, and keeps the term renewed while CMD runs. When CMD ends by itself, dlock
+/// resigns and exits with CMD's status. When the term is lost (the store dropped it, an
+/// administrator revoked it, or it could not be renewed in time), CMD's group gets SIGTERM,
+/// SIGKILL after --kill-after, and dlock campaigns again (with --once it exits 76 instead).
+///
+/// CMD is tied to dlock as under `dlock run`: it dies with dlock, and a dlock that is stopped
+/// (SIGSTOP) or frozen past its term has CMD killed before the store can let another host lead.
+/// A standby on another host takes over within --ttl of a leader's death.
+#[derive(Debug, Args)]
+#[command(
+    override_usage = "dlock elect [OPTIONS] <NAME> -- <CMD> [ARGS]...\n       dlock elect [OPTIONS] <NAME> -c <STRING>",
+    after_help = "Examples:\n  dlock elect --value \"$(hostname):8080\" services/scheduler -- ./scheduler\n  dlock elect --once --ttl 10s jobs/primary -c 'exec ./primary --token \"$DLOCK_TERM\"'\n\nSee who leads: dlock list services/scheduler (the VALUE column).\nExit codes: CMD's own, or 76 term lost (--once), 64 usage, 69 store error, 126/127 CMD not executable / not found."
+)]
+struct ElectArgs {
+    /// Store URL [default: $DLOCK_URL, else the SQLite file in your state directory]
+    #[arg(long, value_name = "URL")]
+    url: Option<String>,
+    /// How long a leader that dies (killed, or its machine gone) keeps the standbys waiting: the
+    /// term's lease, renewed while dlock lives (on ZooKeeper the session timeout, on etcd the
+    /// lease TTL)
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_ttl, allow_hyphen_values = true)]
+    ttl: Duration,
+    /// The leader's value, shown to followers (`dlock list`, `Election::leader`): an address, a
+    /// host name (at most 4096 bytes)
+    #[arg(long, value_name = "VALUE", default_value = "")]
+    value: String,
+    /// Exit 76 when the term is lost instead of campaigning again
+    #[arg(long)]
+    once: bool,
+    /// After a lost term, how long CMD has between SIGTERM and SIGKILL
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
+    kill_after: Duration,
+    /// Say on stderr when this dlock leads (the term) and resigns
+    #[arg(long, short = 'v')]
+    verbose: bool,
+    /// The election name (1 to 255 bytes)
+    #[arg(value_name = "NAME")]
+    name: String,
     /// Run STRING with `sh -c` instead of CMD
     #[arg(short = 'c', value_name = "STRING", conflicts_with = "cmd")]
     command: Option<OsString>,
@@ -360,7 +416,7 @@ fn real_main() -> i32 {
         return child::reap_group(a.pgid);
     }
     init_logging();
-    if !matches!(cli.command, Cmd::Run(_) | Cmd::Hold(_)) {
+    if !matches!(cli.command, Cmd::Run(_) | Cmd::Elect(_) | Cmd::Hold(_)) {
         // Printing commands end quietly when their reader goes away (`dlock list | head`), like
         // other command-line tools. `run` keeps SIGPIPE ignored: it must outlive a closed stderr
         // to stop its command and release the lock (its command gets the default disposition).
@@ -393,6 +449,23 @@ fn real_main() -> i32 {
                     take: a.lock.into_opts(),
                     hold_at_least: a.hold_at_least,
                     kill_after: a.kill_after,
+                    cmd,
+                })
+                .await
+            }
+            Cmd::Elect(a) => {
+                let cmd = match a.command {
+                    Some(c) => vec!["sh".into(), "-c".into(), c],
+                    None => a.cmd,
+                };
+                elect::elect(elect::ElectOpts {
+                    url: a.url,
+                    ttl: a.ttl,
+                    value: a.value,
+                    once: a.once,
+                    kill_after: a.kill_after,
+                    verbose: a.verbose,
+                    name: a.name,
                     cmd,
                 })
                 .await

@@ -13,6 +13,9 @@ use tokio::sync::mpsc::UnboundedReceiver;
 /// How long the final release may take before dlock gives up on it (the lease ends the hold).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often the sentinel is told how long the hold is trusted.
+const TRUST_EVERY: Duration = Duration::from_millis(100);
+
 /// The options of `dlock run`, parsed and validated by clap.
 #[derive(Debug, Clone)]
 pub struct RunOpts {
@@ -76,55 +79,108 @@ pub async fn run(o: RunOpts) -> CliResult {
     } = take_or_interrupted(&o.take, &url, &mut sigs).await?;
     let name = o.take.name.as_str();
 
-    let program = &o.cmd[0];
     let token = guard.token().map(|t| t.to_string());
     let env = [
         ("DLOCK_NAME", Some(name.to_string())),
         ("DLOCK_TOKEN", token),
     ];
-    let mut child = match Child::spawn(program, &o.cmd[1..], &env) {
+    let child = match start(&o.cmd, &env) {
         Ok(c) => c,
-        Err(e) => {
-            let (code, what) = match e.kind() {
-                std::io::ErrorKind::NotFound => (exit::NOT_FOUND, "command not found".to_string()),
-                std::io::ErrorKind::PermissionDenied => {
-                    (exit::CANNOT_EXECUTE, "permission denied".to_string())
-                }
-                _ => (exit::CANNOT_EXECUTE, format!("cannot execute: {e}")),
-            };
+        Err(f) => {
             if let Ok(Err(e)) = tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await {
                 tracing::warn!(error = %e, "release after a failed start");
             }
-            return Err(Failure::new(
-                code,
-                format!("{}: {what}", program.to_string_lossy()),
-            ));
+            return Err(f);
         }
     };
+    let Ran {
+        code,
+        lost: was_lost,
+    } = supervise(child, &guard, o.kill_after, &mut sigs).await;
 
+    if was_lost {
+        let _ = tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await;
+        return Ok(exit::LOST);
+    }
+
+    let ended = finish(&o, &client, guard, granted, &mut sigs).await;
+    match ended {
+        End::Kept | End::Released => Ok(code),
+        End::Lost(e) => {
+            eprintln!(
+                "dlock: the lock was lost before the command finished: {}",
+                exit::one_line(&e.to_string())
+            );
+            Ok(exit::LOST)
+        }
+    }
+}
+
+/// Starts CMD (`cmd[0]` with the rest as arguments) tied to dlock (see `child`); a command that
+/// cannot be started is exit 127 (not found) or 126.
+pub fn start(cmd: &[OsString], env: &[(&str, Option<String>)]) -> Result<Child, Failure> {
+    let program = &cmd[0];
+    Child::spawn(program, &cmd[1..], env).map_err(|e| {
+        let (code, what) = match e.kind() {
+            std::io::ErrorKind::NotFound => (exit::NOT_FOUND, "command not found".to_string()),
+            std::io::ErrorKind::PermissionDenied => {
+                (exit::CANNOT_EXECUTE, "permission denied".to_string())
+            }
+            _ => (exit::CANNOT_EXECUTE, format!("cannot execute: {e}")),
+        };
+        Failure::new(code, format!("{}: {what}", program.to_string_lossy()))
+    })
+}
+
+/// How a supervised command ended.
+pub struct Ran {
+    /// Its exit code (128+N for signal N).
+    pub code: i32,
+    /// The lock was lost while it ran (it was then stopped).
+    pub lost: bool,
+}
+
+/// Runs the started command to its end while `guard` holds: passes dlock's signals on, keeps
+/// the sentinel told how long the hold is trusted (so a dlock that is stopped or frozen cannot
+/// let the command outlive the lock), and on a loss stops the command's group (SIGTERM, SIGKILL
+/// after `kill_after`). Returns once the command and everything left in its group are gone.
+pub async fn supervise(
+    mut child: Child,
+    guard: &dlock::Guard,
+    kill_after: Duration,
+    sigs: &mut UnboundedReceiver<Received>,
+) -> Ran {
     let lost = guard.lost();
     tokio::pin!(lost);
     let mut was_lost = false;
     let mut kill_at: Option<Instant> = None;
+    let mut tell = tokio::time::interval(TRUST_EVERY);
+    tell.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let status = loop {
         tokio::select! {
             st = child.wait() => break st,
             e = &mut lost, if !was_lost => {
                 was_lost = true;
+                child.stand_down();
                 eprintln!(
                     "dlock: {}; stopping the command (SIGTERM now, SIGKILL in {})",
                     exit::one_line(&e.to_string()),
-                    fmt_dur(o.kill_after)
+                    fmt_dur(kill_after)
                 );
                 child.signal_group(Signal::SIGTERM);
                 child.signal_group(Signal::SIGCONT);
-                kill_at = Some(Instant::now() + o.kill_after);
+                kill_at = Some(Instant::now() + kill_after);
+            }
+            _ = tell.tick(), if !was_lost => {
+                if let Some(v) = guard.valid_for() {
+                    child.trust_for(v);
+                }
             }
             _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now).into()), if kill_at.is_some() => {
                 kill_at = None;
                 child.signal_group(Signal::SIGKILL);
             }
-            r = next_signal(&mut sigs) => {
+            r = next_signal(sigs) => {
                 if r.needs_forwarding(child.has_terminal()) {
                     tracing::debug!(signal = r.signal.as_str(), "forwarding");
                     child.signal_group(r.signal);
@@ -147,7 +203,7 @@ pub async fn run(o: RunOpts) -> CliResult {
             k.saturating_duration_since(Instant::now())
         })
     } else {
-        o.kill_after
+        kill_after
     };
     if child.end_group(left).await > 0 {
         eprintln!(
@@ -156,22 +212,10 @@ pub async fn run(o: RunOpts) -> CliResult {
         );
     }
     child.finish();
-
-    if was_lost {
-        let _ = tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await;
-        return Ok(exit::LOST);
-    }
-
-    let ended = finish(&o, &client, guard, granted, &mut sigs).await;
-    match ended {
-        End::Kept | End::Released => Ok(code),
-        End::Lost(e) => {
-            eprintln!(
-                "dlock: the lock was lost before the command finished: {}",
-                exit::one_line(&e.to_string())
-            );
-            Ok(exit::LOST)
-        }
+    Ran {
+        code,
+        // A command the sentinel killed because dlock froze past the trust ended with the lock.
+        lost: was_lost || !guard.is_held(),
     }
 }
 

@@ -64,7 +64,7 @@ pub struct Taken {
 
 /// The URL to connect to: on ZooKeeper the session timeout, on etcd the lease TTL is what keeps
 /// others out after a dlock dies, so `--ttl` sets it unless the URL does.
-fn url_for(url: &str, ttl: Duration) -> String {
+pub(crate) fn url_for(url: &str, ttl: Duration) -> String {
     let option = if url.starts_with("zk://") {
         "session_timeout"
     } else if url.starts_with("etcd://") || url.starts_with("etcds://") {

@@ -10,7 +10,10 @@
 //! - `holder_killed_taken_over`: a SIGKILLed `dlock run` holder is taken over after its lease
 //!   (the in-process part, a forgotten guard, is the library's scenario of the same name);
 //! - `waiter_wakes_by_notification`: a `dlock run` waiting in another process is woken (the
-//!   in-process waiters are the library's scenario of the same name).
+//!   in-process waiters are the library's scenario of the same name);
+//! - `elect_standby_takes_over`: two `dlock elect` supervisors; the standby leads after the
+//!   leader is SIGKILLed, and after the new leader is SIGSTOPped past its term, and the commands
+//!   of two terms never run at once.
 //!
 //! Each store line generates one `#[test]` per scenario, named `<backend>::<scenario>`, on the
 //! library's harness ([`dlock::conformance::run_test`], [`Store`](dlock::conformance::Store)):
@@ -72,6 +75,7 @@ macro_rules! processes {
                 mutual_exclusion_processes,
                 holder_killed_taken_over,
                 waiter_wakes_by_notification,
+                elect_standby_takes_over,
             );
         }
     };
