@@ -51,6 +51,12 @@ pub enum Fault {
     MasterPause,
     /// Redis Cluster: migrate the lock's slot and its keys to another master while it is held.
     SlotMigrate,
+    /// Leader election: the workers campaign for the name (each term one hold, the term its
+    /// token); SIGKILL the leader.
+    ElectKill,
+    /// Leader election: SIGSTOP the leader between its read and its write for longer than the
+    /// term, then SIGCONT (its late write carries the old term).
+    ElectPause,
 }
 
 impl Fault {
@@ -70,6 +76,22 @@ impl Fault {
             Fault::MasterKill => "master-kill",
             Fault::MasterPause => "master-pause",
             Fault::SlotMigrate => "slot-migrate",
+            Fault::ElectKill => "elect-kill",
+            Fault::ElectPause => "elect-pause",
+        }
+    }
+
+    /// A fault of the leader-election scenario (the workers campaign).
+    pub fn election(self) -> bool {
+        matches!(self, Fault::ElectKill | Fault::ElectPause)
+    }
+
+    /// The holder fault this one injects: the election's are the lock's kill and pause.
+    pub fn base(self) -> Fault {
+        match self {
+            Fault::ElectKill => Fault::Kill,
+            Fault::ElectPause => Fault::Pause,
+            f => f,
         }
     }
 
@@ -135,6 +157,14 @@ pub fn scenarios(b: Backend, quick: bool) -> Vec<(Fault, Mode)> {
         | Backend::RedisClusterWait => &[],
     };
     v.extend(extra.iter().map(|f| (*f, Mode::Enforcing)));
+    // The election over every store whose holders the harness can kill (not the AOF restart
+    // line); the bounded run takes the killed leader only.
+    if b != Backend::RedisAof {
+        v.push((ElectKill, Mode::Enforcing));
+        if !quick {
+            v.push((ElectPause, Mode::Enforcing));
+        }
+    }
     v
 }
 
@@ -301,6 +331,8 @@ impl Outcome {
 
 /// Judges the figures of a scenario against what the backend promises.
 pub fn judge(b: Backend, f: Fault, mode: Mode, x: &Figures, s: &Settings) -> Vec<Check> {
+    // A leader killed or paused is judged as a holder killed or paused.
+    let f = f.base();
     let kept = limitation(b, f).is_none();
     let why_not = limitation(b, f).unwrap_or("Redlock has no fencing token");
     let mut out = Vec::new();
@@ -454,6 +486,8 @@ struct Harness<'a> {
     naive: bool,
     /// Workers take their holds with this `dlock` binary (`dlock run`).
     via_run: Option<PathBuf>,
+    /// Workers take each hold as a term of the election of the name.
+    election: bool,
     runs: Runs,
     settings: &'a Settings,
     events: Events,
@@ -489,6 +523,7 @@ impl Harness<'_> {
             .args(["--iterations", &self.settings.iterations.to_string()])
             .args(["--run-ms", "600000"])
             .args(self.naive.then_some("--naive"))
+            .args(self.election.then_some("--election"))
             .args(
                 self.via_run
                     .iter()
@@ -590,7 +625,8 @@ impl Harness<'_> {
         let rec =
             |kind: Fault, worker: Option<u32>, at: i64, until: Option<i64>, detail: String| {
                 FaultRecord {
-                    kind: kind.label().into(),
+                    // The analysis knows a killed or paused leader as a killed or paused holder.
+                    kind: kind.base().label().into(),
                     worker,
                     at,
                     until,
@@ -599,7 +635,7 @@ impl Harness<'_> {
             };
         let need =
             |h: Option<u32>| h.ok_or_else(|| io::Error::other("nobody held the lock for 5 s"));
-        Ok(match fault {
+        Ok(match fault.base() {
             Fault::Kill => {
                 let w = need(holder)?;
                 let pid = self.pid(w).ok_or_else(|| io::Error::other("worker gone"))?;
@@ -734,6 +770,11 @@ impl Harness<'_> {
                 let (detail, until) = tokio::task::block_in_place(|| env.migrate_slot(&key))?;
                 rec(fault, holder, at, Some(until), detail)
             }
+            Fault::ElectKill | Fault::ElectPause => {
+                return Err(io::Error::other(
+                    "an election fault is injected as its base fault",
+                ))
+            }
         })
     }
 
@@ -821,11 +862,12 @@ pub async fn run(
             uuid::Uuid::new_v4().simple()
         ),
         resource: resource.addr(),
-        hold: match fault {
+        hold: match fault.base() {
             Fault::Kill | Fault::Pause => settings.hold,
             _ => settings.long_hold,
         },
-        naive: fault == Fault::Pause,
+        naive: fault.base() == Fault::Pause,
+        election: fault.election(),
         via_run,
         runs: Arc::default(),
         settings,

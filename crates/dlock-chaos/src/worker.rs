@@ -50,6 +50,48 @@ pub struct WorkerArgs {
     /// the library: the holder the harness kills is then the `dlock run` process itself.
     #[arg(long, value_name = "DLOCK")]
     pub via_run: Option<std::path::PathBuf>,
+    /// Take each hold as a term of the leader election of the name (campaign → work → resign),
+    /// the term being the token.
+    #[arg(long)]
+    pub election: bool,
+}
+
+/// A hold of the loop: a mutex guard, or a term of the election.
+enum Held {
+    Lock(dlock::Guard),
+    Lead(dlock::Leadership),
+}
+
+impl Held {
+    fn guard(&self) -> &dlock::Guard {
+        match self {
+            Held::Lock(g) => g,
+            Held::Lead(l) => l.guard(),
+        }
+    }
+
+    async fn release(self) -> dlock::Result<()> {
+        match self {
+            Held::Lock(g) => g.release().await,
+            Held::Lead(l) => l.resign().await,
+        }
+    }
+}
+
+/// Takes the next hold: the mutex, or a term of the election of the same name.
+async fn take(
+    mutex: &dlock::Mutex,
+    election: Option<&dlock::Election>,
+    index: u32,
+    wait: Duration,
+) -> dlock::Result<Held> {
+    match election {
+        Some(e) => e
+            .campaign_timeout(format!("worker {index}"), wait)
+            .await
+            .map(Held::Lead),
+        None => mutex.acquire_timeout(wait).await.map(Held::Lock),
+    }
 }
 
 /// One hold's work as the command of `dlock run`: read, sleep, write, with the token from
@@ -272,12 +314,26 @@ pub async fn run(a: WorkerArgs) -> i32 {
     if let Some(dlock) = a.via_run.clone() {
         return run_via_dlock(a, dlock).await;
     }
-    let (_client, mutex, mut res) = match setup(&a).await {
+    let (client, mutex, mut res) = match setup(&a).await {
         Ok(x) => x,
         Err((code, what)) => {
             emit(&Event::Error { at: now_us(), what });
             return code;
         }
+    };
+    let election = if a.election {
+        match client.election(a.name.clone()) {
+            Ok(e) => Some(e.lease(Duration::from_millis(a.lease_ms))),
+            Err(e) => {
+                emit(&Event::Error {
+                    at: now_us(),
+                    what: format!("election: {e}"),
+                });
+                return 64;
+            }
+        }
+    } else {
+        None
     };
     emit(&Event::Ready {
         at: now_us(),
@@ -292,11 +348,11 @@ pub async fn run(a: WorkerArgs) -> i32 {
             .saturating_duration_since(tokio::time::Instant::now())
             .min(Duration::from_secs(5));
         let acquired = tokio::select! {
-            r = mutex.acquire_timeout(wait) => r,
+            r = take(&mutex, election.as_ref(), a.index, wait) => r,
             _ = stop.changed() => break,
         };
-        let guard = match acquired {
-            Ok(g) => g,
+        let held = match acquired {
+            Ok(h) => h,
             Err(e) if e.is_not_granted() => continue,
             Err(e) => {
                 emit(&Event::Error {
@@ -310,23 +366,24 @@ pub async fn run(a: WorkerArgs) -> i32 {
         iterations += 1;
         let hold = iterations;
         let granted = now_us();
-        let token = guard.token();
+        let token = held.guard().token();
         emit(&Event::Granted {
             hold,
             at: granted,
             token,
-            deadline: deadline_of(&guard),
+            deadline: deadline_of(held.guard()),
         });
         // Watch the hold: report renewals (the deadline moving) and lost().
-        let guard = Arc::new(guard);
+        let held = Arc::new(held);
         let released = Arc::new(AtomicBool::new(false));
         let watcher = {
-            let lost = guard.lost();
+            let lost = held.guard().lost();
             let released = released.clone();
-            let guard = guard.clone();
+            let held = held.clone();
             tokio::spawn(async move {
                 tokio::pin!(lost);
-                let mut last = deadline_of(&guard);
+                let guard = held.guard();
+                let mut last = deadline_of(guard);
                 loop {
                     tokio::select! {
                         e = &mut lost => {
@@ -339,7 +396,7 @@ pub async fn run(a: WorkerArgs) -> i32 {
                             if !guard.is_held() {
                                 continue;
                             }
-                            let d = deadline_of(&guard);
+                            let d = deadline_of(guard);
                             if (d - last).abs() > 5_000 {
                                 last = d;
                                 emit(&Event::Deadline { hold, at: now_us(), deadline: d });
@@ -361,11 +418,11 @@ pub async fn run(a: WorkerArgs) -> i32 {
         };
         let hold_ms = a.hold_ms / 2 + rand::random::<u64>() % (a.hold_ms + 1);
         tokio::time::sleep(Duration::from_millis(hold_ms)).await;
-        let held = guard.is_held();
-        if !held && !a.naive {
+        let still = held.guard().is_held();
+        if !still && !a.naive {
             emit(&Event::Skipped { hold, at: now_us() });
         }
-        let accepted = if !held && !a.naive {
+        let accepted = if !still && !a.naive {
             false
         } else {
             let w = Write {
@@ -387,20 +444,20 @@ pub async fn run(a: WorkerArgs) -> i32 {
                 }
             }
         };
-        if held || a.naive {
+        if still || a.naive {
             emit(&Event::Wrote {
                 hold,
                 at: now_us(),
                 accepted,
-                held,
+                held: still,
             });
         }
         released.store(true, Ordering::SeqCst);
         watcher.abort();
         let _ = watcher.await;
         let at = now_us();
-        let result = match Arc::try_unwrap(guard) {
-            Ok(guard) => match guard.release().await {
+        let result = match Arc::try_unwrap(held) {
+            Ok(held) => match held.release().await {
                 Ok(()) => ReleaseResult::Ok,
                 Err(dlock::Error::NotOwner { .. }) => ReleaseResult::NotOwner,
                 Err(dlock::Error::Lost { .. }) => ReleaseResult::Lost,
