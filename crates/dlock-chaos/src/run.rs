@@ -980,7 +980,13 @@ mod tests {
                 assert!(quick.len() <= 1 && quick.iter().all(|s| full.contains(s)));
                 assert_eq!(quick.is_empty(), !b.waits(), "{b:?}");
             } else {
-                assert_eq!(quick, full, "{b:?}");
+                // The bounded run leaves out only the paused leader.
+                let without: Vec<_> = full
+                    .iter()
+                    .filter(|(f, _)| *f != Fault::ElectPause)
+                    .copied()
+                    .collect();
+                assert_eq!(quick, without, "{b:?}");
                 assert!(!full.iter().any(|(f, _)| f.failover()), "{b:?}");
             }
         }
