@@ -254,7 +254,10 @@ impl Backend for MemoryBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::lease(Wakeups::Native)
+        Capabilities {
+            values: true,
+            ..Capabilities::lease(Wakeups::Native)
+        }
     }
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
@@ -288,6 +291,24 @@ impl Backend for MemoryBackend {
         } else {
             Ok(Released::NotHeld)
         }
+    }
+
+    async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        // A revoked hold is nobody's any more: it gets no new value.
+        let found = st.locks.get_mut(hold.name.as_str()).and_then(|e| {
+            e.holds.iter_mut().find(|h| {
+                h.owner == hold.owner && h.expires > now && h.status != HoldStatus::Revoked
+            })
+        });
+        Ok(match found {
+            Some(h) => {
+                h.meta.value = Some(value.to_owned());
+                Released::Released
+            }
+            None => Released::NotHeld,
+        })
     }
 
     async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
@@ -409,5 +430,17 @@ impl Acquisition for MemAcquisition {
     async fn cancel(&mut self) -> Result<()> {
         self.store.cancel_now(&self.want.req());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::test_support::check_values;
+
+    #[tokio::test]
+    async fn set_value_replaces_the_holders_value_only() {
+        let b = MemoryBackend::named("test-set-value");
+        check_values(&b, "mem-values", true).await;
     }
 }

@@ -171,3 +171,80 @@ impl Drop for Blackhole {
         self.task.abort();
     }
 }
+
+/// A holder's meta with a published value (an election leader's).
+pub(crate) fn meta_value(id: &str, value: &str) -> HolderMeta {
+    HolderMeta {
+        value: Some(value.into()),
+        ..meta(id)
+    }
+}
+
+/// The value `describe` lists for `owner`'s hold of `name`: `None` when the hold is not listed,
+/// `Some(None)` for a hold without a value.
+pub(crate) async fn value_of<B: Backend>(b: &B, name: &str, owner: &str) -> Option<Option<String>> {
+    let locks = b.describe(name).await.unwrap();
+    let lock = locks.into_iter().find(|l| l.name == name)?;
+    let holder = lock.holders.into_iter().find(|h| h.owner == owner)?;
+    Some(holder.meta.value)
+}
+
+/// A hold's value across grant, `describe`, `set_value` by its owner, by another owner and
+/// after release; a plain hold lists none. `n` must be a fresh name on `b`. With `regrant`, a
+/// repeated attempt of the holder (a fresh acquisition: not for queue stores, whose new
+/// acquisition queues behind the owner's own node) keeps the hold and a value (the stored one or
+/// the request's, as the store does).
+pub(crate) async fn check_values<B: Backend>(b: &B, n: &str, regrant: bool) {
+    assert!(b.capabilities().values, "{} keeps values", b.name());
+    let lock = name(n);
+    let (m1, m2) = (meta_value("c1", "first"), meta_value("c2", "intruder"));
+    let r1 = rq(&lock, "owner-1", &m1);
+    let r2 = rq(&lock, "owner-2", &m2);
+    token(b.acquire(&r1).await.unwrap());
+    assert_eq!(value_of(b, n, "owner-1").await, Some(Some("first".into())));
+
+    assert_eq!(
+        b.set_value(&hr(&r1), "second").await.unwrap(),
+        Released::Released
+    );
+    assert_eq!(value_of(b, n, "owner-1").await, Some(Some("second".into())));
+    // The same value again is still the owner's hold (a store counting changed rows says 0).
+    assert_eq!(
+        b.set_value(&hr(&r1), "second").await.unwrap(),
+        Released::Released
+    );
+    // Another owner (refused, holding nothing) touches nothing.
+    busy(b.acquire(&r2).await.unwrap());
+    assert_eq!(
+        b.set_value(&hr(&r2), "stolen").await.unwrap(),
+        Released::NotHeld
+    );
+    assert_eq!(value_of(b, n, "owner-1").await, Some(Some("second".into())));
+    if regrant {
+        token(b.acquire(&r1).await.unwrap());
+        let after = value_of(b, n, "owner-1").await;
+        assert!(
+            after == Some(Some("second".into())) || after == Some(Some("first".into())),
+            "{after:?}"
+        );
+    }
+
+    assert_eq!(b.release(&hr(&r1)).await.unwrap(), Released::Released);
+    assert_eq!(
+        b.set_value(&hr(&r1), "late").await.unwrap(),
+        Released::NotHeld
+    );
+    assert_eq!(value_of(b, n, "owner-1").await, None);
+
+    // A plain hold has no value; its owner may give it one.
+    let plain = meta("c3");
+    let r3 = rq(&lock, "owner-3", &plain);
+    token(b.acquire(&r3).await.unwrap());
+    assert_eq!(value_of(b, n, "owner-3").await, Some(None));
+    assert_eq!(
+        b.set_value(&hr(&r3), "now").await.unwrap(),
+        Released::Released
+    );
+    assert_eq!(value_of(b, n, "owner-3").await, Some(Some("now".into())));
+    assert_eq!(b.release(&hr(&r3)).await.unwrap(), Released::Released);
+}

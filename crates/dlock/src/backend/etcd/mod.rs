@@ -17,9 +17,12 @@
 //! time, and its key is exactly etcd's; a second one at once (another handle of the same client
 //! waiting, a second reader or permit) takes the `_<owner>` key, still under the name and still
 //! ordered by create revision, so etcd's own clients see it too. The value is a small JSON
-//! object: the holder's metadata (`owner`, `client_id`, `host`, `pid`), the primitive
-//! (`lock`, `mode`, `permits`) and, after a forced release, `revoked`. An empty value (what
-//! etcd's own clients write) is a mutex.
+//! object: the holder's metadata (`owner`, `client_id`, `host`, `pid`, and `value` for a hold
+//! that carries one: an election leader's), the primitive (`lock`, `mode`, `permits`) and, after
+//! a forced release, `revoked`. An empty value (what etcd's own clients write) is a mutex.
+//! [`Backend::set_value`] rewrites the JSON in a transaction that compares the key's create
+//! revision (the owner's hold) and mod revision (nothing written since it was read), keeping the
+//! key's lease.
 //!
 //! Grant rules, over the keys sorted by create revision (see `backend::queue`):
 //! - mutex and writer: granted when first; otherwise watch **only** the key with the next
@@ -569,6 +572,9 @@ struct KeyData {
     /// Set by a forced release ([`Force::Revoke`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     revoked: bool,
+    /// The hold's value ([`HolderMeta::value`]); absent in plain locks' and older keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    value: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -608,6 +614,7 @@ fn key_data(req: &Request<'_>) -> Result<Vec<u8>> {
         permits,
         created_at_ms: unix_ms(),
         revoked: false,
+        value: req.meta.value.clone(),
     })
     .map_err(Error::backend)
 }
@@ -1457,7 +1464,7 @@ impl Backend for EtcdBackend {
             wakeups: Wakeups::Native,
             validity: Validity::Session,
             queues_waiters: true,
-            values: false,
+            values: true,
         }
     }
 
@@ -1507,6 +1514,57 @@ impl Backend for EtcdBackend {
                 })
             }
         }
+    }
+
+    async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
+        let rec = self.held().get(hold.owner).cloned();
+        let Some(rec) = rec.filter(|r| r.place.name == hold.name.as_str()) else {
+            return Ok(Released::NotHeld);
+        };
+        if rec.session.is_dead() || rec.watch.deleted.load(Ordering::Acquire) {
+            return Ok(Released::NotHeld);
+        }
+        let key = rec.place.key.clone();
+        // Read, then put only if the key is still the owner's (its create revision) and unchanged
+        // since the read (a revocation in between is kept); again when only the latter failed.
+        for _ in 0..5 {
+            let resp = self.get(key.clone(), ec::GetOptions::new()).await?;
+            let Some(kv) = resp
+                .kvs()
+                .first()
+                .filter(|kv| kv.create_revision() == rec.place.revision)
+            else {
+                return Ok(Released::NotHeld);
+            };
+            let mut d = KeyData::read(kv.value());
+            if d.revoked || d.owner != hold.owner {
+                return Ok(Released::NotHeld);
+            }
+            d.value = Some(value.to_owned());
+            let data = serde_json::to_vec(&d).map_err(Error::backend)?;
+            let put = ec::TxnOp::put(
+                key.clone(),
+                data,
+                Some(ec::PutOptions::new().with_lease(kv.lease())),
+            );
+            let txn = ec::Txn::new()
+                .when([
+                    ec::Compare::create_revision(
+                        key.clone(),
+                        ec::CompareOp::Equal,
+                        rec.place.revision,
+                    ),
+                    ec::Compare::mod_revision(key.clone(), ec::CompareOp::Equal, kv.mod_revision()),
+                ])
+                .and_then([put]);
+            if self.txn(txn).await?.succeeded() {
+                return Ok(Released::Released);
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "etcd: the key of {:?} kept changing; its value was not replaced",
+            hold.name.as_str()
+        )))
     }
 
     /// One keep-alive of the lease answers for every hold (see the module docs); a key cannot
@@ -1592,7 +1650,7 @@ impl Backend for EtcdBackend {
                     client_id: d.client_id.clone(),
                     host: d.host.clone(),
                     pid: d.pid,
-                    value: None,
+                    value: d.value.clone(),
                 };
                 if turn(&entries, i) == Turn::Holds {
                     info.holders.push(HolderInfo {

@@ -601,3 +601,58 @@ async fn a_predecessor_that_asks_again_under_the_same_key_name_counts_as_gone() 
 fn busy_of(a: Attempt) {
     assert!(matches!(a, Attempt::Busy(_)), "{a:?}");
 }
+
+#[test]
+fn key_data_without_a_value_parses_and_plain_keys_write_none() {
+    // A key of an older dlock (or a plain lock's), and etcd's own empty value.
+    let old = br#"{"owner":"o","client_id":"c","host":"h","pid":1,"created_at_ms":5}"#;
+    assert_eq!(KeyData::read(old).value, None);
+    assert_eq!(KeyData::read(b"").value, None);
+    let json = serde_json::to_string(&KeyData::read(old)).unwrap();
+    assert!(!json.contains("value"), "{json}");
+    let with = br#"{"owner":"o","value":"v"}"#;
+    assert_eq!(KeyData::read(with).value.as_deref(), Some("v"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn set_value_replaces_the_holders_value_only() {
+    use crate::backend::test_support::{check_values, meta_value, Drive};
+    let etcd = Cluster::any();
+    let p = prefix();
+    let b = etcd.backend(&p, "4s").await;
+    check_values(&b, "values", false).await;
+    // The value is in the key's JSON, which keeps its lease; a plain key has none.
+    let mut raw = etcd.raw().await;
+    let n = name("values-raw");
+    let (mv, mp) = (meta_value("v", "leader"), meta("p"));
+    let rv = rq(&n, "with-value", &mv);
+    token(b.acquire(&rv).await.unwrap());
+    let before = keys(&mut raw, &p, "values-raw").await;
+    assert_eq!(
+        KeyData::read(before[0].value()).value.as_deref(),
+        Some("leader")
+    );
+    assert_eq!(
+        b.set_value(&hr(&rv), "next").await.unwrap(),
+        Released::Released
+    );
+    let after = keys(&mut raw, &p, "values-raw").await;
+    assert_eq!(
+        KeyData::read(after[0].value()).value.as_deref(),
+        Some("next")
+    );
+    assert_eq!(after[0].lease(), before[0].lease());
+    assert_eq!(after[0].create_revision(), before[0].create_revision());
+    // A revoked hold is nobody's: no new value.
+    b.force_release(&n, Force::Revoke).await.unwrap();
+    assert_eq!(
+        b.set_value(&hr(&rv), "late").await.unwrap(),
+        Released::NotHeld
+    );
+    assert_eq!(b.release(&hr(&rv)).await.unwrap(), Released::Released);
+    let rp = rq(&n, "plain", &mp);
+    token(b.acquire(&rp).await.unwrap());
+    let plain = keys(&mut raw, &p, "values-raw").await;
+    assert!(!String::from_utf8_lossy(plain[0].value()).contains("value"));
+    assert_eq!(b.release(&hr(&rp)).await.unwrap(), Released::Released);
+}

@@ -1,7 +1,8 @@
 -- acquire: the grant rule of logic::decide, atomically.
 -- KEYS: 1 base, 2 fence, 3 exp, 4 q, 5 qexp, 6 qinfo, 7 qseq, 8 meta (base:meta:<owner>)
 -- ARGV: 1 owner, 2 kind, 3 permits, 4 mode, 5 lease ms, 6 enqueue (0/1), 7 queue place ttl ms,
---       8 client_id, 9 host, 10 pid, 11 waiter info (mode \n client_id \n host \n pid)
+--       8 client_id, 9 host, 10 pid, 11 waiter info (mode \n client_id \n host \n pid),
+--       12 the hold's value (only for a hold that has one: an election's)
 -- Returns {1, token} granted (token -1: a regrant of a hold without a recorded token),
 --         {0, retry ms or -1} busy, {-1, kind, permits} kind mismatch, {-2, type} foreign key.
 local base, fence, exp, q, qexp, qinfo, qseq, meta =
@@ -18,6 +19,9 @@ if kind == 'mutex' and redis.call('EXISTS', base, q) == 0 then
   local tok = redis.call('INCR', fence)
   redis.call('HSET', meta, 'client_id', ARGV[8], 'host', ARGV[9], 'pid', ARGV[10],
     'acquired_at', fmt(now), 'token', fmt(tok), 'mode', mode)
+  if ARGV[12] then
+    redis.call('HSET', meta, 'value', ARGV[12])
+  end
   redis.call('PEXPIRE', meta, fmt(lease))
   return {1, tok}
 end
@@ -104,6 +108,9 @@ if free then
   redis.call('DEL', meta)
   redis.call('HSET', meta, 'client_id', ARGV[8], 'host', ARGV[9], 'pid', ARGV[10],
     'acquired_at', fmt(now), 'token', fmt(tok), 'mode', mode)
+  if ARGV[12] then
+    redis.call('HSET', meta, 'value', ARGV[12])
+  end
   redis.call('PEXPIRE', meta, fmt(lease))
   if pos then
     leave_queue(q, qexp, qinfo, qseq, owner)

@@ -1,17 +1,17 @@
 -- describe: the live holders and waiters of a name (read only).
 -- KEYS: 1 base, 2 exp, 3 q, 4 qexp, 5 qinfo; ARGV: 1 meta key prefix.
 -- Returns {} (no live holder or not a lock) or {kind, permits, holders, waiters}; a holder is
--- {owner, mode, ms left or -1, client_id, host, pid, acquired_at, token, status}, a waiter
--- {owner, info}; status is 'held', 'detached' or 'revoked'.
+-- {owner, mode, ms left or -1, client_id, host, pid, acquired_at, token, status, value (nil
+-- without one)}, a waiter {owner, info}; status is 'held', 'detached' or 'revoked'.
 local base, exp = KEYS[1], KEYS[2]
 local now = now_ms()
 local function holder(owner, mode, left)
   local m = redis.call('HMGET', ARGV[1] .. owner, 'client_id', 'host', 'pid', 'acquired_at',
-    'token', 'mode', 'revoked', 'detached')
+    'token', 'mode', 'revoked', 'detached', 'value')
   local status = 'held'
   if m[7] == '1' then status = 'revoked' elseif m[8] == '1' then status = 'detached' end
   return {owner, m[6] or mode, fmt(left), m[1] or '', m[2] or '', m[3] or '0', m[4] or '0',
-    m[5] or '', status}
+    m[5] or '', status, m[9]}
 end
 local t = redis.call('TYPE', base)['ok']
 local kind, permits, holders = 'mutex', '0', {}

@@ -147,21 +147,23 @@ fn parse_describe(name: &str, v: &Value) -> Result<Option<LockInfo>> {
     };
     let mut holders = Vec::new();
     for h in a.get(2).and_then(array).ok_or_else(bad)? {
-        let f: Vec<String> = array(h)
-            .ok_or_else(bad)?
-            .iter()
-            .map(|x| text(x).unwrap_or_default())
-            .collect();
+        let raw = array(h).ok_or_else(bad)?;
+        let f: Vec<String> = raw.iter().map(|x| text(x).unwrap_or_default()).collect();
         if f.len() < 9 {
             return Err(bad());
         }
+        // Nil (or absent: an older script) for a hold without a value.
+        let value = match raw.get(9) {
+            None | Some(Value::Nil) => None,
+            Some(v) => Some(text(v).ok_or_else(bad)?),
+        };
         holders.push(HolderInfo {
             owner: f[0].clone(),
             meta: HolderMeta {
                 client_id: f[3].clone(),
                 host: f[4].clone(),
                 pid: f[5].parse().unwrap_or(0),
-                value: None,
+                value,
             },
             mode: parse_mode(&f[1]),
             token: f[7].parse().ok(),

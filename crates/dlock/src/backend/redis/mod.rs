@@ -80,13 +80,13 @@
 //! | `base` (mutex) | string | the owner token of the holder | with the hold (`PX` lease) |
 //! | `base` (rwlock, semaphore) | hash | `kind` (`rwlock`/`semaphore`), `permits`, and per holder `h:<owner>` = `<mode> <token>` | with the latest holder |
 //! | `base:exp` | zset | holder owner → expiry (ms, Redis `TIME`) of rwlock/semaphore holders | with the latest holder |
-//! | `base:meta:<owner>` | hash | `client_id`, `host`, `pid`, `acquired_at` (ms), `token`, `mode` of one hold | with that hold |
+//! | `base:meta:<owner>` | hash | `client_id`, `host`, `pid`, `acquired_at` (ms), `token`, `mode` of one hold, and `value` for a hold that has one (an election leader's; replaced by `set_value`) | with that hold |
 //! | `base:fence` | string | the fencing counter (`INCR`ed by every grant) | **never** |
 //! | `base:q` | zset | waiter owner → arrival sequence | with the last waiter |
 //! | `base:qexp` | zset | waiter owner → expiry of its place (ms) | with the last waiter |
 //! | `base:qinfo` | hash | waiter owner → `mode \n client_id \n host \n pid` | with the last waiter |
 //! | `base:qseq` | string | the arrival counter of the queue | with the last waiter |
-//! | `base:released` | channel | published on release, cancel and force-release | — |
+//! | `base:released` | channel | published on release, cancel, force-release and a hold's new value | — |
 //!
 //! Every kind of lock uses the **same** `base` key, so a mutex and a rwlock or semaphore of one
 //! name collide: requesting a name held as another kind (or a semaphore with another number of
@@ -430,7 +430,7 @@ impl RedisBackend {
             req.meta.host,
             req.meta.pid
         );
-        let args = [
+        let mut args = vec![
             req.owner.to_owned(),
             kind.to_owned(),
             permits.to_string(),
@@ -443,6 +443,10 @@ impl RedisBackend {
             req.meta.pid.to_string(),
             info,
         ];
+        // Only a hold with a value sends one (ARGV[12]): plain locks send what they always did.
+        if let Some(value) = &req.meta.value {
+            args.push(value.clone());
+        }
         let (v, confirmed) = sh.write(&sh.scripts.acquire, &keys, &args).await?;
         let a = array(&v).ok_or_else(|| unexpected("acquire answer", &v))?;
         let status = a.first().and_then(int);
@@ -580,7 +584,10 @@ impl Backend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::lease(Wakeups::Native)
+        Capabilities {
+            values: true,
+            ..Capabilities::lease(Wakeups::Native)
+        }
     }
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
@@ -615,6 +622,34 @@ impl Backend for RedisBackend {
 
     async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
         self.extend_holds(holds, detach).await
+    }
+
+    async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
+        let sh = &self.shared;
+        let (base, exp, meta) = self.hold_keys(hold.name.as_str(), hold.owner);
+        let channel = Shared::channel(&base);
+        let args = [hold.owner.to_owned(), value.to_owned(), channel];
+        // A write like a renewal: with `replicas=N` it must be confirmed.
+        let (v, confirmed) = sh
+            .write(&sh.scripts.set_value, &[base, exp, meta], &args)
+            .await?;
+        let set = match int(&v) {
+            Some(1) => Released::Released,
+            Some(0) => Released::NotHeld,
+            _ => return Err(unexpected("set_value answer", &v)),
+        };
+        if let Some(n) = confirmed.filter(|n| set == Released::Released && *n < sh.target.replicas)
+        {
+            return Err(Error::Unavailable(format!(
+                "redis at {}: the new value of {:?} was confirmed by {n} of the {} replicas asked \
+                 for within {:?} (WAIT)",
+                sh.target.shown,
+                hold.name.as_str(),
+                sh.target.replicas,
+                sh.target.replicas_timeout
+            )));
+        }
+        Ok(set)
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {

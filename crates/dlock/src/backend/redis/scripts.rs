@@ -38,6 +38,7 @@ pub(super) struct Scripts {
     pub(super) cancel: Lua,
     pub(super) force_release: Lua,
     pub(super) describe: Lua,
+    pub(super) set_value: Lua,
 }
 
 impl Scripts {
@@ -59,10 +60,11 @@ impl Scripts {
             cancel: with(include_str!("cancel.lua")),
             force_release: with(include_str!("force_release.lua")),
             describe: with(include_str!("describe.lua")),
+            set_value: with(include_str!("set_value.lua")),
         }
     }
 
-    pub(super) fn all(&self) -> [&Lua; 6] {
+    pub(super) fn all(&self) -> [&Lua; 7] {
         [
             &self.acquire,
             &self.release,
@@ -70,6 +72,7 @@ impl Scripts {
             &self.cancel,
             &self.force_release,
             &self.describe,
+            &self.set_value,
         ]
     }
 }

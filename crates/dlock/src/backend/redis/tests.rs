@@ -754,3 +754,90 @@ async fn a_name_counts_from_one_and_leaves_only_its_fence() {
     );
     let _: () = c.del(&keys).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn set_value_replaces_the_holders_value_only() {
+    let b = backend().await;
+    check_values(&b, uniq("values").as_str(), true).await;
+    // The value is a field of the hold's meta hash, there only for a hold that has one.
+    let n = uniq("values-raw");
+    let (mv, mp) = (meta_value("v", "leader"), meta("p"));
+    let key = b.base_key(&n);
+    let mut c = raw().await;
+    let rv = rq(&n, "with-value", &mv);
+    token(b.acquire(&rv).await.unwrap());
+    let v: Option<String> = c
+        .hget(format!("{key}:meta:with-value"), "value")
+        .await
+        .unwrap();
+    assert_eq!(v.as_deref(), Some("leader"));
+    b.release(&hr(&rv)).await.unwrap();
+    let rp = rq(&n, "plain", &mp);
+    token(b.acquire(&rp).await.unwrap());
+    let has: bool = c
+        .hexists(format!("{key}:meta:plain"), "value")
+        .await
+        .unwrap();
+    assert!(!has, "a plain hold writes no value");
+    // A revoked hold is nobody's: no new value.
+    b.force_release(&n, Force::Revoke).await.unwrap();
+    assert_eq!(
+        b.set_value(&hr(&rp), "late").await.unwrap(),
+        Released::NotHeld
+    );
+    assert_eq!(value_of(&b, n.as_str(), "plain").await, Some(None));
+    b.release(&hr(&rp)).await.unwrap();
+    // Readers of a rwlock (the hash layout): each its own value.
+    let rw = uniq("values-rw");
+    let (m1, m2) = (meta_value("r1", "one"), meta("r2"));
+    let shared = |owner, m| Request {
+        kind: LockKind::RwLock,
+        mode: Mode::Shared,
+        ..rq(&rw, owner, m)
+    };
+    let (r1, r2) = (shared("reader-1", &m1), shared("reader-2", &m2));
+    token(b.acquire(&r1).await.unwrap());
+    token(b.acquire(&r2).await.unwrap());
+    assert_eq!(
+        b.set_value(&hr(&r2), "two").await.unwrap(),
+        Released::Released
+    );
+    assert_eq!(
+        value_of(&b, rw.as_str(), "reader-1").await,
+        Some(Some("one".into()))
+    );
+    assert_eq!(
+        value_of(&b, rw.as_str(), "reader-2").await,
+        Some(Some("two".into()))
+    );
+    assert_eq!(b.release(&hr(&r2)).await.unwrap(), Released::Released);
+    assert_eq!(
+        b.set_value(&hr(&r2), "gone").await.unwrap(),
+        Released::NotHeld
+    );
+    b.release(&hr(&r1)).await.unwrap();
+}
+
+/// With `replicas=N`, a new value that fewer replicas confirm is an error (the test server has
+/// no replicas); a refused one is just not held.
+#[tokio::test(flavor = "multi_thread")]
+async fn set_value_waits_for_replicas() {
+    let b = backend().await;
+    let sep = if url().contains('?') { '&' } else { '?' };
+    let strict = RedisBackend::connect(&format!("{}{sep}replicas=1&replicas_timeout=50ms", url()))
+        .await
+        .unwrap();
+    let n = uniq("values-wait");
+    let m = meta_value("v", "first");
+    let r = rq(&n, "owner", &m);
+    token(b.acquire(&r).await.unwrap());
+    let e = strict.set_value(&hr(&r), "second").await.unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+    assert!(e.to_string().contains("confirmed by 0 of the 1"), "{e}");
+    let other = rq(&n, "other", &m);
+    assert_eq!(
+        strict.set_value(&hr(&other), "x").await.unwrap(),
+        Released::NotHeld
+    );
+    b.release(&hr(&r)).await.unwrap();
+}

@@ -104,7 +104,7 @@ type Query<'q, DB> = sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Argument
 /// Binds the columns of a new hold of `req` with fencing token `token`, granted at `now` (the
 /// store's clock, which the lease counts on) and shown as granted at `acquired_at_ms`, in the
 /// order `name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms, client_id, host,
-/// pid`.
+/// pid, value` (`value` NULL for a plain lock).
 pub(crate) fn bind_hold<'q, DB>(
     q: Query<'q, DB>,
     req: &'q Request<'q>,
@@ -115,6 +115,7 @@ pub(crate) fn bind_hold<'q, DB>(
 where
     DB: sqlx::Database,
     &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    Option<&'q str>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
     let (kind, permits) = kind_columns(req.kind);
@@ -129,6 +130,7 @@ where
         .bind(req.meta.client_id.as_str())
         .bind(req.meta.host.as_str())
         .bind(i64::from(req.meta.pid))
+        .bind(req.meta.value.as_deref())
 }
 
 /// Binds the columns of a new queue place of `req` expiring at `expires_at_ms`, in the order
@@ -205,13 +207,19 @@ impl Rows {
         u32::try_from(pid).map_err(|_| self.corrupt("pid", &pid))
     }
 
-    /// The `client_id`, `host` and `pid` columns.
-    fn meta(self, client_id: String, host: String, pid: i64) -> Result<HolderMeta> {
+    /// The `client_id`, `host`, `pid` and (holds only) `value` columns.
+    fn meta(
+        self,
+        client_id: String,
+        host: String,
+        pid: i64,
+        value: Option<String>,
+    ) -> Result<HolderMeta> {
         Ok(HolderMeta {
             client_id,
             host,
             pid: self.pid(pid)?,
-            value: None,
+            value,
         })
     }
 }
@@ -261,7 +269,7 @@ impl Loaded {
 }
 
 /// A hold row as listed: `name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
-/// client_id, host, pid, state`.
+/// client_id, host, pid, state, value`.
 pub(crate) type HoldListing = (
     String,
     String,
@@ -275,6 +283,7 @@ pub(crate) type HoldListing = (
     String,
     i64,
     i64,
+    Option<String>,
 );
 /// A queue row as listed: `name, owner, mode, client_id, host, pid`.
 pub(crate) type WaiterListing = (String, String, String, String, String, i64);
@@ -427,8 +436,21 @@ pub(crate) fn listing(
     queue: Vec<WaiterListing>,
 ) -> Result<Vec<LockInfo>> {
     let mut locks: std::collections::BTreeMap<String, LockInfo> = Default::default();
-    for (name, owner, kind, permits, mode, fence, expires, acquired, client_id, host, pid, state) in
-        holds
+    for (
+        name,
+        owner,
+        kind,
+        permits,
+        mode,
+        fence,
+        expires,
+        acquired,
+        client_id,
+        host,
+        pid,
+        state,
+        value,
+    ) in holds
     {
         if !name.starts_with(prefix) {
             continue;
@@ -442,7 +464,7 @@ pub(crate) fn listing(
         });
         info.holders.push(HolderInfo {
             owner,
-            meta: rows.meta(client_id, host, pid)?,
+            meta: rows.meta(client_id, host, pid, value)?,
             mode: rows.mode(&mode)?,
             token: Some(rows.token(fence)?),
             acquired_at_ms: u64::try_from(acquired).unwrap_or(0),
@@ -458,7 +480,7 @@ pub(crate) fn listing(
         let position = u32::try_from(info.waiters.len()).unwrap_or(u32::MAX);
         info.waiters.push(WaiterInfo {
             owner,
-            meta: rows.meta(client_id, host, pid)?,
+            meta: rows.meta(client_id, host, pid, None)?,
             mode: rows.mode(&mode)?,
             position,
         });

@@ -2,7 +2,9 @@
 //! the two common cases of an exclusive `acquire` that takes no queue place inside the server — a
 //! name with no rows at all (grant) and live holds of other owners (refuse) — and says "take the
 //! full path" for everything else. The backend calls it for no other requests (`p_busy_ok` stays
-//! in the signature: the routine may refuse). The full path (a transaction around `decide`) stays
+//! in the signature: the routine may refuse), nor for a hold that carries a value
+//! ([`crate::backend::HolderMeta::value`], an election's): the full path writes the value, and
+//! the routine's bind list stays as it is. The full path (a transaction around `decide`) stays
 //! the specification; the routine only ever answers what `decide` would answer.
 //!
 //! - Both are procedures called with `CALL` on an autocommitted connection that end their own

@@ -26,7 +26,7 @@
 //!
 //! | table | columns |
 //! |---|---|
-//! | `<table>` | `name`, `owner` (unique together), `kind`, `permits`, `mode`, `fence`, `expires_at_ms`, `acquired_at_ms`, `client_id`, `host`, `pid` |
+//! | `<table>` | `name`, `owner` (unique together), `kind`, `permits`, `mode`, `fence`, `expires_at_ms`, `acquired_at_ms`, `client_id`, `host`, `pid`, `state`, `value` (a hold's published value, NULL for plain locks; added to older tables when a backend opens them) |
 //! | `<table>_queue` | `seq` (auto-increment: arrival order), `name`, `owner`, `mode`, `expires_at_ms`, `client_id`, `host`, `pid` |
 //! | `<table>_fences` | `name` primary key, `fence`: the last fencing token per name; **rows are never deleted** |
 //! | `<table>_meta` | `meta_key` primary key, `meta_value` |
@@ -137,6 +137,8 @@ mod server;
 mod session;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "postgres")]
+pub mod xact;
 
 pub(crate) mod common;
 
@@ -149,6 +151,8 @@ pub use server::{
 };
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use session::SessionBackend;
+#[cfg(feature = "postgres")]
+pub use xact::{try_xact_lock, xact_lock, xact_lock_timeout, XactLock, XactOptions};
 
 /// Opens the PostgreSQL or MySQL/MariaDB store of `url`: [`SqlBackend`], or [`SessionBackend`]
 /// for `?mode=session`.

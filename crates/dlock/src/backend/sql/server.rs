@@ -33,9 +33,12 @@ pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The server-side statement and lock-wait timeout.
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The schema version this build writes and understands.
-const SCHEMA_VERSION: i64 = 2;
+pub(super) const SCHEMA_VERSION: i64 = 2;
 /// Where the rows live, for messages about corrupt rows.
 pub(super) const ROWS: Rows = Rows("the dlock tables");
+/// The MySQL type of the holds' `value` column: a `VARCHAR` (a `TEXT` column reads back as a
+/// blob through sqlx's `Any` driver), long enough for [`MAX_VALUE_LEN`] bytes.
+const MYSQL_VALUE: &str = "VARCHAR(4096) CHARACTER SET utf8mb4 NULL";
 /// How often a deadlocked or serialization-failed transaction is tried.
 const TX_TRIES: u32 = 4;
 
@@ -86,6 +89,8 @@ pub(super) struct Stmts {
     pub(super) insert_queue: String,
     pub(super) release: String,
     pub(super) release_notify: Option<String>,
+    pub(super) set_value: String,
+    pub(super) set_value_notify: Option<String>,
     pub(super) describe_holds: String,
     pub(super) describe_queue: String,
     pub(super) force_live: String,
@@ -175,8 +180,8 @@ impl Stmts {
             del_hold_owner: s(format!("DELETE FROM {t} WHERE name = ? AND owner = ?")),
             insert_hold: s(format!(
                 "INSERT INTO {t} (name, owner, kind, permits, mode, fence, expires_at_ms,
-                     acquired_at_ms, client_id, host, pid)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                     acquired_at_ms, client_id, host, pid, value)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             )),
             refresh_queue: s(format!(
                 "UPDATE {t}_queue SET expires_at_ms = ? WHERE name = ? AND owner = ?"
@@ -200,9 +205,25 @@ impl Stmts {
                 ))),
                 Dialect::MySql => None,
             },
+            // The owner's live, unrevoked hold gets the value, or nothing changes.
+            set_value: s(format!(
+                "UPDATE {t} SET value = ? \
+                 WHERE name = ? AND owner = ? AND expires_at_ms > {now} AND state <> 2"
+            )),
+            // PostgreSQL: the update and its NOTIFY in one statement (as `release_notify`).
+            set_value_notify: match d {
+                Dialect::Postgres => Some(s(format!(
+                    "WITH u AS (UPDATE {t} SET value = ? \
+                                WHERE name = ? AND owner = ? AND expires_at_ms > {now} \
+                                  AND state <> 2 \
+                                RETURNING 1) \
+                     SELECT count(*) FROM (SELECT pg_notify(?, ?) FROM u) n"
+                ))),
+                Dialect::MySql => None,
+            },
             describe_holds: s(format!(
                 "SELECT name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
-                        client_id, host, pid, state
+                        client_id, host, pid, state, value
                  FROM {t}
                  WHERE expires_at_ms > ? AND substr(name, 1, {len}(?)) = ?
                  ORDER BY name, fence"
@@ -235,8 +256,9 @@ impl Stmts {
     }
 }
 
-/// The schema, version 2 (version 1 plus the holds' `state`: held, detached, revoked).
-fn migration(d: Dialect, t: &str, collation: &str) -> Vec<String> {
+/// The schema, version 2 (version 1 plus the holds' `state`: held, detached, revoked), with the
+/// holds' nullable `value` (added to older version 2 tables by [`Sql::ensure_values`]).
+pub(super) fn migration(d: Dialect, t: &str, collation: &str) -> Vec<String> {
     match d {
         Dialect::Postgres => vec![
             format!(
@@ -258,6 +280,7 @@ fn migration(d: Dialect, t: &str, collation: &str) -> Vec<String> {
                     host TEXT NOT NULL,
                     pid BIGINT NOT NULL,
                     state BIGINT NOT NULL DEFAULT 0,
+                    value TEXT,
                     CONSTRAINT {t}_name_owner UNIQUE (name, owner))"
             ),
             format!(
@@ -280,6 +303,7 @@ fn migration(d: Dialect, t: &str, collation: &str) -> Vec<String> {
         ],
         Dialect::MySql => {
             let key = format!("VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {collation}");
+            let value = MYSQL_VALUE;
             vec![
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t}_meta (
@@ -300,6 +324,7 @@ fn migration(d: Dialect, t: &str, collation: &str) -> Vec<String> {
                         host VARCHAR(255) NOT NULL,
                         pid BIGINT NOT NULL,
                         state BIGINT NOT NULL DEFAULT 0,
+                        value {value},
                         UNIQUE KEY {t}_name_owner (name, owner)
                     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
                 ),
@@ -679,6 +704,9 @@ impl Sql {
                 self.upgrade_v1(&mut conn).await?;
                 v = SCHEMA_VERSION;
             }
+            if v == SCHEMA_VERSION {
+                self.ensure_values(&mut conn).await?;
+            }
             if v == SCHEMA_VERSION && self.mode == HoldMode::Lease {
                 self.ensure_fast(&mut conn, collation).await;
             }
@@ -747,6 +775,50 @@ impl Sql {
         Ok(())
     }
 
+    /// Adds the holds' `value` column to a version 2 table made before holds had values (under
+    /// the migration lock). No new schema version: the column is nullable and older clients of
+    /// version 2 never name it, so they keep working on the table. The column is looked up first
+    /// so that an up-to-date table is never altered (an `ALTER TABLE` locks it).
+    async fn ensure_values(
+        &self,
+        conn: &mut AnyConnection,
+    ) -> std::result::Result<(), sqlx::Error> {
+        let t = &self.table;
+        let has: i64 = sqlx::query(&match self.dialect {
+            Dialect::Postgres => format!(
+                // Unquoted names are folded to lower case.
+                "SELECT CAST(count(*) AS BIGINT) FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = lower('{t}') \
+                 AND column_name = 'value'"
+            ),
+            Dialect::MySql => format!(
+                "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{t}' \
+                 AND COLUMN_NAME = 'value'"
+            ),
+        })
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+        if has == 0 {
+            // MySQL 8 has no `ADD COLUMN IF NOT EXISTS`; the migration lock keeps it single.
+            let add = match self.dialect {
+                Dialect::Postgres => format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS value TEXT"),
+                Dialect::MySql => format!("ALTER TABLE {t} ADD COLUMN value {MYSQL_VALUE}"),
+            };
+            if let Err(e) = sqlx::query(&add).execute(&mut *conn).await {
+                tracing::error!(
+                    store = %self.shown,
+                    error = %e,
+                    "table {t} has no `value` column and this user cannot add it; run `{add}` \
+                     as the table's owner"
+                );
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// Creates the one-round-trip grant routine when it is missing (under the migration lock)
     /// and enables it. A failure (no privilege to create routines, say) is logged and leaves
     /// the full path only: slower, equally correct.
@@ -785,8 +857,11 @@ impl Sql {
         // Exclusive requests that take no queue place only: the routine answers shared ones
         // only on a free name, and everywhere else (a reader beside readers, a semaphore permit
         // beside permits) they would pay its round trip and then the full transaction.
+        // A hold with a value (an election's) takes the full path, which writes it: the routine
+        // keeps its bind list, so plain locks pay nothing for values.
         let eligible = self.mode == HoldMode::Lease
             && self.fast.load(Ordering::Relaxed)
+            && req.meta.value.is_none()
             && req.mode == Mode::Exclusive
             && !req.takes_queue_place()
             && lease_ms < (1 << 50);
@@ -1148,13 +1223,16 @@ impl Backend for SqlBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::lease(match self.inner.dialect {
-            Dialect::Postgres => Wakeups::Native,
-            Dialect::MySql => Wakeups::Polling {
-                min: POLL_MIN,
-                max: POLL_MAX,
-            },
-        })
+        Capabilities {
+            values: true,
+            ..Capabilities::lease(match self.inner.dialect {
+                Dialect::Postgres => Wakeups::Native,
+                Dialect::MySql => Wakeups::Polling {
+                    min: POLL_MIN,
+                    max: POLL_MAX,
+                },
+            })
+        }
     }
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
@@ -1218,6 +1296,36 @@ impl Backend for SqlBackend {
             return Ok(Vec::new());
         }
         self.inner.extend_leases(holds, detach).await
+    }
+
+    async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
+        let (name, sql) = (hold.name.as_str(), &self.inner);
+        // One statement comparing the owner (PostgreSQL: with its NOTIFY).
+        let changed = match (&sql.st.set_value_notify, &sql.notify) {
+            (Some(stmt), Some(_)) => sqlx::query(stmt)
+                .bind(value)
+                .bind(name)
+                .bind(hold.owner)
+                .bind(sql.table.as_str())
+                .bind(name)
+                .fetch_one(&sql.pool)
+                .await
+                .and_then(|r| r.try_get::<i64, _>(0))
+                .map(|n| u64::try_from(n).unwrap_or(0)),
+            _ => sqlx::query(&sql.st.set_value)
+                .bind(value)
+                .bind(name)
+                .bind(hold.owner)
+                .execute(&sql.pool)
+                .await
+                .map(|r| r.rows_affected()),
+        }
+        .map_err(|e| sql.err(e))?;
+        if changed == 0 {
+            return Ok(Released::NotHeld);
+        }
+        sql.signals.wake(name);
+        Ok(Released::Released)
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {

@@ -1,6 +1,8 @@
 //! Session mode of PostgreSQL and MySQL/MariaDB (`?mode=session`): [`SessionBackend`]. Each hold
 //! is a server session lock on a connection of its own; the server frees it when that session
-//! ends. See the [module docs](super) for the keys, the checks and what breaks it.
+//! ends. See the [module docs](super) for the keys, the checks and what breaks it. A hold's row in
+//! the table (its holder, fence and value) is written on the hold's connection at grant, and
+//! `set_value` rewrites the value there only while that connection still holds the server lock.
 
 use super::common::{bind_hold, expiry, STATE_REVOKED};
 use super::config::{Dialect, HoldMode, SqlConfig};
@@ -375,6 +377,50 @@ impl Session {
         }
     }
 
+    /// Replaces the value of `hold`'s row on its own connection, in one statement that also
+    /// checks that this session still holds the server lock and that the hold is not revoked.
+    async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
+        let Some(h) = self
+            .held(hold.owner)
+            .filter(|h| h.name == hold.name.as_str())
+        else {
+            return Ok(Released::NotHeld);
+        };
+        let mut guard = h.conn.lock().await;
+        let Some(conn) = guard.as_mut() else {
+            return Ok(Released::NotHeld);
+        };
+        let (t, name) = (&self.sql.table, hold.name.as_str());
+        let sql = match self.sql.dialect {
+            Dialect::Postgres => format!(
+                "UPDATE {t} SET value = $1 WHERE name = $2 AND owner = $3 AND state <> 2
+                   AND EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
+                     AND pid = pg_backend_pid() AND granted AND objsubid = 1
+                     AND ((classid::bigint << 32) | objid::bigint) = $4)"
+            ),
+            Dialect::MySql => format!(
+                "UPDATE {t} SET value = ? WHERE name = ? AND owner = ? AND state <> 2
+                   AND IS_USED_LOCK(?) = CONNECTION_ID()"
+            ),
+        };
+        let q = sqlx::query(&sql).bind(value).bind(name).bind(hold.owner);
+        let q = match self.sql.dialect {
+            Dialect::Postgres => q.bind(advisory_key(t, name)),
+            Dialect::MySql => q.bind(mysql_lock_name(t, name)),
+        };
+        let changed = q
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.sql.err(e))?
+            .rows_affected();
+        drop(guard);
+        if changed == 0 {
+            return Ok(Released::NotHeld);
+        }
+        self.sql.wake(name).await;
+        Ok(Released::Released)
+    }
+
     /// Session mode's forced release. Revoke marks the holder's row (its next renewal answers
     /// `Revoked`; the server lock keeps others out until the holder releases it or its session
     /// ends); break ends the holder's server session.
@@ -477,6 +523,7 @@ impl Backend for SessionBackend {
         // A lock freed by a dying session sends no notification.
         Capabilities {
             validity: Validity::Session,
+            values: true,
             ..Capabilities::lease(Wakeups::Polling {
                 min: POLL_MIN,
                 max: POLL_MAX,
@@ -534,6 +581,10 @@ impl Backend for SessionBackend {
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         self.inner.sql.describe_rows(prefix).await
+    }
+
+    async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
+        self.inner.set_value(hold, value).await
     }
 
     async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced> {

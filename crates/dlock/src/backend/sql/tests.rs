@@ -1101,6 +1101,91 @@ async fn a_look_tells_a_fair_waiter_its_place(d: Dialect) {
     }
 }
 
+/// A hold's value in lease mode: written with the grant (by the full path: a hold with a value
+/// never calls the grant routine, a plain one still does), listed, replaced only by its owner.
+async fn set_value_replaces_the_holders_value_only(d: Dialect) {
+    let b = open(d, "dlt_values").await;
+    check_values(&b, &uniq("values"), true).await;
+    let before = fast_counts(&b);
+    let n = name(&uniq("values"));
+    let (mv, mp) = (meta_value("v", "leader"), meta("p"));
+    let rv = rq(&n, "with-value", &mv);
+    token(b.acquire(&rv).await.unwrap());
+    assert_eq!(
+        fast_counts(&b),
+        before,
+        "a hold with a value takes the full path"
+    );
+    assert_eq!(b.release(&hr(&rv)).await.unwrap(), Released::Released);
+    let rp = rq(&n, "plain", &mp);
+    token(b.acquire(&rp).await.unwrap());
+    assert_eq!(
+        fast_counts(&b).0,
+        before.0 + 1,
+        "a plain hold still takes the routine"
+    );
+    assert_eq!(value_of(&b, n.as_str(), "plain").await, Some(None));
+    // A revoked hold is nobody's: no new value.
+    b.force_release(&n, Force::Revoke).await.unwrap();
+    assert_eq!(
+        b.set_value(&hr(&rp), "late").await.unwrap(),
+        Released::NotHeld
+    );
+    assert_eq!(value_of(&b, n.as_str(), "plain").await, Some(None));
+}
+
+/// A hold's value in session mode: the hold's row, rewritten on its own connection.
+async fn session_mode_values(d: Dialect) {
+    let b = open_session(d, "dlt_session_values").await;
+    check_values(&b, &uniq("values"), true).await;
+}
+
+/// A table made before holds had values (no `value` column) gets the column when a backend
+/// opens it, keeps its holds and its schema version, and its routine's rows still work.
+async fn a_table_without_values_gets_the_column(d: Dialect) {
+    let table = format!(
+        "dlt_novalue_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let a = open(d, &table).await;
+    let n = name(&uniq("old"));
+    let m = meta("old");
+    let r = rq(&n, "owner-old", &m);
+    token(a.acquire(&r).await.unwrap());
+    sqlx::query(&format!("ALTER TABLE {table} DROP COLUMN value"))
+        .execute(&a.inner.pool)
+        .await
+        .unwrap();
+    let b = open(d, &table).await;
+    let v: i64 = sqlx::query(&format!(
+        "SELECT meta_value FROM {table}_meta WHERE meta_key = 'schema_version'"
+    ))
+    .fetch_one(&b.inner.pool)
+    .await
+    .unwrap()
+    .try_get(0)
+    .unwrap();
+    assert_eq!(v, SCHEMA_VERSION, "no new version for the column");
+    assert_eq!(value_of(&b, n.as_str(), "owner-old").await, Some(None));
+    assert_eq!(
+        b.set_value(&hr(&r), "later").await.unwrap(),
+        Released::Released
+    );
+    assert_eq!(
+        value_of(&a, n.as_str(), "owner-old").await,
+        Some(Some("later".into()))
+    );
+    assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
+    // A second open finds the column and leaves the table alone.
+    let c = open(d, &table).await;
+    check_values(&c, &uniq("values"), true).await;
+    drop_tables(&c, &table).await;
+    sqlx::query(&fast::drop_sql(d, &table))
+        .execute(&c.inner.pool)
+        .await
+        .unwrap();
+}
+
 macro_rules! tests {
     ($d:expr; $($t:ident),* $(,)?) => {
         $(
@@ -1132,6 +1217,9 @@ mod postgres {
         missing_grant_routine_falls_back,
         wait_after_a_busy_attempt_skips_the_repeat_look,
         a_look_tells_a_fair_waiter_its_place,
+        set_value_replaces_the_holders_value_only,
+        session_mode_values,
+        a_table_without_values_gets_the_column,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1160,6 +1248,9 @@ mod mysql {
         missing_grant_routine_falls_back,
         wait_after_a_busy_attempt_skips_the_repeat_look,
         a_look_tells_a_fair_waiter_its_place,
+        set_value_replaces_the_holders_value_only,
+        session_mode_values,
+        a_table_without_values_gets_the_column,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,8 +34,9 @@
 //! [`Error::InvalidConfig`] as soon as both sides have nodes.
 //!
 //! Each node's data is a small JSON object with the holder metadata (`client_id`, `host`, `pid`,
-//! `owner`). Curator's nodes carry the client's IP address instead; [`Backend::describe`] shows
-//! such data as the host and leaves the rest empty.
+//! `owner`, and `value` for a hold that carries one: an election leader's, replaced by
+//! [`Backend::set_value`] with a versioned `setData`). Curator's nodes carry the client's IP
+//! address instead; [`Backend::describe`] shows such data as the host and leaves the rest empty.
 //!
 //! # Lock names → paths
 //!
@@ -367,6 +368,9 @@ struct NodeData {
     /// Set by a forced release ([`Force::Revoke`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     revoked: bool,
+    /// The hold's value ([`HolderMeta::value`]); absent in plain locks' and older nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    value: Option<String>,
 }
 
 /// Curator's revocation request (`Revoker.attemptRevoke`): the data a revoked Curator lock node
@@ -655,6 +659,7 @@ impl ZooKeeperBackend {
             pid: req.meta.pid,
             created_at_ms: unix_ms(),
             revoked: false,
+            value: req.meta.value.clone(),
         })
         .map_err(Error::backend)?;
         let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
@@ -778,6 +783,54 @@ impl ZooKeeperBackend {
         });
     }
 
+    /// Replaces the value in the data of the owner's held node: read, then `setData` with the
+    /// version read (so nothing written in between is lost), again when the version moved.
+    /// `NotHeld` when the node is gone, revoked or not this backend's grant.
+    async fn set_node_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
+        let lock_path = format!("/{}", escape_name(hold.name.as_str()));
+        let rec = self.held().get(hold.owner).cloned();
+        let Some(rec) = rec.filter(|r| r.lock_path == lock_path) else {
+            return Ok(Released::NotHeld);
+        };
+        let s = &rec.session;
+        if !rec.granted || s.is_dead() || rec.deleted.load(Ordering::Acquire) {
+            return Ok(Released::NotHeld);
+        }
+        let path = format!("{}/{}", rec.lock_path, rec.node);
+        let gone = |e: &zk::Error| {
+            matches!(
+                e,
+                zk::Error::NoNode | zk::Error::SessionExpired | zk::Error::ClientClosed
+            )
+        };
+        for _ in 0..ATTEMPTS {
+            let (data, stat) = match s.retry(|| s.client.get_data(&path)).await {
+                Ok(d) => d,
+                Err(e) if gone(&e) => return Ok(Released::NotHeld),
+                Err(e) => return Err(unavailable(e)),
+            };
+            let mut d = serde_json::from_slice::<NodeData>(&data).map_err(Error::backend)?;
+            if d.revoked {
+                return Ok(Released::NotHeld);
+            }
+            d.value = Some(value.to_owned());
+            let new = serde_json::to_vec(&d).map_err(Error::backend)?;
+            match s
+                .run(s.client.set_data(&path, &new, Some(stat.version)))
+                .await
+            {
+                Ok(_) => return Ok(Released::Released),
+                Err(e) if gone(&e) => return Ok(Released::NotHeld),
+                // Changed under us (a revocation, say): read it again.
+                Err(zk::Error::BadVersion) => continue,
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "ZooKeeper: the data of {path} kept changing; its value was not replaced"
+        )))
+    }
+
     /// Revokes a holder's node: dlock's own nodes get `revoked` in their data, other nodes
     /// (Curator's) get Curator's revocation message. `false` if the node is gone.
     async fn revoke_node(&self, s: &Session, path: &str) -> Result<bool> {
@@ -845,7 +898,7 @@ impl Backend for ZooKeeperBackend {
             wakeups: Wakeups::Native,
             validity: Validity::Session,
             queues_waiters: true,
-            values: false,
+            values: true,
         }
     }
 
@@ -921,6 +974,10 @@ impl Backend for ZooKeeperBackend {
             .collect())
     }
 
+    async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
+        self.set_node_value(hold, value).await
+    }
+
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let s = self.session().await?;
         let tops = match self.list(&s, "/").await {
@@ -969,7 +1026,7 @@ impl Backend for ZooKeeperBackend {
                             client_id: d.client_id,
                             host: d.host,
                             pid: d.pid,
-                            value: None,
+                            value: d.value,
                         },
                     ),
                     // Curator stores the client's IP address; anything else shows as empty.

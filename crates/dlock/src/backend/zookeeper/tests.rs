@@ -672,3 +672,67 @@ async fn silent_network_loss_fires_lost_before_the_takeover() {
     );
     gb.release().await.unwrap();
 }
+
+#[test]
+fn node_data_without_a_value_parses_and_plain_nodes_write_none() {
+    // A node of an older dlock (or a plain lock's).
+    let old = r#"{"owner":"o","client_id":"c","host":"h","pid":1,"created_at_ms":5}"#;
+    let d: NodeData = serde_json::from_str(old).unwrap();
+    assert_eq!(d.value, None);
+    let json = serde_json::to_string(&d).unwrap();
+    assert!(!json.contains("value"), "{json}");
+    let with: NodeData =
+        serde_json::from_str(r#"{"owner":"o","client_id":"c","host":"h","pid":1,"value":"v"}"#)
+            .unwrap();
+    assert_eq!(with.value.as_deref(), Some("v"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn set_value_replaces_the_holders_value_only() {
+    use crate::backend::test_support::{check_values, hr, meta, meta_value, rq, token, Drive};
+    let zk = Ensemble::any();
+    let root = chroot();
+    let b = zk.backend(&root, Duration::from_secs(4)).await;
+    check_values(&b, "values", false).await;
+    // The value is in the node's data, there only for a hold that has one.
+    let raw = zk.raw(&root).await;
+    let n = LockName::new("values-raw").unwrap();
+    let (mv, mp) = (meta_value("v", "leader"), meta("p"));
+    let rv = rq(&n, "0b9a3c6e-6b1d-4d3f-9a57-1f2e3d4c5b6a", &mv);
+    token(b.acquire(&rv).await.unwrap());
+    let kids = children(&raw, "values-raw").await;
+    assert_eq!(kids.len(), 1, "{kids:?}");
+    let (data, _) = raw
+        .get_data(&format!("/{}/{}", escape_name("values-raw"), kids[0]))
+        .await
+        .unwrap();
+    let d: NodeData = serde_json::from_slice(&data).unwrap();
+    assert_eq!(d.value.as_deref(), Some("leader"));
+    assert_eq!(
+        b.set_value(&hr(&rv), "next").await.unwrap(),
+        Released::Released
+    );
+    let (data, _) = raw
+        .get_data(&format!("/{}/{}", escape_name("values-raw"), kids[0]))
+        .await
+        .unwrap();
+    let d: NodeData = serde_json::from_slice(&data).unwrap();
+    assert_eq!(d.value.as_deref(), Some("next"));
+    // A revoked hold is nobody's: no new value.
+    b.force_release(&n, Force::Revoke).await.unwrap();
+    assert_eq!(
+        b.set_value(&hr(&rv), "late").await.unwrap(),
+        Released::NotHeld
+    );
+    assert_eq!(b.release(&hr(&rv)).await.unwrap(), Released::Released);
+    // A plain hold's node has no value in its data.
+    let rp = rq(&n, "1b9a3c6e-6b1d-4d3f-9a57-1f2e3d4c5b6a", &mp);
+    token(b.acquire(&rp).await.unwrap());
+    let kids = children(&raw, "values-raw").await;
+    let (data, _) = raw
+        .get_data(&format!("/{}/{}", escape_name("values-raw"), kids[0]))
+        .await
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&data).contains("value"));
+    assert_eq!(b.release(&hr(&rp)).await.unwrap(), Released::Released);
+}

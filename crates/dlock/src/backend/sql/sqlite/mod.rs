@@ -10,7 +10,7 @@
 //! | table | columns | rows |
 //! |---|---|---|
 //! | `dlock_meta` | `key` PK, `value` | `('schema_version', 2)`, `('boot_id', <the boot the expiries count from>)` |
-//! | `dlock_holds` | `name`, `owner` (unique), `kind` (`mutex`/`rwlock`/`semaphore`), `permits` (0 unless semaphore), `mode` (`exclusive`/`shared`), `fence`, `expires_ms` (the machine clock, see *Clock*), `acquired_at_ms` (wall clock, for listings), `client_id`, `host`, `pid`, `state` (0 held, 1 detached, 2 revoked) | one per hold |
+//! | `dlock_holds` | `name`, `owner` (unique), `kind` (`mutex`/`rwlock`/`semaphore`), `permits` (0 unless semaphore), `mode` (`exclusive`/`shared`), `fence`, `expires_ms` (the machine clock, see *Clock*), `acquired_at_ms` (wall clock, for listings), `client_id`, `host`, `pid`, `state` (0 held, 1 detached, 2 revoked), `value` (the value the holder publishes, an election leader's; NULL for plain locks) | one per hold |
 //! | `dlock_queue` | `seq` (`INTEGER PRIMARY KEY AUTOINCREMENT`: arrival order), `name`, `owner`, `mode`, `expires_ms`, `client_id`, `host`, `pid` | one per fair waiter |
 //! | `dlock_fences` | `name` PK, `fence` | the last fencing token granted per name; **never deleted** |
 //!
@@ -46,6 +46,10 @@
 //! holder still trusts it), a step backward lengthens them. Keep the clock slewed (NTP), not
 //! stepped, there. Times are whole milliseconds; the core's safety margin (a tenth of the lease)
 //! covers the rounding.
+//!
+//! The `value` column came after version 2 without a new version (a nullable column that older
+//! dlock processes of version 2 never name, so they keep working on the file): a backend that
+//! opens a version 2 file without it adds it (`ALTER TABLE … ADD COLUMN value TEXT`).
 //!
 //! A file written by schema version 1 (wall-clock expiries) is upgraded when a backend of this
 //! version opens it: the expiries are moved to the machine clock (keeping what was left of each
@@ -135,7 +139,8 @@ const SCHEMA_VERSION: i64 = 2;
 /// Marks the `Unavailable` message of a database whose write lock stayed busy (`attempt` turns it
 /// into a busy answer).
 const BUSY_MARK: &str = "is busy";
-/// How often a release is tried when the write lock stays busy for the whole busy timeout.
+/// How often a release (or a `set_value`) is tried when the write lock stays busy for the whole
+/// busy timeout.
 const RELEASE_TRIES: u32 = 3;
 /// Connections per backend.
 const MAX_CONNECTIONS: u32 = 4;
@@ -158,7 +163,8 @@ const SCHEMA: &[&str] = &[
         client_id TEXT NOT NULL,
         host TEXT NOT NULL,
         pid INTEGER NOT NULL,
-        state INTEGER NOT NULL DEFAULT 0
+        state INTEGER NOT NULL DEFAULT 0,
+        value TEXT
     )",
     "CREATE INDEX IF NOT EXISTS dlock_holds_name ON dlock_holds (name)",
     "CREATE TABLE IF NOT EXISTS dlock_queue (
@@ -419,6 +425,19 @@ impl SqliteBackend {
                     self.path.display()
                 )));
             }
+        }
+        // Files of version 2 made before holds had values: add the (nullable) column.
+        let (has_value,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM pragma_table_info('dlock_holds') WHERE name = 'value'",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| self.err(e))?;
+        if has_value == 0 {
+            sqlx::query("ALTER TABLE dlock_holds ADD COLUMN value TEXT")
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
         }
         // Expiries count from one boot: after a reboot every hold and queue place belongs to a
         // process that is gone.
@@ -730,14 +749,17 @@ impl Backend for SqliteBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::lease(if self.watch.is_up() {
-            Wakeups::Native
-        } else {
-            Wakeups::Polling {
-                min: POLL_MIN,
-                max: POLL_MAX,
-            }
-        })
+        Capabilities {
+            values: true,
+            ..Capabilities::lease(if self.watch.is_up() {
+                Wakeups::Native
+            } else {
+                Wakeups::Polling {
+                    min: POLL_MIN,
+                    max: POLL_MAX,
+                }
+            })
+        }
     }
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
@@ -786,13 +808,42 @@ impl Backend for SqliteBackend {
         self.extend_holds(holds, detach).await
     }
 
+    async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
+        // One statement: the owner's live, unrevoked hold or nothing.
+        let mut tries = 0;
+        let changed = loop {
+            tries += 1;
+            let r = sqlx::query(
+                "UPDATE dlock_holds SET value = ?
+                 WHERE name = ? AND owner = ? AND expires_ms > ? AND state <> 2",
+            )
+            .bind(value)
+            .bind(hold.name.as_str())
+            .bind(hold.owner)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await;
+            match r {
+                Ok(done) => break done.rows_affected(),
+                Err(e) if is_busy(&e) && tries < RELEASE_TRIES => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        };
+        if changed > 0 {
+            self.watch.poke();
+            Ok(Released::Released)
+        } else {
+            Ok(Released::NotHeld)
+        }
+    }
+
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         let now = now_ms();
         // `substr`/`length` rather than LIKE: the prefix may contain `%` and `_`.
         let holds: Vec<HoldListing> = sqlx::query_as(
             "SELECT name, owner, kind, permits, mode, fence, expires_ms, acquired_at_ms,
-                        client_id, host, pid, state
+                        client_id, host, pid, state, value
                  FROM dlock_holds
                  WHERE expires_ms > ? AND substr(name, 1, length(?)) = ?
                  ORDER BY name, fence",
@@ -901,8 +952,8 @@ impl GrantWrites for SqliteWrites<'_> {
     async fn insert_hold(&mut self, req: &Request<'_>, fence: i64, now: i64) -> SqlResult {
         let insert = sqlx::query(
             "INSERT INTO dlock_holds (name, owner, kind, permits, mode, fence,
-                 expires_ms, acquired_at_ms, client_id, host, pid)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 expires_ms, acquired_at_ms, client_id, host, pid, value)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         );
         let q = bind_hold(insert, req, fence, now, machine::wall_ms());
         q.execute(&mut **self.0).await.map(drop)
@@ -1877,5 +1928,79 @@ mod tests {
             g.release().await.unwrap();
         }
         assert!(c1.list("").await.unwrap().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn set_value_replaces_the_holders_value_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("values.db");
+        let a = open(&path).await;
+        check_values(&a, "values/one", true).await;
+        // Another backend of the file sees what one wrote.
+        let b = open(&path).await;
+        let (m, n) = (meta_value("c", "seen"), name("values/two"));
+        let r = rq(&n, "owner", &m);
+        token(a.acquire(&r).await.unwrap());
+        assert_eq!(
+            value_of(&b, "values/two", "owner").await,
+            Some(Some("seen".into()))
+        );
+        assert_eq!(
+            b.set_value(&hr(&r), "v2").await.unwrap(),
+            Released::Released
+        );
+        assert_eq!(
+            value_of(&a, "values/two", "owner").await,
+            Some(Some("v2".into()))
+        );
+    }
+
+    /// A version 2 file made before holds had values (no `value` column) gets the column when
+    /// opened, keeps its holds, and an older process's insert (without the column) still works.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_version_2_file_without_values_gets_the_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v2.db");
+        let b = open(&path).await;
+        let m = meta("old");
+        let n = name("before-values");
+        let r = rq(&n, "owner-old", &m);
+        token(b.acquire(&r).await.unwrap());
+        sqlx::query("ALTER TABLE dlock_holds DROP COLUMN value")
+            .execute(&b.pool)
+            .await
+            .unwrap();
+        b.pool.close().await;
+        let b = open(&path).await;
+        let (v,): (i64,) =
+            sqlx::query_as("SELECT value FROM dlock_meta WHERE key = 'schema_version'")
+                .fetch_one(&b.pool)
+                .await
+                .unwrap();
+        assert_eq!(v, SCHEMA_VERSION, "no new version for the column");
+        assert_eq!(value_of(&b, "before-values", "owner-old").await, Some(None));
+        assert_eq!(
+            b.set_value(&hr(&r), "later").await.unwrap(),
+            Released::Released
+        );
+        assert_eq!(
+            value_of(&b, "before-values", "owner-old").await,
+            Some(Some("later".into()))
+        );
+        // What a version 2 process without values writes.
+        sqlx::query(
+            "INSERT INTO dlock_holds (name, owner, kind, permits, mode, fence, expires_ms,
+                 acquired_at_ms, client_id, host, pid)
+             VALUES ('old-writer', 'o', 'mutex', 0, 'exclusive', 1, ?, 0, 'c', 'h', 1)",
+        )
+        .bind(now_ms() + 20_000)
+        .execute(&b.pool)
+        .await
+        .unwrap();
+        assert_eq!(value_of(&b, "old-writer", "o").await, Some(None));
+        // Opening again does not add it twice.
+        b.pool.close().await;
+        let b = open(&path).await;
+        assert_eq!(b.describe("").await.unwrap().len(), 2);
     }
 }
