@@ -13,7 +13,10 @@
 //!   in-process waiters are the library's scenario of the same name);
 //! - `elect_standby_takes_over`: two `dlock elect` supervisors; the standby leads after the
 //!   leader is SIGKILLed, and after the new leader is SIGSTOPped past its term, and the commands
-//!   of two terms never run at once.
+//!   of two terms never run at once;
+//! - `multi_lock_processes`, `multi_lock_killed_waiter_leaves_nothing`: multi-locks of three
+//!   names in two processes (this test binary re-executed in the child role `multi_child`), in
+//!   opposite orders, and a waiting one SIGKILLed.
 //!
 //! Each store line generates one `#[test]` per scenario, named `<backend>::<scenario>`, on the
 //! library's harness ([`dlock::conformance::run_test`], [`Store`](dlock::conformance::Store)):
@@ -76,6 +79,8 @@ macro_rules! processes {
                 holder_killed_taken_over,
                 waiter_wakes_by_notification,
                 elect_standby_takes_over,
+                multi_lock_processes,
+                multi_lock_killed_waiter_leaves_nothing,
             );
         }
     };
@@ -143,3 +148,15 @@ processes!(
         ends_with_connection: true
     }
 );
+
+/// The child role of the multi-lock process scenarios (`processes::multi_lock_*`): does nothing
+/// unless the parent test re-executes this test binary with `DLOCK_MULTI_CHILD` set, then takes
+/// the multi-lock `DLOCK_MULTI_NAMES` (comma-separated, in the given order) on `DLOCK_MULTI_URL`
+/// `DLOCK_MULTI_ROUNDS` times (0: once, holding until killed), appending `in <pid>` / `out <pid>`
+/// around each hold to `DLOCK_MULTI_LOG`.
+#[test]
+fn multi_child() {
+    if std::env::var_os("DLOCK_MULTI_CHILD").is_some() {
+        processes::multi_child();
+    }
+}

@@ -397,3 +397,175 @@ pub async fn elect_standby_takes_over(s: Store) {
         assert_strictly_increasing("the terms in the order they led", &nums);
     }
 }
+
+// ---- multi-locks through processes -------------------------------------------------------------
+
+/// The environment variable `name` of the child role, which the parent always sets.
+fn child_var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("the multi-lock child needs {name}"))
+}
+
+/// The child role (see `multi_child` in tests/conformance.rs).
+pub fn multi_child() {
+    let url = child_var("DLOCK_MULTI_URL");
+    let names: Vec<String> = child_var("DLOCK_MULTI_NAMES")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let rounds: u32 = child_var("DLOCK_MULTI_ROUNDS")
+        .parse()
+        .expect("a round count");
+    let log = std::path::PathBuf::from(child_var("DLOCK_MULTI_LOG"));
+    let append = |what: &str| {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("open the log");
+        writeln!(f, "{what} {}", std::process::id()).expect("append to the log");
+    };
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    rt.block_on(async {
+        let opts = dlock::ClientOptions::default().lease(secs(2));
+        let client = dlock::connect_with(&url, opts).await.expect("connect");
+        let m = client.multi(names).expect("valid names");
+        if rounds == 0 {
+            append("waiting");
+            let g = m.acquire().await.expect("the multi-lock");
+            append("in");
+            std::future::pending::<()>().await;
+            drop(g);
+        }
+        for _ in 0..rounds {
+            let g = m.acquire().await.expect("the multi-lock");
+            append("in");
+            sleep(ms(10)).await;
+            append("out");
+            g.release().await.expect("release");
+        }
+    });
+}
+
+/// A re-execution of this test binary in the child role.
+fn multi_child_process(
+    url: &str,
+    names: &[String],
+    rounds: u32,
+    log: &Path,
+) -> tokio::process::Child {
+    tokio::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--exact",
+            "multi_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("DLOCK_MULTI_CHILD", "1")
+        .env("DLOCK_MULTI_URL", url)
+        .env("DLOCK_MULTI_NAMES", names.join(","))
+        .env("DLOCK_MULTI_ROUNDS", rounds.to_string())
+        .env("DLOCK_MULTI_LOG", log)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the multi-lock child")
+}
+
+/// Two processes take a multi-lock of the same three names, one naming them in reverse order,
+/// 10 rounds each: neither deadlocks and they never hold at once.
+pub async fn multi_lock_processes(s: Store) {
+    let url = store_url(&s).to_owned();
+    let names: Vec<String> = ["p-1", "p-2", "p-3"].iter().map(|n| s.name(n)).collect();
+    let reversed: Vec<String> = names.iter().rev().cloned().collect();
+    let log = s.dir.join("multi.log");
+    let mut a = multi_child_process(&url, &names, 10, &log);
+    let mut b = multi_child_process(&url, &reversed, 10, &log);
+    for (what, c) in [("forward", &mut a), ("reverse", &mut b)] {
+        let st = within(secs(40), format!("the {what} multi-lock process"), c.wait())
+            .await
+            .expect("wait for the child");
+        assert!(
+            st.success(),
+            "the {what} multi-lock process exited with {st}"
+        );
+    }
+    let text = read_text(&log);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.len(),
+        40,
+        "10 rounds of two processes, in and out:\n{text}"
+    );
+    for pair in lines.chunks(2) {
+        let pid = pair[0]
+            .strip_prefix("in ")
+            .unwrap_or_else(|| panic!("{pair:?} in:\n{text}"));
+        assert_eq!(
+            pair[1],
+            format!("out {pid}"),
+            "two holders at once:\n{text}"
+        );
+    }
+}
+
+/// A process that waits for a multi-lock while one of its names is held, having taken the
+/// others, is SIGKILLed: the names it took are free again after its lease (at once where a
+/// hold ends with its connection), and the whole set can be taken.
+pub async fn multi_lock_killed_waiter_leaves_nothing(s: Store) {
+    let c = s.client().await;
+    let url = store_url(&s).to_owned();
+    let names: Vec<String> = ["k-1", "k-2", "k-3"].iter().map(|n| s.name(n)).collect();
+    let last = must(
+        "hold the last name",
+        c.mutex(&names[2]).expect("a name").acquire(),
+    )
+    .await;
+    let log = s.dir.join("killed-multi.log");
+    let mut w = multi_child_process(&url, &names, 0, &log);
+    let started = Instant::now();
+    loop {
+        let mut held = 0;
+        for n in &names[..2] {
+            held += describe(&c, n).await.is_some_and(|i| !i.holders.is_empty()) as usize;
+        }
+        if held == 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < secs(15),
+            "the child never took the first two names; log: {}",
+            read_text(&log)
+        );
+        sleep(ms(20)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(w.id().expect("the child's pid") as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL the waiting child");
+    let _ = w.wait().await;
+    let killed = Instant::now();
+    for n in &names[..2] {
+        dlock::conformance::eventually(
+            secs(8),
+            format!("{n:?} is free after the waiter was killed"),
+            || async { describe(&c, n).await.map_or(true, |i| i.holders.is_empty()) },
+        )
+        .await;
+    }
+    eprintln!(
+        "killed multi-lock waiter: its names free {:?} after the kill",
+        killed.elapsed()
+    );
+    must("release the last name", last.release()).await;
+    let all = must(
+        "the whole set",
+        c.multi(names.clone()).expect("names").try_acquire(),
+    )
+    .await;
+    assert_eq!(all.len(), 3);
+    must("release", all.release()).await;
+}
