@@ -29,8 +29,12 @@ fn short(owner: &str) -> String {
     cell(&owner.chars().take(8).collect::<String>())
 }
 
-/// The text table of `dlock list`.
+/// The text table of `dlock list`; a VALUE column (an election leader's value, clipped) when a
+/// hold has one.
 pub fn table(infos: &[dlock::LockInfo]) -> String {
+    let values = infos
+        .iter()
+        .any(|i| i.holders.iter().any(|h| h.meta.value.is_some()));
     let mut rows = Vec::new();
     for info in infos {
         for h in &info.holders {
@@ -46,6 +50,13 @@ pub fn table(infos: &[dlock::LockInfo]) -> String {
                 ms(h.lease_left_ms),
                 at(h.acquired_at_ms),
             ]);
+            if values {
+                let v = h.meta.value.as_deref().unwrap_or("-");
+                let clipped: String = v.chars().take(40).collect();
+                if let Some(r) = rows.last_mut() {
+                    r.push(cell(&clipped));
+                }
+            }
         }
         for w in &info.waiters {
             rows.push(vec![
@@ -60,25 +71,32 @@ pub fn table(infos: &[dlock::LockInfo]) -> String {
                 "-".into(),
                 "-".into(),
             ]);
+            if values {
+                if let Some(r) = rows.last_mut() {
+                    r.push("-".into());
+                }
+            }
         }
     }
     use Align::{Left as L, Right as R};
-    render(
-        &[
-            "NAME",
-            "KIND",
-            "MODE",
-            "STATE",
-            "OWNER",
-            "HOST",
-            "PID",
-            "TOKEN",
-            "LEASE LEFT",
-            "ACQUIRED AT",
-        ],
-        &[L, L, L, L, L, L, R, R, R, L],
-        &rows,
-    )
+    let mut heads = vec![
+        "NAME",
+        "KIND",
+        "MODE",
+        "STATE",
+        "OWNER",
+        "HOST",
+        "PID",
+        "TOKEN",
+        "LEASE LEFT",
+        "ACQUIRED AT",
+    ];
+    let mut aligns = vec![L, L, L, L, L, L, R, R, R, L];
+    if values {
+        heads.push("VALUE");
+        aligns.push(L);
+    }
+    render(&heads, &aligns, &rows)
 }
 
 /// Runs `dlock list`.
