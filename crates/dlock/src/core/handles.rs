@@ -95,28 +95,36 @@ pub(crate) fn until(d: Duration) -> Wait {
     }
 }
 
-macro_rules! settings {
-    () => {
+/// The lease, renewal and fair-mode settings of a handle whose settings live in `self.$f`.
+macro_rules! hold_settings {
+    ($f:ident) => {
         /// Sets the lease of this handle's holds (default: the client's, 30 s). Checked when
         /// acquiring: 100 ms ..= 365 days, else [`Error::InvalidConfig`].
         pub fn lease(mut self, lease: Duration) -> Self {
-            self.core.lease = lease;
+            self.$f.lease = lease;
             self
         }
 
         /// Whether the client renews holds while their guards live (default `true`). Without
         /// renewal a hold simply ends when its lease does; `lost()` fires then.
         pub fn auto_renew(mut self, on: bool) -> Self {
-            self.core.renew = on;
+            self.$f.renew = on;
             self
         }
 
         /// Fair (FIFO) mode: waiters are granted in arrival order (default `false`). A waiter
         /// that dies keeps its place for at most [`crate::QUEUE_PLACE_TTL`].
         pub fn fair(mut self, on: bool) -> Self {
-            self.core.fair = on;
+            self.$f.fair = on;
             self
         }
+    };
+}
+pub(crate) use hold_settings;
+
+macro_rules! settings {
+    () => {
+        hold_settings!(core);
 
         /// The lock name.
         pub fn name(&self) -> &str {

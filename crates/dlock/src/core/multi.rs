@@ -6,7 +6,7 @@
 //! refusal, a timeout or a dropped acquisition lets go of every name taken so far.
 
 use super::client::Client;
-use super::handles::{until, Guard, Mutex, Semaphore};
+use super::handles::{hold_settings, until, Guard, Mutex, Semaphore};
 use super::rules::{check_lease, Spec, Wait};
 use crate::backend::{fnv1a64_bytes, LockKind, Mode};
 use crate::error::{Error, Result};
@@ -176,28 +176,6 @@ impl Client {
 /// The most stripes a [`Striped`] lock may have.
 pub const MAX_STRIPES: u32 = 65_536;
 
-macro_rules! take_settings {
-    () => {
-        /// Sets the lease of every hold (default: the client's). Checked when acquiring.
-        pub fn lease(mut self, lease: Duration) -> Self {
-            self.takes.lease = lease;
-            self
-        }
-
-        /// Whether the client renews the holds while the guard lives (default `true`).
-        pub fn auto_renew(mut self, on: bool) -> Self {
-            self.takes.renew = on;
-            self
-        }
-
-        /// Fair (FIFO) mode for every name (default `false`).
-        pub fn fair(mut self, on: bool) -> Self {
-            self.takes.fair = on;
-            self
-        }
-    };
-}
-
 /// Several lock names taken as one, all-or-nothing, in canonical order: see [`Client::multi`].
 /// Mutex mode ([`MultiLock::acquire`]) or read/write mode over read-write locks
 /// ([`MultiLock::read`], [`MultiLock::write`]). Not reentrant: each acquisition takes new holds.
@@ -208,7 +186,7 @@ pub struct MultiLock {
 }
 
 impl MultiLock {
-    take_settings!();
+    hold_settings!(takes);
 
     /// The names, in the order they are taken.
     pub fn names(&self) -> impl Iterator<Item = &str> {
@@ -286,7 +264,7 @@ pub struct Striped {
 }
 
 impl Striped {
-    take_settings!();
+    hold_settings!(takes);
 
     /// The number of stripes.
     pub fn stripes(&self) -> u32 {

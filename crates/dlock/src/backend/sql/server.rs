@@ -745,22 +745,7 @@ impl Sql {
     /// already running keep working, ignore revocations, and their forced releases break.
     async fn upgrade_v1(&self, conn: &mut AnyConnection) -> std::result::Result<(), sqlx::Error> {
         let t = &self.table;
-        let has: i64 = sqlx::query(&match self.dialect {
-            Dialect::Postgres => format!(
-                "SELECT CAST(count(*) AS BIGINT) FROM information_schema.columns \
-                 WHERE table_schema = current_schema() AND table_name = '{t}' \
-                 AND column_name = 'state'"
-            ),
-            Dialect::MySql => format!(
-                "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{t}' \
-                 AND COLUMN_NAME = 'state'"
-            ),
-        })
-        .fetch_one(&mut *conn)
-        .await?
-        .try_get(0)?;
-        if has == 0 {
+        if !self.has_column(conn, "state").await? {
             sqlx::query(&format!(
                 "ALTER TABLE {t} ADD COLUMN state BIGINT NOT NULL DEFAULT 0"
             ))
@@ -775,6 +760,32 @@ impl Sql {
         Ok(())
     }
 
+    /// Whether the holds table has `column` (`information_schema`; PostgreSQL folds unquoted
+    /// names to lower case).
+    async fn has_column(
+        &self,
+        conn: &mut AnyConnection,
+        column: &str,
+    ) -> std::result::Result<bool, sqlx::Error> {
+        let t = &self.table;
+        let has: i64 = sqlx::query(&match self.dialect {
+            Dialect::Postgres => format!(
+                "SELECT CAST(count(*) AS BIGINT) FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = lower('{t}') \
+                 AND column_name = '{column}'"
+            ),
+            Dialect::MySql => format!(
+                "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{t}' \
+                 AND COLUMN_NAME = '{column}'"
+            ),
+        })
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+        Ok(has > 0)
+    }
+
     /// Adds the holds' `value` column to a version 2 table made before holds had values (under
     /// the migration lock). No new schema version: the column is nullable and older clients of
     /// version 2 never name it, so they keep working on the table. The column is looked up first
@@ -784,23 +795,7 @@ impl Sql {
         conn: &mut AnyConnection,
     ) -> std::result::Result<(), sqlx::Error> {
         let t = &self.table;
-        let has: i64 = sqlx::query(&match self.dialect {
-            Dialect::Postgres => format!(
-                // Unquoted names are folded to lower case.
-                "SELECT CAST(count(*) AS BIGINT) FROM information_schema.columns \
-                 WHERE table_schema = current_schema() AND table_name = lower('{t}') \
-                 AND column_name = 'value'"
-            ),
-            Dialect::MySql => format!(
-                "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{t}' \
-                 AND COLUMN_NAME = 'value'"
-            ),
-        })
-        .fetch_one(&mut *conn)
-        .await?
-        .try_get(0)?;
-        if has == 0 {
+        if !self.has_column(conn, "value").await? {
             // MySQL 8 has no `ADD COLUMN IF NOT EXISTS`; the migration lock keeps it single.
             let add = match self.dialect {
                 Dialect::Postgres => format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS value TEXT"),

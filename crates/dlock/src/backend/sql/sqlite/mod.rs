@@ -563,6 +563,29 @@ impl SqliteBackend {
 }
 
 impl SqliteBackend {
+    /// An owner's one-statement write (a release, a value), retried while SQLite is busy (up to
+    /// [`RELEASE_TRIES`] times); the watchers are woken when it changed a row.
+    async fn owner_write<'q>(
+        &self,
+        statement: impl Fn() -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    ) -> Result<Released> {
+        let mut tries = 0;
+        let changed = loop {
+            tries += 1;
+            match statement().execute(&self.pool).await {
+                Ok(done) => break done.rows_affected(),
+                Err(e) if is_busy(&e) && tries < RELEASE_TRIES => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        };
+        if changed > 0 {
+            self.watch.poke();
+            Ok(Released::Released)
+        } else {
+            Ok(Released::NotHeld)
+        }
+    }
+
     /// Extends `holds` in one write transaction, one `UPDATE` per group of at most 500 holds of
     /// one lease; `detach` marks them as renewed by nobody any more (see [`Backend::detach`]).
     async fn extend_holds(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
@@ -779,29 +802,13 @@ impl Backend for SqliteBackend {
         // A release that loses to a herd of writers for the whole busy timeout is tried again
         // (up to RELEASE_TRIES times): a release that gives up leaves the lock held until its
         // lease ends, which stalls every waiter.
-        let mut tries = 0;
-        let removed = loop {
-            tries += 1;
-            let r = sqlx::query(
-                "DELETE FROM dlock_holds WHERE name = ? AND owner = ? AND expires_ms > ?",
-            )
-            .bind(name)
-            .bind(hold.owner)
-            .bind(now_ms())
-            .execute(&self.pool)
-            .await;
-            match r {
-                Ok(done) => break done.rows_affected(),
-                Err(e) if is_busy(&e) && tries < RELEASE_TRIES => continue,
-                Err(e) => return Err(self.err(e)),
-            }
-        };
-        if removed > 0 {
-            self.watch.poke();
-            Ok(Released::Released)
-        } else {
-            Ok(Released::NotHeld)
-        }
+        self.owner_write(|| {
+            sqlx::query("DELETE FROM dlock_holds WHERE name = ? AND owner = ? AND expires_ms > ?")
+                .bind(name)
+                .bind(hold.owner)
+                .bind(now_ms())
+        })
+        .await
     }
 
     async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
@@ -810,10 +817,8 @@ impl Backend for SqliteBackend {
 
     async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
         // One statement: the owner's live, unrevoked hold or nothing.
-        let mut tries = 0;
-        let changed = loop {
-            tries += 1;
-            let r = sqlx::query(
+        self.owner_write(|| {
+            sqlx::query(
                 "UPDATE dlock_holds SET value = ?
                  WHERE name = ? AND owner = ? AND expires_ms > ? AND state <> 2",
             )
@@ -821,20 +826,8 @@ impl Backend for SqliteBackend {
             .bind(hold.name.as_str())
             .bind(hold.owner)
             .bind(now_ms())
-            .execute(&self.pool)
-            .await;
-            match r {
-                Ok(done) => break done.rows_affected(),
-                Err(e) if is_busy(&e) && tries < RELEASE_TRIES => continue,
-                Err(e) => return Err(self.err(e)),
-            }
-        };
-        if changed > 0 {
-            self.watch.poke();
-            Ok(Released::Released)
-        } else {
-            Ok(Released::NotHeld)
-        }
+        })
+        .await
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
