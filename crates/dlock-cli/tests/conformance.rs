@@ -16,7 +16,9 @@
 //!   of two terms never run at once;
 //! - `multi_lock_processes`, `multi_lock_killed_waiter_leaves_nothing`: multi-locks of three
 //!   names in two processes (this test binary re-executed in the child role `multi_child`), in
-//!   opposite orders, and a waiting one SIGKILLed.
+//!   opposite orders, and a waiting one SIGKILLed;
+//! - `observer_sees_other_processes`: an election's observer sees a leader of another process
+//!   come and go, by the store's notification where it has one.
 //!
 //! Each store line generates one `#[test]` per scenario, named `<backend>::<scenario>`, on the
 //! library's harness ([`dlock::conformance::run_test`], [`Store`](dlock::conformance::Store)):
@@ -81,6 +83,7 @@ macro_rules! processes {
                 elect_standby_takes_over,
                 multi_lock_processes,
                 multi_lock_killed_waiter_leaves_nothing,
+                observer_sees_other_processes,
             );
         }
     };

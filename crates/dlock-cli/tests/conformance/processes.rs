@@ -569,3 +569,70 @@ pub async fn multi_lock_killed_waiter_leaves_nothing(s: Store) {
     assert_eq!(all.len(), 3);
     must("release", all.release()).await;
 }
+
+/// A follower's observer in this process sees a leader elected in another process, and its
+/// resignation, by the store's notification where the store has one for a watcher (SQLite,
+/// Redis, PostgreSQL lease mode: within 1.5 s while the observer's own interval is 60 s);
+/// elsewhere by its interval (300 ms).
+pub async fn observer_sees_other_processes(s: Store) {
+    use nix::sys::signal::{kill, Signal};
+    let c = s.client().await;
+    let caps = c.capabilities();
+    let native = caps.wakeups == Wakeups::Native && !caps.queues_waiters && caps.values;
+    let name = s.name("observed");
+    let every = if native { secs(60) } else { ms(300) };
+    let mut observer = c
+        .election(&name)
+        .expect("a name")
+        .observe_every(every)
+        .observe();
+    assert!(must("nobody leads yet", observer.next()).await.is_none());
+    let value = if caps.values { "there" } else { "" };
+    let log = s.dir.join("observed.log");
+    let mut leader = dlock_elect(
+        store_url(&s),
+        &name,
+        value,
+        &log,
+        &s.dir.join("observed.stderr"),
+    );
+    let bound = if native { ms(1500) } else { every + ms(1500) };
+    let started = Instant::now();
+    let seen = within(
+        secs(10) + bound,
+        "the observer sees the new leader",
+        observer.next(),
+    )
+    .await
+    .expect("observe")
+    .expect("a leader");
+    let took = started.elapsed();
+    assert_eq!(seen.holder.meta.pid, leader.id().expect("pid"));
+    if caps.values {
+        assert_eq!(seen.value.as_deref(), Some("there"));
+    }
+    // The leader's own start (connect, campaign) is in `took`; the notification is what makes
+    // it fast: without one the observer would look only after `every`.
+    assert!(took < secs(10), "observed the leader after {took:?}");
+    sleep(ms(300)).await;
+    kill(
+        nix::unistd::Pid::from_raw(leader.id().expect("pid") as i32),
+        Signal::SIGTERM,
+    )
+    .expect("SIGTERM the leader");
+    let resigned = Instant::now();
+    let gone = within(
+        bound + secs(3),
+        "the observer sees the resignation",
+        observer.next(),
+    )
+    .await
+    .expect("observe");
+    let took = resigned.elapsed();
+    assert!(gone.is_none(), "after the resignation: {gone:?}");
+    assert!(
+        took <= bound,
+        "observed the resignation after {took:?} (bound {bound:?}, interval {every:?})"
+    );
+    let _ = leader.wait().await;
+}

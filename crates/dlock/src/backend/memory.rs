@@ -412,6 +412,12 @@ impl Acquisition for MemAcquisition {
         Ok(Watch::Recheck)
     }
 
+    /// Every change of the store happens in this process: the core's in-process wake-ups
+    /// report it; `changed` only waits for the deadline.
+    fn mark(&mut self) -> bool {
+        true
+    }
+
     async fn look(&mut self) -> Result<Option<Look>> {
         let free = !matches!(
             self.store.lock().decide(&self.want.req(), Instant::now()),

@@ -520,6 +520,15 @@ pub trait Acquisition: Send + Sync {
 
     /// The owner gives up waiting: remove its queue place, if any. Never touches holds.
     async fn cancel(&mut self) -> Result<()>;
+
+    /// Notes the store's change source now, as a waiting attempt does before it is sent, so
+    /// that a later [`Acquisition::changed`] reports what came after this moment, for an
+    /// observer that watches the name without attempting (an election's follower). `true` if
+    /// the acquisition can watch so; `false` (the default) where `changed` needs an attempt
+    /// first (queue stores: a node of their own): the observer then polls.
+    fn mark(&mut self) -> bool {
+        false
+    }
 }
 
 /// A store that can hold locks. Implemented once per store; see the module docs for the protocol.

@@ -8,12 +8,14 @@
 use super::client::Client;
 use super::handles::{until, Guard};
 use super::rules::{check_lease, Spec, Wait};
-use crate::backend::{HoldStatus, HolderInfo, LockKind, Mode, MAX_VALUE_LEN};
+use crate::backend::{
+    Acquisition, Busy, HoldStatus, HolderInfo, LockKind, Mode, Request, Watch, MAX_VALUE_LEN,
+};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use std::future::Future;
 use std::sync::Mutex as StdMutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often an [`Observer`] looks at the election by default.
 pub const OBSERVE_EVERY: Duration = Duration::from_millis(500);
@@ -84,7 +86,7 @@ impl Election {
         self
     }
 
-    /// How often an [`Observer`] looks at the election when nothing in this process changed it
+    /// How often an [`Observer`] looks at the election on a store that cannot notify it
     /// (default [`OBSERVE_EVERY`]; 10 ms ..= 1 hour, else [`Error::InvalidConfig`] from
     /// [`Observer::next`]).
     pub fn observe_every(mut self, every: Duration) -> Self {
@@ -112,9 +114,17 @@ impl Election {
             .inner
             .acquire(&self.spec(value.clone()), wait)
             .await?;
+        let guard = Guard::new(hold);
+        // A grant sends no notification on the lease stores: the new term announces itself by
+        // writing its value again, which wakes the followers' observers as a release does.
+        if self.client.capabilities().values {
+            if let Err(e) = guard.set_value(value.as_deref().unwrap_or("")).await {
+                tracing::debug!(error = %e, "announcing a new term");
+            }
+        }
         Ok(Leadership {
             client: self.client.clone(),
-            guard: Guard::new(hold),
+            guard,
             value: StdMutex::new(value),
         })
     }
@@ -161,7 +171,8 @@ impl Election {
             .find(|h| h.status != HoldStatus::Revoked)
             .map(|holder| Leader {
                 term: holder.token,
-                value: holder.meta.value.clone(),
+                // "" is no value (a term announced without one).
+                value: holder.meta.value.clone().filter(|v| !v.is_empty()),
                 holder,
             }))
     }
@@ -172,6 +183,7 @@ impl Election {
         Observer {
             election: self.clone(),
             last: None,
+            watch: None,
         }
     }
 }
@@ -262,19 +274,35 @@ impl Leadership {
 }
 
 /// A follower's view of an election ([`Election::observe`]).
-#[derive(Debug)]
 pub struct Observer {
     election: Election,
     /// What the last answer reported: owner and value of the leader, if any.
     last: Option<Option<(String, Option<String>)>>,
+    /// The store's change source, watched without attempting (made at the first `next`).
+    watch: Option<Box<dyn Acquisition>>,
 }
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observer")
+            .field("election", &self.election.name)
+            .field("last", &self.last)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The longest an [`Observer`] waits for the store's notification before it looks anyway.
+pub const NATIVE_SAFETY_NET: Duration = Duration::from_secs(5);
 
 impl Observer {
     /// The first call answers the leader now (`None`: nobody leads); each later call waits until
-    /// the leader or its value differs from the last answer. It looks at the store every
-    /// [`Election::observe_every`], at once when a client of this process changes the election,
-    /// and when the leader's lease would run out. A store error is returned; calling again goes
-    /// on observing.
+    /// the leader or its value differs from the last answer. It is woken by the store's
+    /// notifications where the store has them for a watcher that does not campaign (SQLite,
+    /// Redis, PostgreSQL; a new term announces itself, a proclaim and a resignation notify),
+    /// then looking again at least every [`NATIVE_SAFETY_NET`]; elsewhere (MySQL, ZooKeeper,
+    /// etcd, Redlock) it looks every [`Election::observe_every`]. Changes made in this process
+    /// wake it at once, and it looks when the leader's lease would run out. A store error is
+    /// returned; calling again goes on observing.
     pub async fn next(&mut self) -> Result<Option<Leader>> {
         let every = self.election.every;
         if !(Duration::from_millis(10)..=Duration::from_secs(3600)).contains(&every) {
@@ -282,27 +310,59 @@ impl Observer {
                 "observe_every({every:?}) is outside 10 ms ..= 1 hour"
             )));
         }
-        let store = &self.election.client.inner.store;
+        let client = &self.election.client;
+        let store = &client.inner.store;
         let signal = store.local.subscribe(self.election.name.as_str());
+        let mut watch = self.watch.take().unwrap_or_else(|| {
+            let owner = uuid::Uuid::new_v4().to_string();
+            store.backend.begin(&Request {
+                name: &self.election.name,
+                kind: LockKind::Mutex,
+                mode: Mode::Exclusive,
+                owner: &owner,
+                lease: self.election.lease,
+                fair: false,
+                waiting: true,
+                meta: &client.inner.meta,
+            })
+        });
         loop {
             let notified = signal.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let now = self.election.leader().await?;
+            let native = watch.mark();
+            let now = match self.election.leader().await {
+                Ok(now) => now,
+                Err(e) => {
+                    self.watch = Some(watch);
+                    return Err(e);
+                }
+            };
             let seen = now
                 .as_ref()
                 .map(|l| (l.holder.owner.clone(), l.value.clone()));
             if self.last.as_ref() != Some(&seen) {
                 self.last = Some(seen);
+                self.watch = Some(watch);
                 return Ok(now);
             }
-            let mut wait = every;
+            let mut wait = if native { NATIVE_SAFETY_NET } else { every };
             if let Some(left) = now.as_ref().and_then(|l| l.holder.lease_left_ms) {
                 wait = wait.min(Duration::from_millis(left.saturating_add(5)));
             }
+            let until = Instant::now() + wait;
+            let busy = Busy::default();
+            // `changed` ends by `until` itself; the bound is for a store that does not.
+            let bound = (until + Duration::from_secs(1)).into();
             tokio::select! {
                 _ = &mut notified => {}
-                _ = tokio::time::sleep(wait) => {}
+                r = tokio::time::timeout_at(bound, watch.changed(&busy, until)), if native => {
+                    // No notification source after all (a listener down, MySQL): the interval.
+                    if !matches!(r, Ok(Ok(Watch::Changed | Watch::Recheck))) {
+                        tokio::time::sleep_until(until.min(Instant::now() + every).into()).await;
+                    }
+                }
+                _ = tokio::time::sleep_until(until.into()), if !native => {}
             }
         }
     }

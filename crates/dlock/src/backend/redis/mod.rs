@@ -716,9 +716,14 @@ impl Acquisition for RedisAcquisition {
     async fn attempt(&mut self) -> Result<Attempt> {
         if self.want.waiting {
             // Read before the attempt: `changed` compares it with the count then.
-            self.seen = self.store.seen(self.want.name.as_str());
+            self.mark();
         }
         self.store.attempt(&self.want.req()).await
+    }
+
+    fn mark(&mut self) -> bool {
+        self.seen = self.store.seen(self.want.name.as_str());
+        true
     }
 
     async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {

@@ -1461,16 +1461,20 @@ struct SqlAcquisition {
 #[async_trait::async_trait]
 impl Acquisition for SqlAcquisition {
     async fn attempt(&mut self) -> Result<Attempt> {
-        let req = self.want.req();
-        if req.waiting {
-            let signal = self.store.signals.subscribe(req.name.as_str());
-            self.since = Some(Since {
-                wakes: signal.wakes(),
-                signal,
-                listener: self.store.listener.as_ref().map(|(s, _)| s.up.subscribe()),
-            });
+        if self.want.waiting {
+            self.mark();
         }
-        self.store.acquire_tx(&req).await
+        self.store.acquire_tx(&self.want.req()).await
+    }
+
+    fn mark(&mut self) -> bool {
+        let signal = self.store.signals.subscribe(self.want.name.as_str());
+        self.since = Some(Since {
+            wakes: signal.wakes(),
+            signal,
+            listener: self.store.listener.as_ref().map(|(s, _)| s.up.subscribe()),
+        });
+        true
     }
 
     async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {

@@ -979,9 +979,14 @@ struct SqliteAcquisition {
 impl Acquisition for SqliteAcquisition {
     async fn attempt(&mut self) -> Result<Attempt> {
         if self.want.waiting {
-            self.watch = Some(self.store.watch.subscribe());
+            self.mark();
         }
         self.store.acquire_answer(&self.want.req()).await
+    }
+
+    fn mark(&mut self) -> bool {
+        self.watch = Some(self.store.watch.subscribe());
+        true
     }
 
     async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
