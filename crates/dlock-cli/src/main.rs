@@ -308,7 +308,11 @@ struct UnlockArgs {
 /// inventory file (read the count, think a few ms, write count-1, record the sale) without a
 /// lock: more tickets are sold than exist, or the count goes wrong. Round 2: the same under a
 /// dlock mutex: exactly TICKETS are sold, the rest refused, and the fencing tokens of the sales
-/// strictly increase. Exits 0 if round 2 is right, 1 if not.
+/// strictly increase. Act 2, segmented locks: the tickets are split over up to 8 films, each
+/// buyer wants a ticket of one film (drawn from a printed seed; DLOCK_DEMO_SEED=N repeats it);
+/// round A under one lock for the whole cinema, round B under a lock per film
+/// (`client.striped`, 64 stripes), with the tickets per second of each. Exits 0 if every locked
+/// round is right, 1 if not.
 #[derive(Debug, Args)]
 struct DemoArgs {
     /// Store URL (must be shared between processes) [default: $DLOCK_URL, else the SQLite file
@@ -336,6 +340,10 @@ struct BuyerArgs {
     wait_ms: u64,
     #[arg(long)]
     lock: Option<String>,
+    #[arg(long)]
+    stripes: Option<u32>,
+    #[arg(long)]
+    key: Option<String>,
 }
 
 /// Parses a humantime duration no longer than the longest lease.
@@ -481,6 +489,8 @@ fn real_main() -> i32 {
                 think: Duration::from_millis(a.think_ms),
                 wait: Duration::from_millis(a.wait_ms),
                 lock: a.lock,
+                stripes: a.stripes,
+                key: a.key,
             })
             .await),
             Cmd::Info(a) => list::info(a.json),

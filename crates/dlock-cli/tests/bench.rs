@@ -15,20 +15,18 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dlock");
 
-/// Runs `dlock bench --quick --plot` on `urls` (none: the default SQLite) into `out`, killing it
-/// after `limit` (a hang is a failure, not a slow pass).
-fn bench(urls: &[&str], out: &Path, limit: Duration) -> Value {
+/// Runs `dlock bench --quick` with `args` into `out`, killing it after `limit` (a hang is a
+/// failure, not a slow pass); checks that it succeeded and returns results.md and results.json.
+fn run_bench(args: &[&str], out: &Path, limit: Duration) -> (String, Value) {
     let mut c = Command::new(BIN);
-    c.args(["bench", "--quick", "--plot", "--out"])
+    c.args(["bench", "--quick", "--out"])
         .arg(out)
+        .args(args)
         .env_remove("DLOCK_URL")
         .env("RUST_LOG", "error")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for u in urls {
-        c.args(["--url", u]);
-    }
     let mut child = c.spawn().expect("start dlock bench");
     let started = Instant::now();
     loop {
@@ -55,7 +53,31 @@ fn bench(urls: &[&str], out: &Path, limit: Duration) -> Value {
         "no Markdown on stdout:\n{stdout}"
     );
     let md = std::fs::read_to_string(out.join("results.md")).expect("results.md");
-    for section in ["## Targets", "## U1", "## C1", "## H1", "## F1", "## S1"] {
+    let json = std::fs::read_to_string(out.join("results.json")).expect("results.json");
+    (
+        md,
+        serde_json::from_str(&json).expect("results.json parses"),
+    )
+}
+
+/// Runs `dlock bench --quick --plot` on `urls` (none: the default SQLite) into `out`, killing it
+/// after `limit`: every workload, every chart.
+fn bench(urls: &[&str], out: &Path, limit: Duration) -> Value {
+    let mut args = vec!["--plot"];
+    for u in urls {
+        args.extend(["--url", *u]);
+    }
+    let (md, v) = run_bench(&args, out, limit);
+    for section in [
+        "## Targets",
+        "## U1",
+        "## C1",
+        "## H1",
+        "## F1",
+        "## S1",
+        "## E1",
+        "## T1",
+    ] {
         assert!(md.contains(section), "results.md lacks {section}:\n{md}");
     }
     for svg in [
@@ -68,8 +90,7 @@ fn bench(urls: &[&str], out: &Path, limit: Duration) -> Value {
         let s = std::fs::read_to_string(out.join(svg)).expect(svg);
         assert!(s.contains("<svg"), "{svg} is not an SVG");
     }
-    let json = std::fs::read_to_string(out.join("results.json")).expect("results.json");
-    serde_json::from_str(&json).expect("results.json parses")
+    v
 }
 
 fn num(v: &Value, path: &str) -> f64 {
@@ -148,6 +169,61 @@ fn check_target(t: &Value, libs: &[&str], fair: bool) {
         positive(l, "conns_after");
         positive(l, "holds_renewed_per_s");
     }
+    check_e1(t);
+    check_t1(t);
+}
+
+/// E1 of one store: every fail-over of `--quick` measured, the terms increasing (where the store
+/// fences). Sane figures, no timing judged.
+fn check_e1(t: &Value) {
+    let label = t["label"].as_str().unwrap_or("?");
+    let e = &t["e1"];
+    assert!(e.is_object(), "{label}: no E1 in {t}");
+    assert_eq!(num(e, "term_ms"), 2000.0, "{label}: {e}");
+    let repeats = num(e, "repeats");
+    assert_eq!(repeats, 3.0, "{label}: --quick fails over 3 times: {e}");
+    let samples = e["failover_ms"].as_array().expect("failover_ms");
+    assert_eq!(samples.len() as f64, repeats, "{label}: {e}");
+    for x in samples {
+        assert!(x.as_f64().is_some_and(|x| x > 0.0), "{label}: {e}");
+    }
+    let (min, p50, max) = (num(e, "min_ms"), num(e, "p50_ms"), num(e, "max_ms"));
+    assert!(0.0 < min && min <= p50 && p50 <= max, "{label}: {e}");
+    let terms = e["terms"].as_array().expect("terms");
+    assert_eq!(
+        terms.len() as f64,
+        repeats + 1.0,
+        "every leader's term: {e}"
+    );
+    if terms.iter().all(Value::is_u64) {
+        assert_eq!(e["terms_increasing"], true, "{label}: {e}");
+    }
+}
+
+/// T1 of one store: both runs complete (64 waiters × 5 rounds), no name held twice at once, the
+/// one-name run on one name and the striped run on several of its 64.
+fn check_t1(t: &Value) {
+    let label = t["label"].as_str().unwrap_or("?");
+    let x = &t["t1"];
+    assert!(x.is_object(), "{label}: no T1 in {t}");
+    assert_eq!(num(x, "waiters"), 64.0, "{label}: {x}");
+    for run in ["one_name", "striped"] {
+        let r = &x[run];
+        assert_eq!(num(r, "acquisitions"), 64.0 * 5.0, "{label}: {run}: {r}");
+        assert_eq!(r["complete"], true, "{label}: {run}: {r}");
+        positive(r, "acq_per_s");
+        positive(r, "span_s");
+        assert_eq!(
+            num(r, "overlaps"),
+            0.0,
+            "{label}: {run}: two holders at once: {r}"
+        );
+    }
+    assert_eq!(num(&x["one_name"], "names_used"), 1.0, "{label}: {x}");
+    let used = num(&x["striped"], "names_used");
+    assert!(1.0 < used && used <= 64.0, "{label}: {x}");
+    assert_eq!(num(&x["striped"], "stripes"), 64.0, "{label}: {x}");
+    positive(x, "ratio");
 }
 
 #[test]
@@ -170,6 +246,31 @@ fn quick_bench_on_the_default_sqlite_store() {
         .and_then(|rest| rest.split('"').next())
         .expect("rslock pinned with = in the workspace Cargo.toml");
     assert_eq!(v["versions"]["rslock (peer, pinned)"], pin);
+}
+
+#[test]
+fn quick_bench_of_e1_and_t1_alone_on_sqlite() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+    let out = dir.path().join("out");
+    let (md, v) = run_bench(
+        &["--only", "e1,t1", "--url", &url],
+        &out,
+        Duration::from_secs(180),
+    );
+    for section in ["## E1", "## T1"] {
+        assert!(md.contains(section), "results.md lacks {section}:\n{md}");
+    }
+    let t = &v["targets"][0];
+    assert_eq!(t["kind"], "sqlite", "{v}");
+    assert_eq!(t["errors"].as_array().map(Vec::len), Some(0), "{t}");
+    check_e1(t);
+    check_t1(t);
+    // Only what was asked for ran.
+    assert_eq!(t["u1"].as_array().map(Vec::len), Some(0), "{t}");
+    assert_eq!(t["c1"].as_array().map(Vec::len), Some(0), "{t}");
+    assert!(t["s1"].is_null(), "{t}");
+    assert!(md.contains("| sqlite | (b) striped(64) |"), "{md}");
 }
 
 #[test]

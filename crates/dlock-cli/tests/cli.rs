@@ -571,11 +571,9 @@ fn default_store_and_dlock_url_are_used() {
 #[test]
 fn demo_oversells_without_a_lock_and_not_with_one() {
     let s = Store::new();
-    let o = exec(
-        dlock(&["demo", "--url", &s.url, "--buyers", "6", "--tickets", "4"]),
-        s.dir.path(),
-        Duration::from_secs(60),
-    );
+    let mut c = dlock(&["demo", "--url", &s.url, "--buyers", "6", "--tickets", "4"]);
+    c.env("DLOCK_DEMO_SEED", "7");
+    let o = exec(c, s.dir.path(), Duration::from_secs(60));
     assert_eq!(o.code, Some(0), "{o:?}");
     assert!(o.elapsed < Duration::from_secs(20), "{o:?}");
     let round1 = o
@@ -603,6 +601,75 @@ fn demo_oversells_without_a_lock_and_not_with_one() {
         .collect();
     // ROUND(3 words) BUYERS TICKETS SOLD REFUSED OVERSOLD LEFT ELAPSED
     assert_eq!(&row2[3..9], &["6", "4", "4", "2", "0", "0"], "{}", o.stdout);
+
+    // Act 2: 4 films of 1 ticket (min(8, --tickets)), the 6 buyers' films drawn from the seed.
+    assert!(
+        o.stdout.contains("act 2: one lock per film"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("seed 7;"),
+        "the seed is reported: {}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("the 4 films took") && o.stdout.contains("distinct stripes"),
+        "{}",
+        o.stdout
+    );
+    // BUYERS TICKETS SOLD REFUSED OVERSOLD LEFT ELAPSED TICKETS/S: the row's last 8 fields.
+    let act2 = |prefix: &str| -> Vec<String> {
+        let words: Vec<String> = o
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} row: {}", o.stdout))
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        words[words.len() - 8..].to_vec()
+    };
+    let (a, b) = (act2("A one cinema lock"), act2("B lock per film"));
+    for r in [&a, &b] {
+        assert_eq!(&r[0..2], &["6", "4"], "buyers, tickets: {}", o.stdout);
+        assert_eq!(r[4], "0", "none oversold: {}", o.stdout);
+        let (sold, refused): (u32, u32) = (r[2].parse().unwrap(), r[3].parse().unwrap());
+        assert_eq!(sold + refused, 6, "every buyer reported: {}", o.stdout);
+        assert_eq!(r[5], (4 - sold).to_string(), "left: {}", o.stdout);
+        assert!(
+            r[7].parse::<f64>().unwrap() > 0.0,
+            "tickets/s: {}",
+            o.stdout
+        );
+    }
+    // The same buyers want the same films in both rounds: the same sales.
+    assert_eq!(&a[2..6], &b[2..6], "{}", o.stdout);
+    for verdict in ["round A, cinema mutex:", "round B, striped lock:"] {
+        let l = o
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(verdict))
+            .unwrap_or_else(|| panic!("no {verdict:?} line: {}", o.stdout));
+        assert!(l.ends_with("none oversold: OK"), "{l}");
+    }
+    assert!(
+        o.stdout
+            .contains("× the tickets per second of one cinema lock"),
+        "{}",
+        o.stdout
+    );
+}
+
+#[test]
+fn demo_seed_must_be_a_number() {
+    let s = Store::new();
+    let mut c = dlock(&["demo", "--url", &s.url]);
+    c.env("DLOCK_DEMO_SEED", "banana");
+    let o = exec(c, s.dir.path(), Duration::from_secs(20));
+    assert_eq!(o.code, Some(64), "{o:?}");
+    assert!(o.stderr.contains("DLOCK_DEMO_SEED"), "{o:?}");
+    assert!(o.stdout.is_empty(), "nothing ran: {o:?}");
 }
 
 #[test]

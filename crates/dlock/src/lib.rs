@@ -42,10 +42,10 @@ mod stores;
 mod url;
 
 pub use crate::core::client::Client;
-pub use crate::core::handles::{Guard, Mutex, RwLock, Semaphore};
 pub use crate::core::election::{
     Election, Leader, Leadership, Observer, NATIVE_SAFETY_NET, OBSERVE_EVERY,
 };
+pub use crate::core::handles::{Guard, Mutex, RwLock, Semaphore};
 pub use crate::core::multi::{MultiGuard, MultiLock, Striped, MAX_STRIPES};
 pub use crate::core::rules::{ClientOptions, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
 pub use backend::{

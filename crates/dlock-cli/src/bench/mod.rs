@@ -5,7 +5,8 @@
 //!
 //! Workloads (see `docs/BENCHMARKS.md`): U1 uncontended, C1 contended (8 and 64 waiters over
 //! worker processes, hold 0 and 1 ms), H1 hand-off latency, F1 fairness, S1 many locks held by
-//! one client. Every workload has a count and a time limit; a store that goes away is an error
+//! one client, E1 election fail-over (a SIGKILLed leader process), T1 one name against a striped
+//! lock. Every workload has a count and a time limit; a store that goes away is an error
 //! in the report, never a hang.
 
 mod plot;
@@ -22,13 +23,15 @@ use crate::exit::{CliResult, Failure, OK, UNAVAILABLE};
 use serde::Serialize;
 use std::path::PathBuf;
 use store::{Floor, Kind, Probe, Target};
-use workloads::{Contended, Lib, Plan, F1, H1, S1, U1};
+use workloads::{Contended, Lib, Plan, E1, F1, H1, S1, T1, U1};
 
 /// Measure dlock on one or more stores against the raw store and a peer library.
 ///
 /// Runs U1 (uncontended acquire + release vs the store's raw floor), C1 (one name, 8 and 64
 /// waiters over 4 processes, hold 0 and 1 ms), H1 (hand-off latency between processes), F1
-/// (fairness in fair mode) and S1 (1 to 100 000 names held by one client) on every --url, and
+/// (fairness in fair mode), S1 (1 to 100 000 names held by one client), E1 (election fail-over:
+/// the leader process SIGKILLed, a 2 s term, until a standby process leads) and T1 (64 waiters
+/// on one name, then on the stripes of random keys of a striped lock of 64) on every --url, and
 /// the peers: the rslock crate on Redis URLs (on a Sentinel deployment's master; not on a
 /// Cluster, nor with replicas=N), etcd's own Lock RPC on etcd URLs. A Redis URL with
 /// ?replicas=N is its own row (label +wait) whose raw floor pipelines WAIT after its SET, as
@@ -36,7 +39,7 @@ use workloads::{Contended, Lib, Plan, F1, H1, S1, U1};
 /// and prints the Markdown.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  dlock bench --quick\n  dlock bench --url redis://127.0.0.1:6379/ --url postgres://postgres@127.0.0.1/test --plot\n  dlock bench --only u1,c1,h1 --url redis+sentinel://127.0.0.1:26379/mymaster --url 'redis+sentinel://127.0.0.1:26379/mymaster?replicas=1'\n\n--quick takes under a minute per store (about 20 s for SQLite; Redis URLs add the rslock peer, etcd URLs etcd's Lock RPC). A full run takes a few minutes per store."
+    after_help = "Examples:\n  dlock bench --quick\n  dlock bench --url redis://127.0.0.1:6379/ --url postgres://postgres@127.0.0.1/test --plot\n  dlock bench --only e1,t1 --url redis://127.0.0.1:6379/\n  dlock bench --only u1,c1,h1 --url redis+sentinel://127.0.0.1:26379/mymaster --url 'redis+sentinel://127.0.0.1:26379/mymaster?replicas=1'\n\n--quick takes under a minute per store (about 25 s for SQLite; Redis URLs add the rslock peer, etcd URLs etcd's Lock RPC). A full run takes a few minutes per store."
 )]
 pub struct BenchArgs {
     /// Store URL to bench; repeat for several [default: a SQLite file in a temporary directory]
@@ -54,8 +57,8 @@ pub struct BenchArgs {
     /// Skip the peers (rslock on Redis, etcd's Lock RPC on etcd)
     #[arg(long)]
     no_peers: bool,
-    /// Run only these workloads (comma-separated: u1, c1, h1, f1, s1) [default: all]
-    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = ["u1", "c1", "h1", "f1", "s1"])]
+    /// Run only these workloads (comma-separated: u1, c1, h1, f1, s1, e1, t1) [default: all]
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = ["u1", "c1", "h1", "f1", "s1", "e1", "t1"])]
     only: Vec<String>,
     /// S1: the numbers of names to hold at once [default: 1,10,100,1000,10000,100000; --quick: up
     /// to 1000]
@@ -98,6 +101,10 @@ pub struct TargetReport {
     pub f1: Option<F1>,
     /// S1 (dlock).
     pub s1: Option<S1>,
+    /// E1 (dlock).
+    pub e1: Option<E1>,
+    /// T1 (dlock).
+    pub t1: Option<T1>,
     /// Workloads that failed or do not apply, with the reason.
     pub errors: Vec<String>,
 }
@@ -232,7 +239,7 @@ pub async fn bench(a: BenchArgs) -> CliResult {
         plan.s1_window_secs = plan.s1_window_secs.max(l.as_secs_f64() * 0.7);
     }
     plan.only = if a.only.is_empty() {
-        vec!["u1", "c1", "h1", "f1", "s1"]
+        vec!["u1", "c1", "h1", "f1", "s1", "e1", "t1"]
             .into_iter()
             .map(String::from)
             .collect()
@@ -441,6 +448,20 @@ async fn bench_target(t: &Target, plan: &Plan, run: &str, peers: bool) -> Target
         match workloads::s1(t, plan, run, &probe, background).await {
             Ok(s) => r.s1 = Some(s),
             Err(e) => r.errors.push(format!("S1: {e}")),
+        }
+    }
+    if on("e1") {
+        eprintln!("  E1 dlock");
+        match workloads::e1(t, plan, run).await {
+            Ok(e) => r.e1 = Some(e),
+            Err(e) => r.errors.push(format!("E1: {e}")),
+        }
+    }
+    if on("t1") {
+        eprintln!("  T1 dlock");
+        match workloads::t1(t, plan, run, &probe, background).await {
+            Ok(x) => r.t1 = Some(x),
+            Err(e) => r.errors.push(format!("T1: {e}")),
         }
     }
     floor.cleanup().await;

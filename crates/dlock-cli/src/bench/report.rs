@@ -279,6 +279,86 @@ pub fn markdown(r: &Report) -> String {
         );
     }
 
+    if let Some(e) = r.targets.iter().find_map(|t| t.e1.as_ref()) {
+        let _ = writeln!(
+            s,
+            "\n## E1 election fail-over (a leader process SIGKILLed, a standby process campaigning; term {} ms)\n",
+            e.term_ms
+        );
+    } else {
+        s.push_str("\n## E1 election fail-over (a leader process SIGKILLed, a standby process campaigning)\n\n");
+    }
+    s.push_str("| store | term | fail-overs | p50 | max | min | p50 / term | terms increasing |\n|---|---|---|---|---|---|---|---|\n");
+    for t in &r.targets {
+        if let Some(e) = &t.e1 {
+            let _ = writeln!(
+                s,
+                "| {} | {} ms | {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.2} | {} |",
+                t.label,
+                e.term_ms,
+                e.failover_ms.len(),
+                e.p50_ms,
+                e.max_ms,
+                e.min_ms,
+                e.p50_in_terms,
+                if e.terms.iter().all(Option::is_none) {
+                    "— (no fencing)"
+                } else if e.terms_increasing {
+                    "yes"
+                } else {
+                    "**no**"
+                }
+            );
+        }
+    }
+    s.push_str(
+        "\nFail-over = from the SIGKILL of the leader to the standby's grant (both timestamps \
+         CLOCK_REALTIME of one machine). A killed leader cannot resign: its lease (renewed every \
+         third of it) must run out, so up to one term; a store that ends the hold with the \
+         process's session (SQL session mode) hands over at once.\n",
+    );
+
+    if let Some(x) = r.targets.iter().find_map(|t| t.t1.as_ref()) {
+        let _ = writeln!(
+            s,
+            "\n## T1 striped throughput ({} waiters over {} processes, {} rounds each, hold {} ms, random keys of {})\n",
+            x.waiters, x.procs, x.rounds, x.hold_ms, x.keys
+        );
+    } else {
+        s.push_str("\n## T1 striped throughput (one name against a striped lock)\n\n");
+    }
+    s.push_str("| store | lock | acquisitions | span | acq/s | b / a | wait p50 | wait p99 | names used | store cmds / acq | backend calls / acq | overlaps | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for t in &r.targets {
+        if let Some(x) = &t.t1 {
+            for (lock, run, ratio) in [
+                ("(a) one name".to_string(), &x.one_name, "".to_string()),
+                (
+                    format!("(b) striped({})", x.striped.stripes),
+                    &x.striped,
+                    format!("{:.2}×", x.ratio),
+                ),
+            ] {
+                let _ = writeln!(
+                    s,
+                    "| {} | {lock} | {}{} | {:.2} s | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    t.label,
+                    run.acquisitions,
+                    if run.complete { "" } else { " (time limit)" },
+                    run.span_s,
+                    run.acq_per_s,
+                    if ratio.is_empty() { "—".into() } else { ratio },
+                    fmt_us(run.wait.p50_us),
+                    fmt_us(run.wait.p99_us),
+                    run.names_used,
+                    opt(run.store_cmds_per_acq, |v| format!("{v:.1}")),
+                    opt(run.client_ops_per_acq, |v| format!("{v:.1}")),
+                    run.overlaps,
+                    run.errors
+                );
+            }
+        }
+    }
+
     s.push_str("\n## What the store-side figures count\n\n");
     for t in &r.targets {
         let _ = writeln!(

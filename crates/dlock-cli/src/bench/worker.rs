@@ -1,7 +1,11 @@
 //! `dlock bench-worker` (hidden): one process of a contended workload. It connects, prints
 //! `ready`, waits for `go START_NS END_NS` on stdin, runs `--tasks` tasks that acquire and
-//! release one lock name until END_NS (CLOCK_REALTIME), and prints one JSON line with every
-//! acquisition's timestamps.
+//! release one lock name (with `--stripes`: the stripe of a random key of a striped lock) until
+//! END_NS (CLOCK_REALTIME), and prints one JSON line with every acquisition's timestamps.
+//!
+//! With `--elect` it is one candidate of E1 instead: it campaigns for the election `--name` and
+//! says so on stdout (`campaigning NS`, then `leading TERM NS`), then leads until its stdin ends
+//! (it resigns) or it is killed.
 
 use super::stats::now_ns;
 use super::store::{counted_client, CountSnap, Target};
@@ -41,6 +45,18 @@ pub struct WorkerArgs {
     /// At most this many acquisitions per task.
     #[arg(long, default_value_t = 1_000_000)]
     pub max_per_task: u64,
+    /// T1: lock the stripe of a random key of `striped(name, stripes)` (0: the one name).
+    #[arg(long, default_value_t = 0)]
+    pub stripes: u32,
+    /// T1: the number of keys drawn from (`k0` … `k{keys-1}`).
+    #[arg(long, default_value_t = 1024)]
+    pub keys: u32,
+    /// E1: campaign for the election `--name` instead of taking the lock.
+    #[arg(long)]
+    pub elect: bool,
+    /// The lease of the client's holds (E1: the term), ms [default: dlock's default lease].
+    #[arg(long, default_value_t = 0)]
+    pub lease_ms: u64,
 }
 
 /// One acquisition: process, task, request, grant, release start, release end (ns, realtime).
@@ -57,11 +73,15 @@ pub struct WorkerOut {
     pub first_error: Option<String>,
     /// Backend calls (dlock only).
     pub ops: CountSnap,
+    /// The stripe of each record, in order (`--stripes`; empty otherwise).
+    #[serde(default)]
+    pub stripes: Vec<u32>,
 }
 
 #[derive(Default)]
 struct Acc {
     records: Vec<Rec>,
+    stripes: Vec<u32>,
     errors: u64,
     first_error: Option<String>,
 }
@@ -75,13 +95,40 @@ impl Acc {
     }
 }
 
-/// Records one acquisition of a worker task, and its release's error if any.
-fn record(acc: &StdMutex<Acc>, row: Rec, released: Result<(), String>) {
+/// Records one acquisition of a worker task (and its stripe, T1), and its release's error if
+/// any.
+fn record(acc: &StdMutex<Acc>, row: Rec, released: Result<(), String>, stripe: Option<u32>) {
     let mut acc = acc.lock().unwrap_or_else(|p| p.into_inner());
     if let Err(e) = released {
         acc.error(e);
     }
     acc.records.push(row);
+    if let Some(s) = stripe {
+        acc.stripes.push(s);
+    }
+}
+
+/// What a dlock worker task locks: one mutex, or the stripe of a random key (T1).
+enum Taker {
+    Mutex(dlock::Mutex),
+    Striped(dlock::Striped, u32),
+}
+
+impl Taker {
+    /// One acquisition within `left`, and the stripe it took (striped only).
+    async fn take(&self, left: Duration) -> (dlock::Result<dlock::Guard>, Option<u32>) {
+        match self {
+            Taker::Mutex(m) => (m.acquire_timeout(left).await, None),
+            Taker::Striped(s, keys) => {
+                let key = format!(
+                    "k{}",
+                    rand::Rng::gen_range(&mut rand::thread_rng(), 0..*keys)
+                );
+                let stripe = s.stripe_of(&key);
+                (s.lock_timeout(&key, left).await, Some(stripe))
+            }
+        }
+    }
 }
 
 /// Counts a failed acquisition: `true` once there were too many to go on, else after a short
@@ -256,9 +303,59 @@ pub fn etcd_lock_name(t: &Target, name: &str) -> String {
     )
 }
 
+/// One candidate of E1 (`--elect`): campaigns for `--name` with a term of `--lease-ms`, says
+/// `campaigning NS` before and `leading TERM NS` once it leads (TERM `-` on stores without
+/// fencing; NS CLOCK_REALTIME), then leads until its stdin ends (it resigns, exit 0) or the term
+/// is lost (`lost NS`, exit 76). The bench SIGKILLs it to measure the fail-over.
+async fn candidate(a: &WorkerArgs, t: &Target) -> CliResult {
+    let lease = match a.lease_ms {
+        0 => dlock::DEFAULT_LEASE,
+        ms => Duration::from_millis(ms),
+    };
+    let (c, _) = counted_client(t, lease)
+        .await
+        .map_err(|e| Failure::unavailable(format!("candidate: {e}")))?;
+    let election = c
+        .election(a.name.as_str())
+        .map_err(|e| Failure::usage(e.to_string()))?
+        .lease(lease);
+    println!("campaigning {}", now_ns());
+    let leading = match tokio::time::timeout(Duration::from_secs(300), election.campaign("")).await
+    {
+        Ok(Ok(l)) => l,
+        Ok(Err(e)) => return Err(Failure::unavailable(format!("campaign: {e}"))),
+        Err(_) => return Err(Failure::unavailable("campaign: not leading within 300 s")),
+    };
+    let led = now_ns();
+    let term = leading
+        .term()
+        .map_or_else(|| "-".to_string(), |t| t.to_string());
+    println!("leading {term} {led}");
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
+    let mut line = String::new();
+    // Until end of file (or an error reading it): the bench is done with this leader.
+    let eof = async {
+        while matches!(stdin.read_line(&mut line).await, Ok(n) if n > 0) {
+            line.clear();
+        }
+    };
+    tokio::select! {
+        e = leading.lost() => {
+            println!("lost {}", now_ns());
+            return Err(Failure::new(crate::exit::LOST, format!("candidate: term lost: {e}")));
+        }
+        _ = eof => {}
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), leading.resign()).await;
+    Ok(OK)
+}
+
 /// The worker's main.
 pub async fn worker(a: WorkerArgs) -> CliResult {
     let t = Target::parse(&a.url).map_err(Failure::usage)?;
+    if a.elect {
+        return candidate(&a, &t).await;
+    }
     let acc = Arc::new(StdMutex::new(Acc::default()));
     enum Lib {
         Dlock(dlock::Client, Arc<super::store::Counts>),
@@ -345,9 +442,16 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
         let pause_us = a.pause_us;
         match &lib {
             Lib::Dlock(c, _) => {
-                let m = match c.mutex(name) {
-                    Ok(m) => m.fair(fair),
-                    Err(e) => return Err(Failure::usage(e.to_string())),
+                let taker = if a.stripes > 0 {
+                    match c.striped(name, a.stripes) {
+                        Ok(s) => Taker::Striped(s.fair(fair), a.keys.max(1)),
+                        Err(e) => return Err(Failure::usage(e.to_string())),
+                    }
+                } else {
+                    match c.mutex(name) {
+                        Ok(m) => Taker::Mutex(m.fair(fair)),
+                        Err(e) => return Err(Failure::usage(e.to_string())),
+                    }
                 };
                 tasks.spawn(async move {
                     let mut n = 0;
@@ -357,20 +461,20 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
                             break;
                         }
                         let left = Duration::from_nanos((end - req) as u64);
-                        match m.acquire_timeout(left).await {
-                            Ok(g) => {
+                        match taker.take(left).await {
+                            (Ok(g), stripe) => {
                                 let grant = now_ns();
                                 hold(hold_us);
                                 let rs = now_ns();
                                 let r = g.release().await.map_err(|e| format!("release: {e}"));
                                 let re = now_ns();
                                 let row = [i64::from(pi), i64::from(task), req, grant, rs, re];
-                                record(&acc, row, r.map(drop));
+                                record(&acc, row, r.map(drop), stripe);
                                 n += 1;
                                 hold(pause_us);
                             }
-                            Err(e) if e.is_not_granted() => break,
-                            Err(e) => {
+                            (Err(e), _) if e.is_not_granted() => break,
+                            (Err(e), _) => {
                                 if failed(&acc, format!("acquire: {e}")).await {
                                     break;
                                 }
@@ -393,7 +497,7 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
                                 lm.unlock(&l).await;
                                 let re = now_ns();
                                 let row = [i64::from(pi), i64::from(task), req, grant, rs, re];
-                                record(&acc, row, Ok(()));
+                                record(&acc, row, Ok(()), None);
                                 n += 1;
                                 hold(pause_us);
                             }
@@ -422,7 +526,7 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
                                 let r = peer.unlock(key).await;
                                 let re = now_ns();
                                 let row = [i64::from(pi), i64::from(task), req, grant, rs, re];
-                                record(&acc, row, r);
+                                record(&acc, row, r, None);
                                 n += 1;
                                 hold(pause_us);
                             }
@@ -460,6 +564,7 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
         errors: acc.errors,
         first_error: acc.first_error,
         ops,
+        stripes: acc.stripes,
     };
     let json = serde_json::to_string(&out)
         .map_err(|e| Failure::new(crate::exit::SOFTWARE, e.to_string()))?;

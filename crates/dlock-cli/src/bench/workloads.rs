@@ -1,5 +1,6 @@
 //! The workloads: U1 (uncontended, with the raw floor), C1/H1/F1 (contended, over worker
-//! processes), S1 (many locks held by one client).
+//! processes), S1 (many locks held by one client), E1 (election fail-over between candidate
+//! processes), T1 (one name against a striped lock, over worker processes).
 
 use super::stats::{jain, now_ns, us, Lat};
 use super::store::{connections, counted_client, rss_bytes, CountSnap, Floor, Kind, Probe, Target};
@@ -32,6 +33,22 @@ pub struct Plan {
     pub s1_lease_ms: u64,
     /// S1: the window over which renewal traffic is counted.
     pub s1_window_secs: f64,
+    /// E1: fail-overs measured (each a SIGKILLed leader).
+    pub e1_repeats: u32,
+    /// E1: the term (the election's lease), ms.
+    pub e1_term_ms: u64,
+    /// T1: waiters (tasks over `procs` worker processes).
+    pub t1_waiters: u32,
+    /// T1: acquire/hold/release rounds per waiter.
+    pub t1_rounds: u64,
+    /// T1: the hold inside the lock, ms.
+    pub t1_hold_ms: u64,
+    /// T1: the stripes of the striped run.
+    pub t1_stripes: u32,
+    /// T1: the keys drawn from at random.
+    pub t1_keys: u32,
+    /// T1: time limit of one run, s.
+    pub t1_limit_secs: f64,
     /// The workloads run (`--only`).
     pub only: Vec<String>,
 }
@@ -51,6 +68,14 @@ impl Plan {
                 s1_acquire_secs: 10.0,
                 s1_lease_ms: 2000,
                 s1_window_secs: 2.0,
+                e1_repeats: 3,
+                e1_term_ms: 2000,
+                t1_waiters: 64,
+                t1_rounds: 5,
+                t1_hold_ms: 1,
+                t1_stripes: 64,
+                t1_keys: 1024,
+                t1_limit_secs: 30.0,
                 only: Vec::new(),
             }
         } else {
@@ -65,6 +90,14 @@ impl Plan {
                 s1_acquire_secs: 75.0,
                 s1_lease_ms: 5000,
                 s1_window_secs: 10.0,
+                e1_repeats: 5,
+                e1_term_ms: 2000,
+                t1_waiters: 64,
+                t1_rounds: 30,
+                t1_hold_ms: 1,
+                t1_stripes: 64,
+                t1_keys: 1024,
+                t1_limit_secs: 120.0,
                 only: Vec::new(),
             }
         }
@@ -308,22 +341,38 @@ pub async fn background_rate(probe: &Probe) -> f64 {
     ((b - a) / s.elapsed().as_secs_f64()).max(0.0)
 }
 
-/// Runs one contended configuration over worker processes.
+/// What the worker processes of one run reported.
+struct Collected {
+    /// Every acquisition.
+    recs: Vec<Rec>,
+    /// The stripe of each record, in the order of `recs` (T1's striped run; empty otherwise).
+    stripes: Vec<u32>,
+    /// Backend calls (dlock).
+    ops: CountSnap,
+    errors: u64,
+    first_error: Option<String>,
+    /// When the workers started, ns (CLOCK_REALTIME).
+    start_ns: i64,
+    /// The store's command counter before the start and after the reports.
+    cmds: (Option<f64>, Option<f64>),
+    /// Seconds from just before the start to the reports.
+    elapsed_s: f64,
+}
+
+/// Starts `procs` worker processes with `waiters` tasks in all, each with `args` besides the
+/// store, name, library, task count and index; starts them together for `secs` (their `END`) and
+/// collects their reports.
 #[allow(clippy::too_many_arguments)]
-pub async fn contended(
+async fn run_workers(
     t: &Target,
     lib: Lib,
     name: &str,
     waiters: u32,
     procs: u32,
-    hold_ms: u64,
-    pause_us: u64,
-    fair: bool,
+    args: &[String],
     secs: f64,
     probe: &Probe,
-    background: f64,
-    floor_pair_us: Option<f64>,
-) -> Result<Contended, String> {
+) -> Result<Collected, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the dlock binary: {e}"))?;
     let procs = procs.min(waiters).max(1);
     let mut children = Vec::new();
@@ -333,17 +382,13 @@ pub async fn contended(
         cmd.arg("bench-worker")
             .args(["--url", &t.url, "--name", name, "--lib", lib.name()])
             .args(["--tasks", &tasks.to_string()])
-            .args(["--hold-us", &(hold_ms * 1000).to_string()])
-            .args(["--pause-us", &pause_us.to_string()])
             .args(["--proc-index", &i.to_string()])
+            .args(args)
             .env("RUST_LOG", "error")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
             .kill_on_drop(true);
-        if fair {
-            cmd.arg("--fair");
-        }
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot start a worker: {e}"))?;
@@ -373,9 +418,16 @@ pub async fn contended(
             .map_err(|e| format!("worker went away: {e}"))?;
         stdin.flush().await.map_err(|e| e.to_string())?;
     }
-    let mut recs: Vec<Rec> = Vec::new();
-    let mut ops = CountSnap::default();
-    let (mut errors, mut first_error) = (0, None);
+    let mut c = Collected {
+        recs: Vec::new(),
+        stripes: Vec::new(),
+        ops: CountSnap::default(),
+        errors: 0,
+        first_error: None,
+        start_ns: start,
+        cmds: (c0, None),
+        elapsed_s: 0.0,
+    };
     let limit = Duration::from_secs_f64(secs + 60.0);
     for (i, (child, lines, _)) in children.iter_mut().enumerate() {
         let out = match tokio::time::timeout(limit, lines.next_line()).await {
@@ -394,11 +446,12 @@ pub async fn contended(
                 ));
             }
         };
-        recs.extend(out.records);
-        ops.add(&out.ops);
-        errors += out.errors;
-        if first_error.is_none() {
-            first_error = out.first_error;
+        c.recs.extend(out.records);
+        c.stripes.extend(out.stripes);
+        c.ops.add(&out.ops);
+        c.errors += out.errors;
+        if c.first_error.is_none() {
+            c.first_error = out.first_error;
         }
         let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
     }
@@ -406,8 +459,50 @@ pub async fn contended(
     if t.kind == Kind::Postgres {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let c1 = probe.commands().await.ok().flatten();
-    let elapsed = t0.elapsed().as_secs_f64();
+    c.cmds.1 = probe.commands().await.ok().flatten();
+    c.elapsed_s = t0.elapsed().as_secs_f64();
+    Ok(c)
+}
+
+/// Store commands per acquisition over a run, less the background rate.
+fn cmds_per_acq(c: &Collected, background: f64, n: usize) -> Option<f64> {
+    match c.cmds {
+        (Some(a), Some(b)) if n > 0 => {
+            Some(((b - a) - background * c.elapsed_s).max(0.0) / n as f64)
+        }
+        _ => None,
+    }
+}
+
+/// Runs one contended configuration over worker processes.
+#[allow(clippy::too_many_arguments)]
+pub async fn contended(
+    t: &Target,
+    lib: Lib,
+    name: &str,
+    waiters: u32,
+    procs: u32,
+    hold_ms: u64,
+    pause_us: u64,
+    fair: bool,
+    secs: f64,
+    probe: &Probe,
+    background: f64,
+    floor_pair_us: Option<f64>,
+) -> Result<Contended, String> {
+    let procs = procs.min(waiters).max(1);
+    let mut args: Vec<String> = vec![
+        "--hold-us".into(),
+        (hold_ms * 1000).to_string(),
+        "--pause-us".into(),
+        pause_us.to_string(),
+    ];
+    if fair {
+        args.push("--fair".into());
+    }
+    let c = run_workers(t, lib, name, waiters, procs, &args, secs, probe).await?;
+    let store_cmds = cmds_per_acq(&c, background, c.recs.len());
+    let (mut recs, ops, errors, first_error) = (c.recs, c.ops, c.errors, c.first_error);
     let window_s = secs;
     let n = recs.len();
     recs.sort_by_key(|r| r[3]);
@@ -442,10 +537,6 @@ pub async fn contended(
         _ => None,
     };
     let pct = ideal.map(|i| 100.0 * acq_per_s / i);
-    let store_cmds = match (c0, c1) {
-        (Some(a), Some(b)) if n > 0 => Some(((b - a) - background * elapsed).max(0.0) / n as f64),
-        _ => None,
-    };
     Ok(Contended {
         lib,
         waiters,
@@ -714,5 +805,315 @@ pub async fn s1(
         lease_ms: plan.s1_lease_ms,
         levels,
         conns_constant,
+    })
+}
+
+/// E1: election fail-over. A leader process is SIGKILLed while a standby process campaigns;
+/// the time from the kill to the standby's lead, repeated.
+#[derive(Debug, Clone, Serialize)]
+pub struct E1 {
+    /// The term (the election's lease; ZooKeeper: the session timeout, etcd: the lease TTL), ms.
+    pub term_ms: u64,
+    /// Fail-overs asked for.
+    pub repeats: u32,
+    /// Each fail-over: SIGKILL of the leader → the standby leads, ms.
+    pub failover_ms: Vec<f64>,
+    /// Median fail-over, ms.
+    pub p50_ms: f64,
+    /// Longest fail-over, ms.
+    pub max_ms: f64,
+    /// Shortest fail-over, ms.
+    pub min_ms: f64,
+    /// p50 / term.
+    pub p50_in_terms: f64,
+    /// The term (fencing token) of each leader in order, the first leader's included (`None` on
+    /// stores without fencing).
+    pub terms: Vec<Option<u64>>,
+    /// Whether every new term is greater than the one before (stores with fencing).
+    pub terms_increasing: bool,
+}
+
+/// One E1 candidate process and its stdout.
+struct Candidate {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    /// Kept open: the candidate leads until it ends.
+    _stdin: tokio::process::ChildStdin,
+}
+
+impl Candidate {
+    /// Starts candidate `i` (a `bench-worker --elect`) and waits until it campaigns.
+    async fn start(
+        exe: &std::path::Path,
+        url: &str,
+        name: &str,
+        i: u32,
+        term_ms: u64,
+    ) -> Result<Candidate, String> {
+        let mut child = tokio::process::Command::new(exe)
+            .arg("bench-worker")
+            .args(["--url", url, "--name", name, "--elect"])
+            .args(["--lease-ms", &term_ms.to_string()])
+            .args(["--proc-index", &i.to_string()])
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start candidate {i}: {e}"))?;
+        let stdout = child.stdout.take().ok_or("candidate without stdout")?;
+        let stdin = child.stdin.take().ok_or("candidate without stdin")?;
+        let mut c = Candidate {
+            child,
+            lines: tokio::io::BufReader::new(stdout).lines(),
+            _stdin: stdin,
+        };
+        match c.next(Duration::from_secs(60)).await? {
+            Some(w) if w.first().map(String::as_str) == Some("campaigning") => Ok(c),
+            other => Err(format!(
+                "candidate {i} did not campaign (said {other:?}; see its error above)"
+            )),
+        }
+    }
+
+    /// The next line's words within `limit`; `None` at its end.
+    async fn next(&mut self, limit: Duration) -> Result<Option<Vec<String>>, String> {
+        match tokio::time::timeout(limit, self.lines.next_line()).await {
+            Ok(Ok(l)) => Ok(l.map(|l| l.split_whitespace().map(String::from).collect())),
+            Ok(Err(e)) => Err(format!("candidate output: {e}")),
+            Err(_) => Err(format!("no word from a candidate within {limit:?}")),
+        }
+    }
+
+    /// Waits for `leading TERM NS` within `limit`: the term and the time it began (ns).
+    async fn leads(&mut self, limit: Duration) -> Result<(Option<u64>, i64), String> {
+        match self.next(limit).await? {
+            Some(w) if w.len() == 3 && w[0] == "leading" => {
+                let ns = w[2]
+                    .parse()
+                    .map_err(|_| format!("bad candidate line {w:?}"))?;
+                Ok((w[1].parse().ok(), ns))
+            }
+            other => Err(format!("a candidate said {other:?}, not that it leads")),
+        }
+    }
+}
+
+/// E1: `plan.e1_repeats` fail-overs between candidate processes on one election.
+pub async fn e1(t: &Target, plan: &Plan, run: &str) -> Result<E1, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the dlock binary: {e}"))?;
+    let term = Duration::from_millis(plan.e1_term_ms);
+    // ZooKeeper's session timeout and etcd's lease TTL are the term there, as `dlock elect` asks.
+    let url = crate::take::url_for(&t.url, term);
+    let name = format!("dlockbench/{run}/e1");
+    // A dead leader is followed once its lease runs out: the term, and slack for a busy machine.
+    let limit = term * 3 + Duration::from_secs(30);
+    let mut leader = Candidate::start(&exe, &url, &name, 0, plan.e1_term_ms).await?;
+    let (first, _) = leader.leads(limit).await?;
+    let mut terms = vec![first];
+    let mut failover_ms = Vec::new();
+    for i in 1..=plan.e1_repeats {
+        let mut standby = Candidate::start(&exe, &url, &name, i, plan.e1_term_ms).await?;
+        // Let its first attempt reach the store (it is waiting when the leader dies), then a
+        // random part of a term more, so the kill falls anywhere between two renewals of the
+        // leader's lease, not always just after its grant. A word from the standby now would be
+        // a second leader.
+        let settle = Duration::from_millis(
+            300 + rand::Rng::gen_range(&mut rand::thread_rng(), 0..plan.e1_term_ms.max(1)),
+        );
+        match standby.next(settle).await {
+            Err(_) => {}
+            Ok(w) => return Err(format!("the standby spoke while the leader lived: {w:?}")),
+        }
+        let killed = now_ns();
+        leader
+            .child
+            .start_kill()
+            .map_err(|e| format!("cannot SIGKILL the leader: {e}"))?;
+        let (term_no, led) = standby.leads(limit).await?;
+        failover_ms.push((led - killed) as f64 / 1e6);
+        terms.push(term_no);
+        let _ = tokio::time::timeout(Duration::from_secs(10), leader.child.wait()).await;
+        leader = standby;
+    }
+    // The last leader resigns when its stdin closes.
+    let Candidate {
+        mut child,
+        lines,
+        _stdin: stdin,
+    } = leader;
+    drop(stdin);
+    drop(lines);
+    if tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+    let fenced: Vec<u64> = terms.iter().flatten().copied().collect();
+    // Percentiles of milliseconds (Lat names its fields in µs).
+    let l = Lat::of(&failover_ms);
+    let min_ms = failover_ms.iter().copied().fold(f64::INFINITY, f64::min);
+    Ok(E1 {
+        term_ms: plan.e1_term_ms,
+        repeats: plan.e1_repeats,
+        p50_ms: l.p50_us,
+        max_ms: l.max_us,
+        min_ms: if min_ms.is_finite() { min_ms } else { 0.0 },
+        p50_in_terms: l.p50_us / plan.e1_term_ms.max(1) as f64,
+        terms_increasing: fenced.len() == terms.len() && fenced.windows(2).all(|w| w[0] < w[1]),
+        terms,
+        failover_ms,
+    })
+}
+
+/// One T1 run: 64 waiters, each `rounds` acquire/hold/release rounds of random keys.
+#[derive(Debug, Clone, Serialize)]
+pub struct T1Run {
+    /// Stripes of the lock: 0 for the one name.
+    pub stripes: u32,
+    /// Acquisitions asked for: waiters × rounds.
+    pub planned: usize,
+    /// Acquisitions made.
+    pub acquisitions: usize,
+    /// Whether all were made within the time limit.
+    pub complete: bool,
+    /// From the start to the last release, s.
+    pub span_s: f64,
+    /// Acquisitions per second over the span.
+    pub acq_per_s: f64,
+    /// Per-acquisition wait (request to grant).
+    pub wait: Lat,
+    /// Distinct lock names taken.
+    pub names_used: usize,
+    /// Grants of a name while its previous holder had not started releasing (must be 0).
+    pub overlaps: usize,
+    /// Store commands per acquisition (see `commands_what`), background-corrected.
+    pub store_cmds_per_acq: Option<f64>,
+    /// dlock backend calls per acquisition.
+    pub client_ops_per_acq: Option<f64>,
+    /// Errors reported by workers.
+    pub errors: u64,
+    /// The first of them.
+    pub first_error: Option<String>,
+}
+
+/// T1: one name against `striped(base, stripes)`, the same waiters and rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct T1 {
+    /// Waiters (tasks over the worker processes).
+    pub waiters: u32,
+    /// Worker processes.
+    pub procs: u32,
+    /// Rounds per waiter.
+    pub rounds: u64,
+    /// Hold inside the lock, ms.
+    pub hold_ms: u64,
+    /// Keys drawn from at random.
+    pub keys: u32,
+    /// (a) every waiter on one name.
+    pub one_name: T1Run,
+    /// (b) each round on the stripe of a random key.
+    pub striped: T1Run,
+    /// striped acq/s ÷ one-name acq/s.
+    pub ratio: f64,
+}
+
+/// One T1 run over worker processes (`stripes` 0: the one name).
+async fn t1_run(
+    t: &Target,
+    plan: &Plan,
+    name: &str,
+    stripes: u32,
+    probe: &Probe,
+    background: f64,
+) -> Result<T1Run, String> {
+    let args: Vec<String> = [
+        ("--hold-us", plan.t1_hold_ms * 1000),
+        ("--max-per-task", plan.t1_rounds),
+        ("--stripes", u64::from(stripes)),
+        ("--keys", u64::from(plan.t1_keys)),
+    ]
+    .iter()
+    .flat_map(|(k, v)| [k.to_string(), v.to_string()])
+    .collect();
+    let c = run_workers(
+        t,
+        Lib::Dlock,
+        name,
+        plan.t1_waiters,
+        plan.procs,
+        &args,
+        plan.t1_limit_secs,
+        probe,
+    )
+    .await?;
+    let n = c.recs.len();
+    let planned = plan.t1_waiters as usize * plan.t1_rounds as usize;
+    // Group by lock name (the stripe; one group for the one name), each in grant order.
+    let mut by_name = std::collections::HashMap::<u32, Vec<Rec>>::new();
+    for (i, r) in c.recs.iter().enumerate() {
+        let s = if stripes > 0 {
+            c.stripes.get(i).copied().unwrap_or(u32::MAX)
+        } else {
+            0
+        };
+        by_name.entry(s).or_default().push(*r);
+    }
+    let mut overlaps = 0;
+    for recs in by_name.values_mut() {
+        recs.sort_by_key(|r| r[3]);
+        overlaps += recs.windows(2).filter(|w| w[1][3] < w[0][4]).count();
+    }
+    let last = c.recs.iter().map(|r| r[5]).max().unwrap_or(c.start_ns);
+    let span_s = ((last - c.start_ns) as f64 / 1e9).max(1e-9);
+    let waits: Vec<f64> = c.recs.iter().map(|r| (r[3] - r[2]) as f64 / 1e3).collect();
+    Ok(T1Run {
+        stripes,
+        planned,
+        acquisitions: n,
+        complete: n >= planned,
+        span_s,
+        acq_per_s: n as f64 / span_s,
+        wait: Lat::of(&waits),
+        names_used: by_name.len(),
+        overlaps,
+        store_cmds_per_acq: cmds_per_acq(&c, background, n),
+        client_ops_per_acq: (n > 0).then(|| c.ops.store_calls() as f64 / n as f64),
+        errors: c.errors,
+        first_error: c.first_error,
+    })
+}
+
+/// T1: (a) one name, (b) `striped(base, plan.t1_stripes)`, 64 waiters each doing
+/// `plan.t1_rounds` rounds.
+pub async fn t1(
+    t: &Target,
+    plan: &Plan,
+    run: &str,
+    probe: &Probe,
+    background: f64,
+) -> Result<T1, String> {
+    let base = format!("dlockbench/{run}/t1");
+    let one_name = t1_run(t, plan, &format!("{base}/one"), 0, probe, background).await?;
+    let striped = t1_run(
+        t,
+        plan,
+        &format!("{base}/striped"),
+        plan.t1_stripes,
+        probe,
+        background,
+    )
+    .await?;
+    Ok(T1 {
+        waiters: plan.t1_waiters,
+        procs: plan.procs.min(plan.t1_waiters).max(1),
+        rounds: plan.t1_rounds,
+        hold_ms: plan.t1_hold_ms,
+        keys: plan.t1_keys,
+        ratio: striped.acq_per_s / one_name.acq_per_s.max(1e-9),
+        one_name,
+        striped,
     })
 }
