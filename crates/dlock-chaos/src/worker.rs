@@ -81,13 +81,21 @@ impl Held {
 /// Takes the next hold: the mutex, or a term of the election of the same name.
 async fn take(
     mutex: &dlock::Mutex,
-    election: Option<&dlock::Election>,
+    election: Option<(&dlock::Election, bool)>,
     index: u32,
     wait: Duration,
 ) -> dlock::Result<Held> {
     match election {
-        Some(e) => e
-            .campaign_timeout(format!("worker {index}"), wait)
+        // A store without values (Redlock) takes only the empty value.
+        Some((e, values)) => e
+            .campaign_timeout(
+                if values {
+                    format!("worker {index}")
+                } else {
+                    String::new()
+                },
+                wait,
+            )
             .await
             .map(Held::Lead),
         None => mutex.acquire_timeout(wait).await.map(Held::Lock),
@@ -335,6 +343,7 @@ pub async fn run(a: WorkerArgs) -> i32 {
     } else {
         None
     };
+    let values = client.capabilities().values;
     emit(&Event::Ready {
         at: now_us(),
         pid: std::process::id(),
@@ -348,7 +357,7 @@ pub async fn run(a: WorkerArgs) -> i32 {
             .saturating_duration_since(tokio::time::Instant::now())
             .min(Duration::from_secs(5));
         let acquired = tokio::select! {
-            r = take(&mutex, election.as_ref(), a.index, wait) => r,
+            r = take(&mutex, election.as_ref().map(|e| (e, values)), a.index, wait) => r,
             _ = stop.changed() => break,
         };
         let held = match acquired {
