@@ -159,16 +159,8 @@ struct RunArgs {
     /// After a lost lock, how long CMD has between SIGTERM and SIGKILL
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     kill_after: Duration,
-    /// Run STRING with `sh -c` instead of CMD
-    #[arg(short = 'c', value_name = "STRING", conflicts_with = "cmd")]
-    command: Option<OsString>,
-    /// The command to run and its arguments (after `--`)
-    #[arg(
-        value_name = "CMD",
-        required_unless_present = "command",
-        trailing_var_arg = true
-    )]
-    cmd: Vec<OsString>,
+    #[command(flatten)]
+    cmd: CmdArgs,
 }
 
 /// Run a command only while this host leads the election NAME: a hot standby.
@@ -213,6 +205,13 @@ struct ElectArgs {
     /// The election name (1 to 255 bytes)
     #[arg(value_name = "NAME")]
     name: String,
+    #[command(flatten)]
+    cmd: CmdArgs,
+}
+
+/// The command of `dlock run` and `dlock elect`.
+#[derive(Debug, Args)]
+struct CmdArgs {
     /// Run STRING with `sh -c` instead of CMD
     #[arg(short = 'c', value_name = "STRING", conflicts_with = "cmd")]
     command: Option<OsString>,
@@ -223,6 +222,16 @@ struct ElectArgs {
         trailing_var_arg = true
     )]
     cmd: Vec<OsString>,
+}
+
+impl CmdArgs {
+    /// The program and its arguments: `sh -c STRING` for `-c STRING`.
+    fn argv(self) -> Vec<OsString> {
+        match self.command {
+            Some(c) => vec!["sh".into(), "-c".into(), c],
+            None => self.cmd,
+        }
+    }
 }
 
 /// Take the lock NAME and hold it, with no command.
@@ -449,23 +458,15 @@ fn real_main() -> i32 {
     let result: exit::CliResult = rt.block_on(async move {
         match cmd {
             Cmd::Run(a) => {
-                let cmd = match a.command {
-                    Some(c) => vec!["sh".into(), "-c".into(), c],
-                    None => a.cmd,
-                };
                 run::run(run::RunOpts {
                     take: a.lock.into_opts(),
                     hold_at_least: a.hold_at_least,
                     kill_after: a.kill_after,
-                    cmd,
+                    cmd: a.cmd.argv(),
                 })
                 .await
             }
             Cmd::Elect(a) => {
-                let cmd = match a.command {
-                    Some(c) => vec!["sh".into(), "-c".into(), c],
-                    None => a.cmd,
-                };
                 elect::elect(elect::ElectOpts {
                     url: a.url,
                     ttl: a.ttl,
@@ -474,7 +475,7 @@ fn real_main() -> i32 {
                     kill_after: a.kill_after,
                     verbose: a.verbose,
                     name: a.name,
-                    cmd,
+                    cmd: a.cmd.argv(),
                 })
                 .await
             }
@@ -550,14 +551,14 @@ mod tests {
         let Cmd::Run(a) = c.command else {
             panic!("not run")
         };
-        assert_eq!(a.cmd, vec![OsString::from("ls"), OsString::from("-l")]);
+        assert_eq!(a.cmd.cmd, vec![OsString::from("ls"), OsString::from("-l")]);
         let c = Cli::try_parse_from(["dlock", "run", "x", "ls", "--ttl", "1s"]).expect("parse");
         let Cmd::Run(a) = c.command else {
             panic!("not run")
         };
         assert_eq!(a.lock.name, "x");
         assert_eq!(a.lock.ttl, Duration::from_secs(30));
-        assert_eq!(a.cmd.len(), 3);
+        assert_eq!(a.cmd.cmd.len(), 3);
         assert!(Cli::try_parse_from(["dlock", "run", "x", "--bogus"]).is_err());
         assert!(
             Cli::try_parse_from(["dlock", "run", "--wait", "1s", "--no-wait", "x", "true"])
@@ -578,8 +579,8 @@ mod tests {
         else {
             panic!("not run")
         };
-        assert_eq!(a.command, Some(OsString::from("echo hi")));
-        assert!(a.cmd.is_empty());
+        assert_eq!(a.cmd.command, Some(OsString::from("echo hi")));
+        assert!(a.cmd.cmd.is_empty());
         let o = a.lock.into_opts();
         assert_eq!(o.kind, take::Kind::Read);
         assert_eq!(o.conflict_exit, 3);

@@ -15,7 +15,7 @@
 //!   leader is SIGKILLed, and after the new leader is SIGSTOPped past its term, and the commands
 //!   of two terms never run at once;
 //! - `multi_lock_processes`, `multi_lock_killed_waiter_leaves_nothing`: multi-locks of three
-//!   names in two processes (this test binary re-executed in the child role `multi_child`), in
+//!   names in two processes (the scenario's test re-executes itself as the second process), in
 //!   opposite orders, and a waiting one SIGKILLed;
 //! - `observer_sees_other_processes`: an election's observer sees a leader of another process
 //!   come and go, by the store's notification where it has one.
@@ -151,15 +151,3 @@ processes!(
         ends_with_connection: true
     }
 );
-
-/// The child role of the multi-lock process scenarios (`processes::multi_lock_*`): does nothing
-/// unless the parent test re-executes this test binary with `DLOCK_MULTI_CHILD` set, then takes
-/// the multi-lock `DLOCK_MULTI_NAMES` (comma-separated, in the given order) on `DLOCK_MULTI_URL`
-/// `DLOCK_MULTI_ROUNDS` times (0: once, holding until killed), appending `in <pid>` / `out <pid>`
-/// around each hold to `DLOCK_MULTI_LOG`.
-#[test]
-fn multi_child() {
-    if std::env::var_os("DLOCK_MULTI_CHILD").is_some() {
-        processes::multi_child();
-    }
-}

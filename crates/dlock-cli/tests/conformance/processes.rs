@@ -405,8 +405,11 @@ fn child_var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("the multi-lock child needs {name}"))
 }
 
-/// The child role (see `multi_child` in tests/conformance.rs).
-pub fn multi_child() {
+/// The child role of the multi-lock scenarios: when a scenario's test re-executes itself with
+/// `DLOCK_MULTI_CHILD` set, it takes the multi-lock `DLOCK_MULTI_NAMES` (comma-separated, in the
+/// given order) on `DLOCK_MULTI_URL` `DLOCK_MULTI_ROUNDS` times (0: once, holding until killed),
+/// appending `in <pid>` / `out <pid>` around each hold to `DLOCK_MULTI_LOG`.
+async fn multi_child() {
     let url = child_var("DLOCK_MULTI_URL");
     let names: Vec<String> = child_var("DLOCK_MULTI_NAMES")
         .split(',')
@@ -425,43 +428,41 @@ pub fn multi_child() {
             .expect("open the log");
         writeln!(f, "{what} {}", std::process::id()).expect("append to the log");
     };
-    let rt = tokio::runtime::Runtime::new().expect("a runtime");
-    rt.block_on(async {
-        let opts = dlock::ClientOptions::default().lease(secs(2));
-        let client = dlock::connect_with(&url, opts).await.expect("connect");
-        let m = client.multi(names).expect("valid names");
-        if rounds == 0 {
-            append("waiting");
-            let g = m.acquire().await.expect("the multi-lock");
-            append("in");
-            std::future::pending::<()>().await;
-            drop(g);
-        }
-        for _ in 0..rounds {
-            let g = m.acquire().await.expect("the multi-lock");
-            append("in");
-            sleep(ms(10)).await;
-            append("out");
-            g.release().await.expect("release");
-        }
-    });
+    let opts = dlock::ClientOptions::default().lease(secs(2));
+    let client = dlock::connect_with(&url, opts).await.expect("connect");
+    let m = client.multi(names).expect("valid names");
+    if rounds == 0 {
+        append("waiting");
+        let g = m.acquire().await.expect("the multi-lock");
+        append("in");
+        std::future::pending::<()>().await;
+        drop(g);
+    }
+    for _ in 0..rounds {
+        let g = m.acquire().await.expect("the multi-lock");
+        append("in");
+        sleep(ms(10)).await;
+        append("out");
+        g.release().await.expect("release");
+    }
 }
 
-/// A re-execution of this test binary in the child role.
+/// Whether this process is a re-executed multi-lock child.
+fn is_multi_child() -> bool {
+    std::env::var_os("DLOCK_MULTI_CHILD").is_some()
+}
+
+/// A re-execution of this test binary, running only the test `test` (the scenario's own), in
+/// the child role.
 fn multi_child_process(
+    test: &str,
     url: &str,
     names: &[String],
     rounds: u32,
     log: &Path,
 ) -> tokio::process::Child {
     tokio::process::Command::new(std::env::current_exe().expect("the test binary"))
-        .args([
-            "--exact",
-            "multi_child",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
         .env("DLOCK_MULTI_CHILD", "1")
         .env("DLOCK_MULTI_URL", url)
         .env("DLOCK_MULTI_NAMES", names.join(","))
@@ -477,12 +478,15 @@ fn multi_child_process(
 /// Two processes take a multi-lock of the same three names, one naming them in reverse order,
 /// 10 rounds each: neither deadlocks and they never hold at once.
 pub async fn multi_lock_processes(s: Store) {
+    if is_multi_child() {
+        return multi_child().await;
+    }
     let url = store_url(&s).to_owned();
     let names: Vec<String> = ["p-1", "p-2", "p-3"].iter().map(|n| s.name(n)).collect();
     let reversed: Vec<String> = names.iter().rev().cloned().collect();
     let log = s.dir.join("multi.log");
-    let mut a = multi_child_process(&url, &names, 10, &log);
-    let mut b = multi_child_process(&url, &reversed, 10, &log);
+    let mut a = multi_child_process(&s.test, &url, &names, 10, &log);
+    let mut b = multi_child_process(&s.test, &url, &reversed, 10, &log);
     for (what, c) in [("forward", &mut a), ("reverse", &mut b)] {
         let st = within(secs(40), format!("the {what} multi-lock process"), c.wait())
             .await
@@ -515,6 +519,9 @@ pub async fn multi_lock_processes(s: Store) {
 /// others, is SIGKILLed: the names it took are free again after its lease (at once where a
 /// hold ends with its connection), and the whole set can be taken.
 pub async fn multi_lock_killed_waiter_leaves_nothing(s: Store) {
+    if is_multi_child() {
+        return multi_child().await;
+    }
     let c = s.client().await;
     let url = store_url(&s).to_owned();
     let names: Vec<String> = ["k-1", "k-2", "k-3"].iter().map(|n| s.name(n)).collect();
@@ -524,7 +531,7 @@ pub async fn multi_lock_killed_waiter_leaves_nothing(s: Store) {
     )
     .await;
     let log = s.dir.join("killed-multi.log");
-    let mut w = multi_child_process(&url, &names, 0, &log);
+    let mut w = multi_child_process(&s.test, &url, &names, 0, &log);
     let started = Instant::now();
     loop {
         let mut held = 0;

@@ -184,6 +184,9 @@ pub struct Store {
     pub id: String,
     /// A scratch directory of this test (for files shared with child processes).
     pub dir: PathBuf,
+    /// The test's name, `<backend>::<scenario>` when [`run`] runs it (empty otherwise): a
+    /// scenario that re-executes its own test binary as a child process names itself with it.
+    pub test: String,
 }
 
 impl Store {
@@ -195,6 +198,7 @@ impl Store {
             caps,
             id: id.into(),
             dir: dir.to_owned(),
+            test: String::new(),
         }
     }
 
@@ -252,7 +256,8 @@ where
              the server and sets the URL"
         );
     };
-    let store = Store::new(factory, caps, ctx.id(), ctx.dir.path());
+    let mut store = Store::new(factory, caps, ctx.id(), ctx.dir.path());
+    store.test = format!("{backend}::{scenario}");
     let started = Instant::now();
     if tokio::time::timeout(SCENARIO_LIMIT, body(store))
         .await
