@@ -349,18 +349,19 @@ fn revoke_ends_a_hold_at_least_window(s: Store) {
 /// not for much less; continued, it finds the lock lost and stops its command (exit 76).
 fn paused_dlock_keeps_others_out_for_its_ttl(s: Store) {
     let t = target(s);
-    let holder = t.spawn_run(&["--ttl", "3s", "--kill-after", "1s"], "sleep 60");
+    // Verbose, so that a failure shows what each process saw and when.
+    let holder = t.spawn_run(&["-v", "--ttl", "3s", "--kill-after", "1s"], "sleep 60");
     until(Duration::from_secs(10), "the holder to hold", || {
         t.try_now(&[]).code == Some(75)
     });
     holder.signal(Signal::SIGSTOP);
     let paused = Instant::now();
-    let o = t.exec_run(&["--wait", "30s"], "true");
+    let o = t.exec_run(&["-v", "--wait", "30s"], "true");
     let took = paused.elapsed();
     assert_eq!(o.code, Some(0), "{o:?}");
     assert!(
         took >= Duration::from_millis(1500) && took < Duration::from_secs(3 + 4),
-        "taken over {took:?} after the pause; --ttl is 3s"
+        "taken over {took:?} after the pause; --ttl is 3s: {o:?}"
     );
     holder.signal(Signal::SIGCONT);
     let h = holder.wait(Duration::from_secs(15));

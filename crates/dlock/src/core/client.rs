@@ -209,6 +209,17 @@ impl Inner {
             meta,
         };
         let started = Instant::now();
+        // This client's own releases and cancels of the name still running in the background
+        // finish first (each is one bounded call), so that it does not meet its own leftovers.
+        let settle_bound = self
+            .store
+            .calls
+            .timeout()
+            .map_or(MAX_NATIVE_SLICE, |t| t.saturating_mul(2));
+        self.store
+            .settling
+            .settled(spec.name.as_str(), started + settle_bound)
+            .await;
         let local = self.store.local.subscribe(spec.name.as_str());
         let mut waiter = Waiter {
             acq: Some(self.store.backend.begin(&req)),
@@ -217,6 +228,7 @@ impl Inner {
             calls: self.store.calls.clone(),
             // Armed once an attempt goes out (a waiter dropped before it asked nothing).
             armed: false,
+            settling: self.store.settling.clone(),
         };
         let mut line: Option<LinePlace> = None;
         // A waiting mutex request of a client that already has waiters of the name joins their

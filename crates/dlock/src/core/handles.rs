@@ -659,10 +659,12 @@ impl Drop for Guard {
         }
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
+                let unsettled = hold.store.settling.begin(hold.name.as_str());
                 rt.spawn(async move {
                     if let Err(e) = release_hold(hold).await {
                         tracing::debug!(error = %e, "release of a dropped guard");
                     }
+                    drop(unsettled);
                 });
             }
             Err(_) => {

@@ -2,7 +2,7 @@
 //! holds of one client share.
 
 use super::rules::Spec;
-use super::wait::Calls;
+use super::wait::{Calls, Settling};
 use crate::backend::{Backend, Capabilities, HoldRef, LockKind, Mode, Validity};
 use crate::name::LockName;
 use crate::signal::NameSignals;
@@ -29,6 +29,8 @@ pub(crate) struct Store {
     holds: StdMutex<HashMap<String, Weak<Hold>>>,
     /// Wakes the watchdog.
     pub(crate) kick: Arc<Notify>,
+    /// Releases and cancels of this client still running in the background, per name.
+    pub(crate) settling: Arc<Settling>,
 }
 
 impl Store {
@@ -45,6 +47,7 @@ impl Store {
             local,
             holds: StdMutex::new(HashMap::new()),
             kick: Arc::new(Notify::new()),
+            settling: Arc::default(),
         }
     }
 
@@ -274,6 +277,7 @@ impl Hold {
         };
         let backend = self.store.backend.clone();
         let calls = self.store.calls.clone();
+        let unsettled = self.store.settling.begin(self.name.as_str());
         let (name, kind, mode, owner, lease) = (
             self.name.clone(),
             self.kind,
@@ -292,6 +296,7 @@ impl Hold {
             if let Err(e) = calls.timed(backend.release(&hold)).await {
                 tracing::debug!(error = %e, "ending a lost session hold");
             }
+            drop(unsettled);
         });
     }
 

@@ -5,9 +5,11 @@
 use crate::backend::{Acquisition, Backend, Busy, Look, Want, Watch};
 use crate::error::{bounded, Error, Result};
 use rand::Rng;
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// Bounds every call to a store by the store's [`Backend::call_timeout`].
 #[derive(Debug, Clone)]
@@ -130,6 +132,74 @@ async fn poll(
     }
 }
 
+/// A client's clean-ups that run in the background (a dropped guard's release, a dropped
+/// acquisition's cancel), counted per lock name, so that the client's next acquisition of the
+/// name waits for them instead of meeting its own leftover (`drop(guard); try_acquire()` on the
+/// same client must not find the name still taken by itself).
+#[derive(Debug, Default)]
+pub(crate) struct Settling {
+    names: StdMutex<HashMap<String, (usize, Arc<Notify>)>>,
+}
+
+/// One background clean-up of a name; the name is settled when the last one is dropped.
+#[derive(Debug)]
+pub(crate) struct Unsettled {
+    settling: Arc<Settling>,
+    name: String,
+}
+
+impl Settling {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (usize, Arc<Notify>)>> {
+        // The counts stay consistent even if a holder panicked.
+        self.names.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes a clean-up of `name` that is about to run in the background.
+    pub(crate) fn begin(self: &Arc<Self>, name: &str) -> Unsettled {
+        self.lock().entry(name.to_owned()).or_default().0 += 1;
+        Unsettled {
+            settling: self.clone(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// Waits until no clean-up of `name` is running, or `until`.
+    pub(crate) async fn settled(&self, name: &str, until: Instant) {
+        loop {
+            let Some(notify) = self.lock().get(name).map(|(_, n)| n.clone()) else {
+                return;
+            };
+            let done = notify.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            // Ended between the look and `enable`: its notification was sent before we listened.
+            if !self
+                .lock()
+                .get(name)
+                .is_some_and(|(_, n)| Arc::ptr_eq(n, &notify))
+            {
+                return;
+            }
+            if tokio::time::timeout_at(until.into(), done).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        let mut names = self.settling.lock();
+        if let Some((count, notify)) = names.get_mut(&self.name) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                notify.notify_waiters();
+                names.remove(&self.name);
+            }
+        }
+    }
+}
+
 /// An acquisition in the core's hands. Dropped while armed (the caller's own timeout or
 /// `select!` dropped the acquiring future after an attempt went out), it is cancelled in the
 /// background, and a hold it may have been granted without an answer is released.
@@ -139,6 +209,8 @@ pub(crate) struct Waiter {
     pub(crate) want: Want,
     pub(crate) calls: Calls,
     pub(crate) armed: bool,
+    /// Where the background cancel of a dropped waiter is counted.
+    pub(crate) settling: Arc<Settling>,
 }
 
 impl Waiter {
@@ -161,9 +233,11 @@ impl Drop for Waiter {
         let backend = self.backend.clone();
         let want = self.want.clone();
         let calls = self.calls.clone();
+        let unsettled = self.settling.begin(want.name.as_str());
         rt.spawn(async move {
             let _ = calls.timed(acq.cancel()).await;
             let _ = calls.timed(backend.release(&want.req().hold())).await;
+            drop(unsettled);
         });
     }
 }

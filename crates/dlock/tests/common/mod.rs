@@ -7,9 +7,9 @@ use dlock::backend::{
     Request, Watch,
 };
 use dlock::LockName;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The in-memory store, counting `acquire` calls, recording the size of every `extend` call and
 /// able to fail them.
@@ -20,6 +20,15 @@ pub struct Counting {
     pub batches: Mutex<Vec<usize>>,
     pub failing: AtomicBool,
     pub failed_calls: AtomicUsize,
+    /// Milliseconds every `release` and `cancel` sleeps before it is sent (a slow store).
+    pub slow_cleanup_ms: Arc<AtomicU64>,
+}
+
+async fn slow(ms: &AtomicU64) {
+    let ms = ms.load(Ordering::SeqCst);
+    if ms > 0 {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
 }
 
 #[async_trait]
@@ -34,12 +43,14 @@ impl Backend for Counting {
         Box::new(CountedAcquisition {
             inner: self.inner.begin(req),
             attempts: self.acquires.clone(),
+            slow_cleanup_ms: self.slow_cleanup_ms.clone(),
         })
     }
     fn shared_key(&self) -> Option<String> {
         self.inner.shared_key()
     }
     async fn release(&self, hold: &HoldRef<'_>) -> dlock::Result<Released> {
+        slow(&self.slow_cleanup_ms).await;
         self.inner.release(hold).await
     }
     async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> dlock::Result<Vec<Extended>> {
@@ -77,6 +88,7 @@ pub fn counting(store: &str) -> Arc<Counting> {
         batches: Mutex::new(Vec::new()),
         failing: AtomicBool::new(false),
         failed_calls: AtomicUsize::new(0),
+        slow_cleanup_ms: Arc::new(AtomicU64::new(0)),
     })
 }
 
@@ -84,6 +96,7 @@ pub fn counting(store: &str) -> Arc<Counting> {
 struct CountedAcquisition {
     inner: Box<dyn Acquisition>,
     attempts: Arc<AtomicUsize>,
+    slow_cleanup_ms: Arc<AtomicU64>,
 }
 
 #[async_trait]
@@ -99,6 +112,7 @@ impl Acquisition for CountedAcquisition {
         self.inner.look().await
     }
     async fn cancel(&mut self) -> dlock::Result<()> {
+        slow(&self.slow_cleanup_ms).await;
         self.inner.cancel().await
     }
 }
