@@ -15,8 +15,8 @@
 #   sentinel        redis+sentinel://S1,S2,S3/dlockmaster: 1 master, 2 replicas, 3 sentinels
 #   sentinel+wait   the same with ?replicas=1 (every grant and renewal, and the raw floor's SET,
 #                   followed by WAIT 1 500 in the same pipeline)
-#   cluster         redis+cluster://N1,...,N6: 3 masters with 1 replica each (no rslock peer:
-#                   rslock cannot talk to a cluster)
+#   cluster         redis+cluster://N1,...,N6: 3 masters with 1 replica each (no rslock or
+#                   redis-py peer: the bench drives them on single servers)
 #   cluster+wait    the same with ?replicas=1
 #   ha              the four above; all: the seven and the four (about 40 minutes)
 # The Redis rows with fail-over are not in the default: each adds about 4 minutes to a full run.
@@ -108,6 +108,31 @@ if want cluster || want cluster+wait; then
   NODES=$(scripts/redis-ha.sh cluster-start "$SCRATCH/redis-cluster")
   want cluster && URLS+=(--url "redis+cluster://$NODES")
   want cluster+wait && URLS+=(--url "redis+cluster://$NODES/?replicas=1")
+fi
+
+# The peers that run in processes of their own (docs/BENCHMARKS.md): redis-py's Lock on the Redis
+# rows, kazoo's Lock and Curator's InterProcessMutex (a JDK and Debian's jars) on ZooKeeper.
+# Installed when missing; one that still cannot run is a line of the report, not a failed run.
+NO_PEERS=
+for a in "$@"; do [ "$a" = --no-peers ] && NO_PEERS=1; done
+pip_peer() { # pip_peer MODULE SPEC
+  python3 -c "import $1" 2>/dev/null && return 0
+  log "installing $2 (PyPI)"
+  python3 -m pip install --quiet "$2" || log "could not install $2: the report will say so"
+}
+if [ -z "$NO_PEERS" ]; then
+  if want redis || want sentinel; then pip_peer redis 'redis>=5,<6'; fi
+  if want zk; then
+    pip_peer kazoo 'kazoo>=2.10,<3'
+    need_pkg javac default-jdk-headless || log "could not install a JDK: the report will say so"
+    if ! ls /usr/share/java/curator-recipes*.jar >/dev/null 2>&1; then
+      log "installing Curator (Debian packages)"
+      apt_get="apt-get"; [ "$(id -u)" = 0 ] || apt_get="sudo apt-get"
+      { $apt_get update -qq && DEBIAN_FRONTEND=noninteractive $apt_get install -y -qq \
+          libcurator-recipes-java libcurator-framework-java >/dev/null; } \
+        || log "could not install Curator: the report will say so"
+    fi
+  fi
 fi
 
 mkdir -p bench-out

@@ -142,6 +142,7 @@ need_pkg faketime faketime
 
 python3 -c 'import redis' 2>/dev/null || { log "installing redis-py (PyPI)"; python3 -m pip install --quiet 'redis>=5,<6'; }
 python3 -c 'import redlock' 2>/dev/null || { log "installing redlock-py (PyPI)"; python3 -m pip install --quiet 'redlock-py==1.0.8'; }
+python3 -c 'import kazoo' 2>/dev/null || { log "installing kazoo (PyPI)"; python3 -m pip install --quiet 'kazoo>=2.10,<3'; }
 
 # --- checks --------------------------------------------------------------------------------------
 log "cargo fmt --check"

@@ -1,12 +1,14 @@
 //! `dlock bench --quick` as a smoke test: against a temporary SQLite store, against the Redis
-//! server of `scripts/test.sh` (`DLOCK_TEST_REDIS_URL`, with the rslock peer), against its
-//! Redis Sentinel topology and Redis Cluster (`DLOCK_TEST_REDIS_SENTINEL_URL`,
-//! `DLOCK_TEST_REDIS_CLUSTER_URL`; each benched with and without `replicas=1`) and against its
-//! etcd cluster (`DLOCK_TEST_ETCD_URL`, else one started for the test with
+//! server of `scripts/test.sh` (`DLOCK_TEST_REDIS_URL`, with the rslock and redis-py peers),
+//! against its Redis Sentinel topology and Redis Cluster (`DLOCK_TEST_REDIS_SENTINEL_URL`,
+//! `DLOCK_TEST_REDIS_CLUSTER_URL`; each benched with and without `replicas=1`), against its
+//! ZooKeeper ensemble (`DLOCK_TEST_ZK_URL`, U1/C1/H1 with the kazoo and Curator peers) and
+//! against its etcd cluster (`DLOCK_TEST_ETCD_URL`, else one started for the test with
 //! `scripts/etcd-cluster.sh`; with etcd's Lock RPC as the peer). It checks
-//! that the run succeeds, that results.json has every workload with positive figures and that
-//! results.md and the charts exist. No timing is asserted: performance is read from a full run
-//! (docs/BENCHMARKS.md), never judged in CI.
+//! that the run succeeds, that results.json has every workload with positive figures (a row
+//! per peer, and dlock against the best peer), that a peer missing on the machine is a line of
+//! the report, and that results.md and the charts exist. No timing is asserted: performance is
+//! read from a full run (docs/BENCHMARKS.md), never judged in CI.
 
 use serde_json::Value;
 use std::path::Path;
@@ -110,6 +112,27 @@ fn positive(v: &Value, path: &str) {
 /// Checks one store's entry: every workload present with positive figures.
 fn check_target(t: &Value, libs: &[&str], fair: bool) {
     let label = t["label"].as_str().unwrap_or("?");
+    check_libs(t, libs);
+    if fair {
+        positive(&t["f1"], "run.acquisitions");
+        positive(&t["f1"], "run.jain_acquisitions");
+        positive(&t["f1"], "run.max_over_mean_wait");
+    }
+    let levels = t["s1"]["levels"].as_array().expect("s1 levels");
+    assert_eq!(levels.len(), 4, "{label}: S1 levels 1, 10, 100, 1000");
+    for l in levels {
+        assert_eq!(l["held"], l["names"], "{label}: S1 level not complete: {l}");
+        positive(l, "conns_after");
+        positive(l, "holds_renewed_per_s");
+    }
+    check_e1(t);
+    check_t1(t);
+}
+
+/// U1, C1 and H1 of one store: a row of each of `libs` (dlock and peers) with positive figures,
+/// no error but what does not apply, and where a peer ran, dlock against the best peer.
+fn check_libs(t: &Value, libs: &[&str]) {
+    let label = t["label"].as_str().unwrap_or("?");
     let errors = t["errors"].as_array().expect("errors");
     for e in errors {
         let e = e.as_str().unwrap_or_default();
@@ -157,20 +180,29 @@ fn check_target(t: &Value, libs: &[&str], fair: bool) {
         positive(h1, "rtt_us");
         positive(h1, "run.acquisitions");
     }
-    if fair {
-        positive(&t["f1"], "run.acquisitions");
-        positive(&t["f1"], "run.jain_acquisitions");
-        positive(&t["f1"], "run.max_over_mean_wait");
+    // Every figure where a peer ran: U1 p50/p99, 6 per C1 run, H1 p50/p99 when hand-offs were
+    // seen; each names a peer of this run and its ratio.
+    let vs = t["vs_best_peer"].as_array().expect("vs_best_peer");
+    let peers: Vec<&str> = libs.iter().copied().filter(|l| *l != "dlock").collect();
+    if peers.is_empty() {
+        assert!(vs.is_empty(), "{label}: {vs:?}");
+        return;
     }
-    let levels = t["s1"]["levels"].as_array().expect("s1 levels");
-    assert_eq!(levels.len(), 4, "{label}: S1 levels 1, 10, 100, 1000");
-    for l in levels {
-        assert_eq!(l["held"], l["names"], "{label}: S1 level not complete: {l}");
-        positive(l, "conns_after");
-        positive(l, "holds_renewed_per_s");
+    for figure in ["U1 p50", "U1 p99", "C1 8 waiters, 1 ms hold: acq/s"] {
+        let v = vs
+            .iter()
+            .find(|v| v["figure"] == figure)
+            .unwrap_or_else(|| panic!("{label}: no {figure} against the best peer: {vs:?}"));
+        let best = v["best_peer"].as_str().unwrap_or_default();
+        assert!(peers.contains(&best), "{label}: {v}");
+        positive(v, "ratio");
+        assert_eq!(
+            v["peers"].as_array().map(Vec::len),
+            Some(peers.len()),
+            "{label}: every peer's value: {v}"
+        );
     }
-    check_e1(t);
-    check_t1(t);
+    assert!(vs.len() >= 2 + 6 * 4, "{label}: {vs:?}");
 }
 
 /// E1 of one store: every fail-over of `--quick` measured, the terms increasing (where the store
@@ -274,7 +306,7 @@ fn quick_bench_of_e1_and_t1_alone_on_sqlite() {
 }
 
 #[test]
-fn quick_bench_on_redis_with_the_rslock_peer() {
+fn quick_bench_on_redis_with_the_rslock_and_redis_py_peers() {
     let url = std::env::var("DLOCK_TEST_REDIS_URL")
         .ok()
         .filter(|u| !u.is_empty())
@@ -284,10 +316,77 @@ fn quick_bench_on_redis_with_the_rslock_peer() {
     let targets = v["targets"].as_array().expect("targets");
     assert_eq!(targets.len(), 1);
     assert_eq!(targets[0]["kind"], "redis");
-    check_target(&targets[0], &["dlock", "rslock"], true);
+    check_target(&targets[0], &["dlock", "rslock", "redis-py"], true);
     // Store-side command counts exist on Redis.
     let c = &targets[0]["c1"][0];
     assert!(c["store_cmds_per_acq"].as_f64().is_some(), "{c}");
+    let py = v["versions"]["redis-py (peer)"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        py.starts_with("5.") && py.contains("Python 3"),
+        "{}",
+        v["versions"]
+    );
+    let md = std::fs::read_to_string(dir.path().join("results.md")).expect("results.md");
+    for row in [
+        "## dlock against the best peer",
+        "| redis | redis-py Lock | 8 | 1 ms |",
+    ] {
+        assert!(md.contains(row), "results.md lacks {row}:\n{md}");
+    }
+}
+
+#[test]
+fn quick_bench_on_zookeeper_with_the_kazoo_and_curator_peers() {
+    let url = env_url("DLOCK_TEST_ZK_URL");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (md, v) = run_bench(
+        &["--only", "u1,c1,h1", "--url", &url],
+        dir.path(),
+        Duration::from_secs(300),
+    );
+    let t = &v["targets"][0];
+    assert_eq!(t["kind"], "zookeeper", "{v}");
+    assert_eq!(t["errors"].as_array().map(Vec::len), Some(0), "{t}");
+    check_libs(t, &["dlock", "kazoo", "curator"]);
+    for (k, what) in [("kazoo (peer)", "Python 3"), ("Curator (peer)", "JDK")] {
+        let found = v["versions"][k].as_str().unwrap_or_default();
+        assert!(found.contains(what), "{k}: {}", v["versions"]);
+    }
+    for row in [
+        "| kazoo Lock | 64 | 1 ms |",
+        "| Curator InterProcessMutex | 64 | 1 ms |",
+    ] {
+        assert!(md.contains(row), "results.md lacks {row}:\n{md}");
+    }
+}
+
+/// A peer that cannot run on the machine (here: no python3 on PATH) is a line of the report,
+/// not a gap nor a failed run.
+#[test]
+fn a_missing_peer_is_a_line_of_the_report() {
+    let url = env_url("DLOCK_TEST_REDIS_URL");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let empty = dir.path().join("empty-path");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let out = dir.path().join("out");
+    let o = Command::new(BIN)
+        .args(["bench", "--quick", "--only", "u1", "--url", &url, "--out"])
+        .arg(&out)
+        .env("PATH", &empty)
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    assert!(o.status.success(), "{o:?}");
+    let md = std::fs::read_to_string(out.join("results.md")).expect("results.md");
+    assert!(
+        md.contains("- redis: peer redis-py: not available: no python3 on PATH"),
+        "{md}"
+    );
+    // The other peer still ran.
+    assert!(md.contains("| redis | rslock |"), "{md}");
 }
 
 /// The URL in `var` (`scripts/test.sh` sets it); a missing one fails the test, never skips it.
@@ -323,8 +422,8 @@ fn without_and_with_wait(url: &str) -> (String, String) {
 }
 
 /// One Redis deployment with fail-over, benched without and with `replicas=N`: both rows
-/// complete, the `+wait` row's floor waits like its grants, the peer rslock runs where it can
-/// (`rslock`: on the row without `+wait`) and says why not elsewhere.
+/// complete, the `+wait` row's floor waits like its grants, the peers rslock and redis-py run
+/// where they can (`rslock`: on the row without `+wait`) and say why not elsewhere.
 fn check_ha(var: &str, kind: &str, rslock: bool, about: &str) {
     let (plain, wait) = without_and_with_wait(&env_url(var));
     let dir = tempfile::tempdir().expect("tempdir");
@@ -344,7 +443,7 @@ fn check_ha(var: &str, kind: &str, rslock: bool, about: &str) {
             "{label}: {server}"
         );
         let libs: &[&str] = if rslock && i == 0 {
-            &["dlock", "rslock"]
+            &["dlock", "rslock", "redis-py"]
         } else {
             &["dlock"]
         };
@@ -355,13 +454,15 @@ fn check_ha(var: &str, kind: &str, rslock: bool, about: &str) {
             .iter()
             .filter_map(Value::as_str)
             .collect();
-        assert_eq!(
-            errors
-                .iter()
-                .any(|e| e.contains("peer rslock: not supported")),
-            libs.len() == 1,
-            "{label}: {errors:?}"
-        );
+        for peer in ["rslock", "redis-py"] {
+            assert_eq!(
+                errors
+                    .iter()
+                    .any(|e| e.contains(&format!("peer {peer}: not supported"))),
+                libs.len() == 1,
+                "{label}: {errors:?}"
+            );
+        }
         let floor = t["u1"][0]["floor_what"].as_str().unwrap_or_default();
         assert_eq!(floor.contains("WAIT"), i == 1, "{label}: {floor}");
         // Store-side command counts: the master (Sentinel) or every master (Cluster).

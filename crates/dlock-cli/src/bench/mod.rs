@@ -1,7 +1,8 @@
 //! `dlock bench`: latency, throughput, hand-off, fairness and scale of dlock on each store,
 //! side by side with the store's raw floor (the same client library without lock logic) and
-//! with a peer (the `rslock` crate on Redis, etcd's own `Lock` RPC on etcd), all measured in
-//! the same run and reported as ratios.
+//! with the peers (the `rslock` crate and redis-py's `Lock` on Redis, kazoo's `Lock` and
+//! Curator's `InterProcessMutex` on ZooKeeper, etcd's own `Lock` RPC on etcd), all measured in
+//! the same run and reported as ratios, with dlock against the best peer of every figure.
 //!
 //! Workloads (see `docs/BENCHMARKS.md`): U1 uncontended, C1 contended (8 and 64 waiters over
 //! worker processes, hold 0 and 1 ms), H1 hand-off latency, F1 fairness, S1 many locks held by
@@ -9,6 +10,7 @@
 //! lock. Every workload has a count and a time limit; a store that goes away is an error
 //! in the report, never a hang.
 
+mod peers;
 mod plot;
 mod redis_ha;
 mod report;
@@ -32,14 +34,16 @@ use workloads::{Contended, Lib, Plan, E1, F1, H1, S1, T1, U1};
 /// (fairness in fair mode), S1 (1 to 100 000 names held by one client), E1 (election fail-over:
 /// the leader process SIGKILLed, a 2 s term, until a standby process leads) and T1 (64 waiters
 /// on one name, then on the stripes of random keys of a striped lock of 64) on every --url, and
-/// the peers: the rslock crate on Redis URLs (on a Sentinel deployment's master; not on a
-/// Cluster, nor with replicas=N), etcd's own Lock RPC on etcd URLs. A Redis URL with
+/// the peers: the rslock crate and redis-py's Lock on Redis URLs (on a Sentinel deployment's
+/// master; not on a Cluster, nor with replicas=N), kazoo's Lock and Curator's InterProcessMutex
+/// on ZooKeeper URLs (python3 with the redis and kazoo modules, a JDK and Debian's Curator jars;
+/// a peer missing here is a line of the report), etcd's own Lock RPC on etcd URLs. A Redis URL with
 /// ?replicas=N is its own row (label +wait) whose raw floor pipelines WAIT after its SET, as
 /// dlock's grants do. Writes results.md and results.json (and SVG charts with --plot) to --out,
 /// and prints the Markdown.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  dlock bench --quick\n  dlock bench --url redis://127.0.0.1:6379/ --url postgres://postgres@127.0.0.1/test --plot\n  dlock bench --only e1,t1 --url redis://127.0.0.1:6379/\n  dlock bench --only u1,c1,h1 --url redis+sentinel://127.0.0.1:26379/mymaster --url 'redis+sentinel://127.0.0.1:26379/mymaster?replicas=1'\n\n--quick takes under a minute per store (about 25 s for SQLite; Redis URLs add the rslock peer, etcd URLs etcd's Lock RPC). A full run takes a few minutes per store."
+    after_help = "Examples:\n  dlock bench --quick\n  dlock bench --url redis://127.0.0.1:6379/ --url postgres://postgres@127.0.0.1/test --plot\n  dlock bench --only e1,t1 --url redis://127.0.0.1:6379/\n  dlock bench --only u1,c1,h1 --url redis+sentinel://127.0.0.1:26379/mymaster --url 'redis+sentinel://127.0.0.1:26379/mymaster?replicas=1'\n\n--quick takes under a minute per store (about 25 s for SQLite; Redis URLs add the rslock and redis-py peers, ZooKeeper URLs kazoo and Curator, etcd URLs etcd's Lock RPC). A full run takes a few minutes per store."
 )]
 pub struct BenchArgs {
     /// Store URL to bench; repeat for several [default: a SQLite file in a temporary directory]
@@ -54,7 +58,8 @@ pub struct BenchArgs {
     /// Where to write the results [default: ./dlock-bench-<timestamp>/]
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Skip the peers (rslock on Redis, etcd's Lock RPC on etcd)
+    /// Skip the peers (rslock and redis-py on Redis, kazoo and Curator on ZooKeeper, etcd's Lock
+    /// RPC on etcd)
     #[arg(long)]
     no_peers: bool,
     /// Run only these workloads (comma-separated: u1, c1, h1, f1, s1, e1, t1) [default: all]
@@ -105,6 +110,8 @@ pub struct TargetReport {
     pub e1: Option<E1>,
     /// T1 (dlock).
     pub t1: Option<T1>,
+    /// dlock against the best peer, figure by figure (where a peer ran).
+    pub vs_best_peer: Vec<report::VsPeer>,
     /// Workloads that failed or do not apply, with the reason.
     pub errors: Vec<String>,
 }
@@ -247,10 +254,16 @@ pub async fn bench(a: BenchArgs) -> CliResult {
         a.only.clone()
     };
     let mut reports = Vec::new();
+    let mut peers = (!a.no_peers).then(|| peers::Peers::new(&run));
     for t in &targets {
         eprintln!("dlock bench: {} ({})", t.label(), t.shown);
-        reports.push(bench_target(t, &plan, &run, !a.no_peers).await);
+        reports.push(bench_target(t, &plan, &run, peers.as_mut()).await);
     }
+    let mut versions = versions();
+    if let Some(p) = &peers {
+        versions.extend(p.versions());
+    }
+    drop(peers);
     drop(temp);
     let report = Report {
         dlock_version: env!("CARGO_PKG_VERSION").into(),
@@ -259,7 +272,7 @@ pub async fn bench(a: BenchArgs) -> CliResult {
         quick: a.quick,
         plan,
         machine: machine(),
-        versions: versions(),
+        versions,
         duration_s: started.elapsed().as_secs_f64(),
         targets: reports,
     };
@@ -289,7 +302,7 @@ pub async fn bench(a: BenchArgs) -> CliResult {
     let failed: Vec<&str> = report
         .targets
         .iter()
-        .filter(|t| t.errors.iter().any(|e| !e.contains("not supported")))
+        .filter(|t| t.errors.iter().any(|e| !not_run(e)))
         .map(|t| t.label.as_str())
         .collect();
     if failed.is_empty() {
@@ -305,7 +318,19 @@ pub async fn bench(a: BenchArgs) -> CliResult {
     }
 }
 
-async fn bench_target(t: &Target, plan: &Plan, run: &str, peers: bool) -> TargetReport {
+/// A line of the report that says why something did not run, not that it failed: a workload or
+/// peer that does not apply to the store, a peer this machine lacks.
+fn not_run(e: &str) -> bool {
+    e.contains("not supported") || (e.starts_with("peer ") && e.contains(": not available: "))
+}
+
+async fn bench_target(
+    t: &Target,
+    plan: &Plan,
+    run: &str,
+    mut ext_peers: Option<&mut peers::Peers>,
+) -> TargetReport {
+    let peers = ext_peers.is_some();
     let mut r = TargetReport {
         label: t.label(),
         url: t.shown.clone(),
@@ -333,7 +358,7 @@ async fn bench_target(t: &Target, plan: &Plan, run: &str, peers: bool) -> Target
     };
     let background = workloads::background_rate(&probe).await;
     r.background_cmds_per_s = background;
-    let libs: Vec<Lib> = match t.kind {
+    let mut libs: Vec<Lib> = match t.kind {
         // rslock sends no WAIT: on a `replicas=N` URL it would measure the row without it again
         // (and look cheaper than a floor that waits), so it runs on that row only.
         Kind::Redis | Kind::Redlock | Kind::RedisSentinel if peers && t.replicas() == 0 => {
@@ -351,12 +376,24 @@ async fn bench_target(t: &Target, plan: &Plan, run: &str, peers: bool) -> Target
             t.replicas()
         ));
     }
-    let (mut floor_pair, mut ping) = (None, None);
     let on = |w: &str| plan.only.iter().any(|o| o == w);
+    // The peers in processes of their own (redis-py, kazoo, Curator), where they apply and run;
+    // they take part in U1, C1 and H1 only.
+    let exts = match ext_peers.as_mut() {
+        Some(p) if on("u1") || on("c1") || on("h1") => {
+            let (exts, lines) = p.for_target(t).await;
+            r.errors.extend(lines);
+            exts
+        }
+        _ => Vec::new(),
+    };
+    libs.extend(exts.iter().map(|e| e.lib));
+    let ext_of = |lib: Lib| exts.iter().find(|e| e.lib == lib);
+    let (mut floor_pair, mut ping) = (None, None);
     // C1, H1 and F1 need the floor of U1 for their ideal and round trips.
     for &lib in libs.iter().filter(|_| on("u1") || on("c1") || on("h1")) {
         eprintln!("  U1 {}", lib.name());
-        match workloads::u1(t, plan, lib, run, &floor).await {
+        match workloads::u1(t, plan, lib, run, &floor, ext_of(lib)).await {
             Ok(u) => {
                 floor_pair.get_or_insert(u.floor.p50_us);
                 if let Some(p) = u.ping {
@@ -375,6 +412,7 @@ async fn bench_target(t: &Target, plan: &Plan, run: &str, peers: bool) -> Target
                 workloads::contended(
                     t,
                     lib,
+                    ext_of(lib),
                     &name,
                     waiters,
                     procs,
@@ -464,7 +502,11 @@ async fn bench_target(t: &Target, plan: &Plan, run: &str, peers: bool) -> Target
             Err(e) => r.errors.push(format!("T1: {e}")),
         }
     }
+    for e in &exts {
+        e.cleanup(t).await;
+    }
     floor.cleanup().await;
     probe.cleanup(t, run).await;
+    r.vs_best_peer = report::vs_best_peer(&r);
     r
 }

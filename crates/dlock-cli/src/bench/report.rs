@@ -1,9 +1,147 @@
 //! The Markdown report (results.md and stdout).
 
-use super::stats::{fmt_bytes, fmt_us};
+use super::stats::{fmt_bytes, fmt_us, Lat};
 use super::workloads::{Contended, Lib};
 use super::{Report, TargetReport};
+use serde::Serialize;
 use std::fmt::Write;
+
+/// The unit of a compared figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unit {
+    /// Microseconds (a latency).
+    Us,
+    /// Acquisitions per second.
+    PerS,
+    /// Store commands per acquisition.
+    Commands,
+    /// Jain's index.
+    Index,
+}
+
+impl Unit {
+    fn show(self, v: f64) -> String {
+        match self {
+            Unit::Us => fmt_us(v),
+            Unit::PerS => format!("{v:.0}/s"),
+            Unit::Commands => format!("{v:.1}"),
+            Unit::Index => format!("{v:.3}"),
+        }
+    }
+}
+
+/// dlock against the best peer on one figure of one store.
+#[derive(Debug, Clone, Serialize)]
+pub struct VsPeer {
+    /// The figure (`U1 p50`, `C1 8 waiters, 1 ms hold: acq/s`, …).
+    pub figure: String,
+    /// Its unit.
+    pub unit: Unit,
+    /// Whether higher is better (acq/s, Jain) rather than lower (latencies, commands).
+    pub higher_is_better: bool,
+    /// dlock's value.
+    pub dlock: f64,
+    /// The peer with the best value.
+    pub best_peer: Lib,
+    /// Its value.
+    pub best: f64,
+    /// dlock / the best peer.
+    pub ratio: f64,
+    /// dlock is at least as good as the best peer.
+    pub dlock_ahead: bool,
+    /// Every peer's value.
+    pub peers: Vec<(Lib, f64)>,
+}
+
+/// The figures of one store where dlock and at least one peer have a value, each with the best
+/// peer's value and dlock's ratio to it.
+pub fn vs_best_peer(t: &TargetReport) -> Vec<VsPeer> {
+    let mut out = Vec::new();
+    let mut add = |figure: String, unit: Unit, higher: bool, vals: Vec<(Lib, Option<f64>)>| {
+        let Some(dlock) = vals
+            .iter()
+            .find(|(l, _)| *l == Lib::Dlock)
+            .and_then(|(_, v)| *v)
+        else {
+            return;
+        };
+        let peers: Vec<(Lib, f64)> = vals
+            .into_iter()
+            .filter(|(l, _)| *l != Lib::Dlock)
+            .filter_map(|(l, v)| Some((l, v.filter(|v| v.is_finite())?)))
+            .collect();
+        let better = |a: f64, b: f64| if higher { a > b } else { a < b };
+        let Some(&(best_peer, best)) = peers
+            .iter()
+            .reduce(|a, b| if better(b.1, a.1) { b } else { a })
+        else {
+            return;
+        };
+        if best <= 0.0 {
+            return;
+        }
+        out.push(VsPeer {
+            figure,
+            unit,
+            higher_is_better: higher,
+            dlock,
+            best_peer,
+            best,
+            ratio: dlock / best,
+            dlock_ahead: !better(best, dlock),
+            peers,
+        });
+    };
+    let lat = |l: &Lat, f: fn(&Lat) -> f64| (l.n > 0).then(|| f(l));
+    let p50: fn(&Lat) -> f64 = |l| l.p50_us;
+    let p99: fn(&Lat) -> f64 = |l| l.p99_us;
+    let max: fn(&Lat) -> f64 = |l| l.max_us;
+    for (what, f) in [("p50", p50), ("p99", p99)] {
+        let vals = t.u1.iter().map(|u| (u.lib, lat(&u.lat, f))).collect();
+        add(format!("U1 {what}"), Unit::Us, false, vals);
+    }
+    let mut configs: Vec<(u32, u64)> =
+        t.c1.iter()
+            .filter(|c| c.lib == Lib::Dlock)
+            .map(|c| (c.waiters, c.hold_ms))
+            .collect();
+    configs.dedup();
+    for (w, h) in configs {
+        let runs: Vec<&Contended> =
+            t.c1.iter()
+                .filter(|c| c.waiters == w && c.hold_ms == h && !c.fair)
+                .collect();
+        let c1 = |what: &str| format!("C1 {w} waiters, {h} ms hold: {what}");
+        let of = |f: &dyn Fn(&Contended) -> Option<f64>| -> Vec<(Lib, Option<f64>)> {
+            runs.iter().map(|c| (c.lib, f(c))).collect()
+        };
+        add(c1("acq/s"), Unit::PerS, true, of(&|c| Some(c.acq_per_s)));
+        for (what, f) in [("wait p50", p50), ("wait p99", p99), ("wait max", max)] {
+            add(c1(what), Unit::Us, false, of(&|c| lat(&c.wait, f)));
+        }
+        add(
+            c1("store cmds / acq"),
+            Unit::Commands,
+            false,
+            of(&|c| c.store_cmds_per_acq.filter(|_| c.acquisitions > 0)),
+        );
+        add(
+            c1("Jain"),
+            Unit::Index,
+            true,
+            of(&|c| (c.acquisitions > 0).then_some(c.jain_acquisitions)),
+        );
+    }
+    for (what, f) in [("p50", p50), ("p99", p99)] {
+        let vals =
+            t.h1.iter()
+                .map(|h| (h.lib, lat(&h.run.handoff_cross, f)))
+                .collect();
+        add(format!("H1 hand-off {what}"), Unit::Us, false, vals);
+    }
+    out
+}
 
 fn met(m: Option<bool>) -> &'static str {
     match m {
@@ -147,6 +285,38 @@ pub fn markdown(r: &Report) -> String {
          only hand-offs to a waiter in another process (the store's wake-up), from the moment \
          the holder starts releasing to the waiter's grant.\n\n",
     );
+
+    if r.targets.iter().any(|t| !t.vs_best_peer.is_empty()) {
+        s.push_str("## dlock against the best peer\n\n");
+        s.push_str("| store | figure | dlock | best peer | dlock / best peer | dlock ahead | every peer |\n|---|---|---|---|---|---|---|\n");
+        for t in &r.targets {
+            for v in &t.vs_best_peer {
+                let every: Vec<String> = v
+                    .peers
+                    .iter()
+                    .map(|(l, x)| format!("{} {}", l.name(), v.unit.show(*x)))
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} {} | {:.2}× | {} | {} |",
+                    t.label,
+                    v.figure,
+                    v.unit.show(v.dlock),
+                    v.best_peer.name(),
+                    v.unit.show(v.best),
+                    v.ratio,
+                    if v.dlock_ahead { "yes" } else { "**no**" },
+                    every.join(", ")
+                );
+            }
+        }
+        s.push_str(
+            "\nThe best peer of each figure is the one with the lowest latency or store commands, \
+             or the highest acq/s or Jain index, on that store in this run; the ratio is dlock's \
+             figure over it (below 1× is ahead for latencies and commands, above 1× for acq/s \
+             and Jain).\n\n",
+        );
+    }
 
     s.push_str("## U1 uncontended (one task, acquire + release)\n\n");
     s.push_str("| store | client | p50 | p99 | pairs/s | raw floor p50 | floor p99 | p50 ratio | mean ratio | 2× SELECT 1 p50 | backend calls per pair | floor |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -385,4 +555,53 @@ pub fn markdown(r: &Report) -> String {
         s.push('\n');
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::workloads::U1;
+
+    fn u1(lib: Lib, p50: f64) -> U1 {
+        let lat = Lat {
+            n: 10,
+            p50_us: p50,
+            p99_us: p50 * 2.0,
+            max_us: p50 * 3.0,
+            mean_us: p50,
+        };
+        U1 {
+            lib,
+            lat,
+            ops_per_s: 1e6 / p50,
+            floor: lat,
+            floor_what: String::new(),
+            ping: None,
+            ratio_p50: 1.0,
+            ratio_mean: 1.0,
+            target_met: true,
+            client_ops_per_pair: None,
+        }
+    }
+
+    #[test]
+    fn dlock_against_the_best_peer() {
+        let mut t = TargetReport::default();
+        assert!(vs_best_peer(&t).is_empty());
+        t.u1 = vec![u1(Lib::Dlock, 150.0)];
+        // No peer ran: no figure.
+        assert!(vs_best_peer(&t).is_empty());
+        t.u1.push(u1(Lib::Rslock, 100.0));
+        t.u1.push(u1(Lib::RedisPy, 200.0));
+        let v = vs_best_peer(&t);
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert_eq!(v[0].figure, "U1 p50");
+        assert_eq!(v[0].best_peer, Lib::Rslock);
+        assert!((v[0].ratio - 1.5).abs() < 1e-9);
+        assert!(!v[0].dlock_ahead);
+        assert_eq!(v[0].peers.len(), 2);
+        t.u1[0] = u1(Lib::Dlock, 80.0);
+        let v = vs_best_peer(&t);
+        assert!(v[0].dlock_ahead && v[0].ratio < 1.0, "{v:?}");
+    }
 }

@@ -36,7 +36,7 @@ pub struct WorkerArgs {
     /// Fair (FIFO) mode.
     #[arg(long)]
     pub fair: bool,
-    /// `dlock`, `rslock` or `etcd-lock`.
+    /// `dlock`, `rslock` or `etcd-lock` (the other peers run as processes of their own).
     #[arg(long, default_value = "dlock")]
     pub lib: String,
     /// This process's index (reported back).
@@ -71,7 +71,8 @@ pub struct WorkerOut {
     pub errors: u64,
     /// The first error.
     pub first_error: Option<String>,
-    /// Backend calls (dlock only).
+    /// Backend calls (dlock only; absent from a peer process's report).
+    #[serde(default)]
     pub ops: CountSnap,
     /// The stripe of each record, in order (`--stripes`; empty otherwise).
     #[serde(default)]

@@ -2,6 +2,7 @@
 //! processes), S1 (many locks held by one client), E1 (election fail-over between candidate
 //! processes), T1 (one name against a striped lock, over worker processes).
 
+use super::peers::{Ext, U1Proc};
 use super::stats::{jain, now_ns, us, Lat};
 use super::store::{connections, counted_client, rss_bytes, CountSnap, Floor, Kind, Probe, Target};
 use super::worker::{etcd_lock_name, rslock_acquire, rslock_manager, EtcdPeer, Rec, WorkerOut};
@@ -115,6 +116,13 @@ pub enum Lib {
     /// etcd's own lock (the `Lock` RPC: v3lock, Go's `concurrency.Mutex`), the peer on etcd.
     #[serde(rename = "etcd-lock")]
     EtcdLock,
+    /// redis-py's `Lock` (a Python process), a peer on Redis.
+    #[serde(rename = "redis-py")]
+    RedisPy,
+    /// kazoo's `Lock` (a Python process), a peer on ZooKeeper.
+    Kazoo,
+    /// Apache Curator's `InterProcessMutex` (a Java process), a peer on ZooKeeper.
+    Curator,
 }
 
 impl Lib {
@@ -124,6 +132,9 @@ impl Lib {
             Lib::Dlock => "dlock",
             Lib::Rslock => "rslock",
             Lib::EtcdLock => "etcd-lock",
+            Lib::RedisPy => "redis-py",
+            Lib::Kazoo => "kazoo",
+            Lib::Curator => "curator",
         }
     }
 
@@ -131,6 +142,9 @@ impl Lib {
     pub fn label(self) -> &'static str {
         match self {
             Lib::EtcdLock => "etcd Lock RPC (v3lock, concurrency.Mutex)",
+            Lib::RedisPy => "redis-py Lock",
+            Lib::Kazoo => "kazoo Lock",
+            Lib::Curator => "Curator InterProcessMutex",
             l => l.name(),
         }
     }
@@ -167,6 +181,8 @@ enum L {
     R(rslock::LockManager),
     /// etcd's Lock RPC and the key name.
     E(Box<EtcdPeer>, String),
+    /// A peer process (redis-py, kazoo, Curator), which times its own pairs.
+    P(Box<U1Proc>),
 }
 
 /// One acquire + release.
@@ -190,14 +206,36 @@ async fn once(l: &L, name: &str) -> Result<(), String> {
             Some(k) => peer.unlock(k).await,
             None => Err("etcd Lock: not granted within 10 s".to_string()),
         },
+        L::P(_) => Err("a peer process times its own pairs".into()),
     }
+}
+
+/// `k` acquire + release pairs, each one's latency in µs: timed here, or by the peer process.
+async fn block(l: &mut L, name: &str, k: usize) -> Result<Vec<f64>, String> {
+    if let L::P(p) = l {
+        return p.pairs(k).await;
+    }
+    let mut v = Vec::with_capacity(k);
+    for _ in 0..k {
+        let s = Instant::now();
+        once(l, name).await?;
+        v.push(us(s.elapsed()));
+    }
+    Ok(v)
 }
 
 /// Interleaves blocks of the measured operation and of the floor until the count or the time
 /// limit is reached.
-pub async fn u1(t: &Target, plan: &Plan, lib: Lib, run: &str, floor: &Floor) -> Result<U1, String> {
+pub async fn u1(
+    t: &Target,
+    plan: &Plan,
+    lib: Lib,
+    run: &str,
+    floor: &Floor,
+    ext: Option<&Ext>,
+) -> Result<U1, String> {
     let name = format!("dlockbench/{run}/u1/{}", lib.name());
-    let l = match lib {
+    let mut l = match lib {
         Lib::Dlock => {
             let (c, counts) = super::store::limit(
                 "connect",
@@ -216,50 +254,16 @@ pub async fn u1(t: &Target, plan: &Plan, lib: Lib, run: &str, floor: &Floor) -> 
                 etcd_lock_name(t, &name),
             )
         }
+        Lib::RedisPy | Lib::Kazoo | Lib::Curator => {
+            let ext = ext.ok_or_else(|| format!("peer {} not set up", lib.name()))?;
+            L::P(Box::new(U1Proc::start(ext, &name).await?))
+        }
     };
-    let once = |l| once(l, &name);
-    // Warm up both.
-    for _ in 0..20 {
-        once(&l).await?;
-        floor.once().await?;
+    let r = u1_loop(plan, &mut l, &name, floor).await;
+    if let L::P(p) = l {
+        p.quit().await;
     }
-    let before = match &l {
-        L::D(_, c) => c.snap(),
-        _ => CountSnap::default(),
-    };
-    let (mut a, mut f, mut p) = (Vec::new(), Vec::new(), Vec::new());
-    let limit = Instant::now() + Duration::from_secs_f64(plan.u1_secs);
-    while a.len() < plan.u1_iters && Instant::now() < limit {
-        for _ in 0..25 {
-            let s = Instant::now();
-            once(&l).await?;
-            a.push(us(s.elapsed()));
-        }
-        for _ in 0..25 {
-            let s = Instant::now();
-            floor.once().await?;
-            f.push(us(s.elapsed()));
-        }
-        for _ in 0..10 {
-            let s = Instant::now();
-            match floor.ping().await {
-                Some(r) => r?,
-                None => break,
-            }
-            p.push(us(s.elapsed()));
-        }
-    }
-    let client_ops_per_pair = match &l {
-        L::D(_, c) => {
-            let s = c.snap();
-            let n = (s.store_calls() - before.store_calls()) as f64;
-            Some(n / a.len().max(1) as f64)
-        }
-        _ => None,
-    };
-    if let L::E(peer, _) = &l {
-        peer.close().await;
-    }
+    let (a, f, p, client_ops_per_pair) = r?;
     let lat = Lat::of(&a);
     let fl = Lat::of(&f);
     let ratio_p50 = lat.p50_us / fl.p50_us.max(1e-9);
@@ -275,6 +279,54 @@ pub async fn u1(t: &Target, plan: &Plan, lib: Lib, run: &str, floor: &Floor) -> 
         ping: (!p.is_empty()).then(|| Lat::of(&p)),
         client_ops_per_pair,
     })
+}
+
+/// U1's samples: the measured pairs, the floor's, the pings, and dlock's backend calls per
+/// pair.
+type U1Samples = (Vec<f64>, Vec<f64>, Vec<f64>, Option<f64>);
+
+/// U1's measuring loop: blocks of 25 pairs, 25 floor pairs and 10 pings, until the count or
+/// the time limit.
+async fn u1_loop(plan: &Plan, l: &mut L, name: &str, floor: &Floor) -> Result<U1Samples, String> {
+    // Warm up both.
+    block(l, name, 20).await?;
+    for _ in 0..20 {
+        floor.once().await?;
+    }
+    let before = match &*l {
+        L::D(_, c) => c.snap(),
+        _ => CountSnap::default(),
+    };
+    let (mut a, mut f, mut p) = (Vec::new(), Vec::new(), Vec::new());
+    let limit = Instant::now() + Duration::from_secs_f64(plan.u1_secs);
+    while a.len() < plan.u1_iters && Instant::now() < limit {
+        a.extend(block(l, name, 25).await?);
+        for _ in 0..25 {
+            let s = Instant::now();
+            floor.once().await?;
+            f.push(us(s.elapsed()));
+        }
+        for _ in 0..10 {
+            let s = Instant::now();
+            match floor.ping().await {
+                Some(r) => r?,
+                None => break,
+            }
+            p.push(us(s.elapsed()));
+        }
+    }
+    let client_ops_per_pair = match &*l {
+        L::D(_, c) => {
+            let s = c.snap();
+            let n = (s.store_calls() - before.store_calls()) as f64;
+            Some(n / a.len().max(1) as f64)
+        }
+        _ => None,
+    };
+    if let L::E(peer, _) = &*l {
+        peer.close().await;
+    }
+    Ok((a, f, p, client_ops_per_pair))
 }
 
 /// One contended configuration (C1, H1 and F1 are all made of these).
@@ -361,11 +413,13 @@ struct Collected {
 
 /// Starts `procs` worker processes with `waiters` tasks in all, each with `args` besides the
 /// store, name, library, task count and index; starts them together for `secs` (their `END`) and
-/// collects their reports.
+/// collects their reports. The workers are `dlock bench-worker`s, or the processes of the peer
+/// `ext` (which speak the same protocol).
 #[allow(clippy::too_many_arguments)]
 async fn run_workers(
     t: &Target,
     lib: Lib,
+    ext: Option<&Ext>,
     name: &str,
     waiters: u32,
     procs: u32,
@@ -378,17 +432,23 @@ async fn run_workers(
     let mut children = Vec::new();
     for i in 0..procs {
         let tasks = waiters / procs + u32::from(i < waiters % procs);
-        let mut cmd = tokio::process::Command::new(&exe);
-        cmd.arg("bench-worker")
-            .args(["--url", &t.url, "--name", name, "--lib", lib.name()])
-            .args(["--tasks", &tasks.to_string()])
+        let mut cmd = match ext {
+            Some(ext) => ext.command("worker", name, Some(&format!("{name}/warm/{i}"))),
+            None => {
+                let mut cmd = tokio::process::Command::new(&exe);
+                cmd.arg("bench-worker")
+                    .args(["--url", &t.url, "--name", name, "--lib", lib.name()])
+                    .env("RUST_LOG", "error")
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::inherit())
+                    .kill_on_drop(true);
+                cmd
+            }
+        };
+        cmd.args(["--tasks", &tasks.to_string()])
             .args(["--proc-index", &i.to_string()])
-            .args(args)
-            .env("RUST_LOG", "error")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .kill_on_drop(true);
+            .args(args);
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot start a worker: {e}"))?;
@@ -479,6 +539,7 @@ fn cmds_per_acq(c: &Collected, background: f64, n: usize) -> Option<f64> {
 pub async fn contended(
     t: &Target,
     lib: Lib,
+    ext: Option<&Ext>,
     name: &str,
     waiters: u32,
     procs: u32,
@@ -500,7 +561,7 @@ pub async fn contended(
     if fair {
         args.push("--fair".into());
     }
-    let c = run_workers(t, lib, name, waiters, procs, &args, secs, probe).await?;
+    let c = run_workers(t, lib, ext, name, waiters, procs, &args, secs, probe).await?;
     let store_cmds = cmds_per_acq(&c, background, c.recs.len());
     let (mut recs, ops, errors, first_error) = (c.recs, c.ops, c.errors, c.first_error);
     let window_s = secs;
@@ -1041,6 +1102,7 @@ async fn t1_run(
     let c = run_workers(
         t,
         Lib::Dlock,
+        None,
         name,
         plan.t1_waiters,
         plan.procs,
