@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use store::{Floor, Kind, Probe, Target};
 use workloads::{Contended, Lib, Plan, E1, F1, H1, S1, T1, U1};
 
-/// Measure dlock on one or more stores against the raw store and a peer library.
+/// Measure dlock on one or more stores against the raw store and the peer libraries.
 ///
 /// Runs U1 (uncontended acquire + release vs the store's raw floor), C1 (one name, 8 and 64
 /// waiters over 4 processes, hold 0 and 1 ms), H1 (hand-off latency between processes), F1

@@ -9,6 +9,7 @@ import java.time.Instant;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
+import java.util.Locale;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.LockSupport;
@@ -62,7 +63,7 @@ public class CuratorPeer {
             if (c == '"' || c == '\\') {
                 b.append('\\').append(c);
             } else if (c < 0x20) {
-                b.append(String.format("\\u%04x", (int) c));
+                b.append(String.format(Locale.ROOT, "\\u%04x", (int) c));
             } else {
                 b.append(c);
             }
@@ -104,7 +105,8 @@ public class CuratorPeer {
                             throw new IllegalStateException("not granted within 10 s");
                         }
                         m.release();
-                        out.append(String.format(" %.3f", (System.nanoTime() - s) / 1e3));
+                        double us = (System.nanoTime() - s) / 1e3;
+                        out.append(String.format(Locale.ROOT, " %.3f", us));
                     }
                 } catch (Exception e) {
                     System.out.println("err " + describe(e));
