@@ -343,6 +343,9 @@ impl HoldStatus {
 pub enum Released {
     /// The owner's hold was removed.
     Released,
+    /// The owner's hold was removed and the store handed the lock to one of its waiters,
+    /// waking that one only: nobody else can take it now, so the core wakes none of its own.
+    HandedOff,
     /// The owner did not hold the lock (any other holder was left untouched).
     NotHeld,
 }
@@ -391,6 +394,10 @@ pub struct Capabilities {
     /// [`Backend::describe`]) and replaces it with [`Backend::set_value`]: what an election's
     /// `campaign(value)` and `proclaim(value)` need.
     pub values: bool,
+    /// A release of a mutex hands it to the store's first waiter and wakes only that one
+    /// ([`Released::HandedOff`]; Redis): the core's next waiter of a client whose waiter was
+    /// just granted registers in the store at once instead of waiting for this client's release.
+    pub hands_off: bool,
 }
 
 impl Capabilities {
@@ -403,6 +410,7 @@ impl Capabilities {
             validity: Validity::Lease,
             queues_waiters: false,
             values: false,
+            hands_off: false,
         }
     }
 }
@@ -529,6 +537,13 @@ pub trait Acquisition: Send + Sync {
     fn mark(&mut self) -> bool {
         false
     }
+
+    /// Whether this acquisition's busy attempts may register it as the store's next waiter, on a
+    /// store that hands a released mutex on ([`Capabilities::hands_off`]). The core allows it
+    /// for the first waiter of its client's line only: a waiter behind that one would be handed
+    /// the lock while it waits for its turn in the line. Set before each attempt; ignored
+    /// elsewhere.
+    fn may_register(&mut self, _on: bool) {}
 }
 
 /// A store that can hold locks. Implemented once per store; see the module docs for the protocol.

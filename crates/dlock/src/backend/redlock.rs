@@ -243,6 +243,7 @@ impl RedlockConfig {
                 if pass.is_empty() { "" } else { "?" }
             );
             let mut t = RedisTarget::parse(&url)?;
+            t.handoffs = false;
             if !timeout_given {
                 t.timeout = DEFAULT_TIMEOUT;
             }

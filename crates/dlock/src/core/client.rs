@@ -264,7 +264,9 @@ impl Inner {
             let sent = Instant::now();
             let attempt = {
                 let calls = self.store.calls.clone();
+                let head = line.as_ref().map_or(true, LinePlace::is_head);
                 let acq = waiter.acq()?;
+                acq.may_register(head);
                 calls.timed(acq.attempt()).await
             };
             let busy = match attempt {
@@ -272,7 +274,10 @@ impl Inner {
                     waiter.armed = false;
                     if let Some(place) = line.as_mut() {
                         place.wake_all = spec.kind == LockKind::RwLock && spec.mode == Mode::Shared;
-                        place.granted_exclusive = spec.mode == Mode::Exclusive;
+                        // The next waiter of this client waits for this hold's release here,
+                        // unless the store hands the lock on: then it registers in the store now.
+                        place.granted_exclusive = spec.mode == Mode::Exclusive
+                            && !(self.store.caps.hands_off && spec.kind == LockKind::Mutex);
                     }
                     let deadline = sent + g.valid_for.saturating_sub(margin(g.valid_for));
                     let hold = Hold::new(

@@ -602,7 +602,7 @@ impl Guard {
             )
             .await?;
         match answer {
-            Released::Released => {
+            Released::Released | Released::HandedOff => {
                 hold.store.wake_local(hold.name.as_str());
                 Ok(())
             }
@@ -631,13 +631,17 @@ async fn release_hold(hold: Arc<Hold>) -> Result<()> {
             .instrument(span)
             .await
     };
-    hold.store.wake_local(hold.name.as_str());
+    // A store that handed the lock on woke the one waiter that has it now; this process's
+    // waiters would only find it taken.
+    if !matches!(r, Ok(Released::HandedOff)) {
+        hold.store.wake_local(hold.name.as_str());
+    }
     match (r?, before) {
         (_, HoldState::Lost(reason)) => Err(Error::Lost {
             name: hold.name.to_string(),
             reason,
         }),
-        (Released::Released, _) => Ok(()),
+        (Released::Released | Released::HandedOff, _) => Ok(()),
         (Released::NotHeld, _) => Err(Error::NotOwner {
             name: hold.name.to_string(),
         }),

@@ -1465,6 +1465,7 @@ impl Backend for EtcdBackend {
             validity: Validity::Session,
             queues_waiters: true,
             values: true,
+            hands_off: false,
         }
     }
 

@@ -1,14 +1,22 @@
 -- acquire: the grant rule of logic::decide, atomically.
--- KEYS: 1 base, 2 fence, 3 exp, 4 q, 5 qexp, 6 qinfo, 7 qseq, 8 meta (base:meta:<owner>)
+-- KEYS: 1 base, 2 fence, 3 exp, 4 q, 5 qexp, 6 qinfo, 7 qseq, 8 meta (base:meta:<owner>),
+--       9 w (the waiter set)
 -- ARGV: 1 owner, 2 kind, 3 permits, 4 mode, 5 lease ms, 6 enqueue (0/1), 7 queue place ttl ms,
 --       8 client_id, 9 host, 10 pid, 11 waiter info (mode \n client_id \n host \n pid),
---       12 the hold's value (only for a hold that has one: an election's)
+--       12 the hold's value: '0' none, '1' .. value (an election's), 13 register ('1': a
+--       waiting rwlock or semaphore request, woken by releases only while registered in w),
+--       14 waiter set ttl ms
 -- Returns {1, token} granted (token -1: a regrant of a hold without a recorded token),
 --         {0, retry ms or -1} busy, {-1, kind, permits} kind mismatch, {-2, type} foreign key.
 local base, fence, exp, q, qexp, qinfo, qseq, meta =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local owner, kind, permits, mode = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local lease, enqueue, qttl = tonumber(ARGV[5]), ARGV[6] == '1', tonumber(ARGV[7])
+local value = false
+if string.sub(ARGV[12], 1, 1) == '1' then
+  value = string.sub(ARGV[12], 2)
+end
+local register = ARGV[13] == '1'
 local now = now_ms()
 
 -- Fast path: a free mutex with nobody queued (neither key exists) is a plain SET PX, the fence
@@ -19,8 +27,8 @@ if kind == 'mutex' and redis.call('EXISTS', base, q) == 0 then
   local tok = redis.call('INCR', fence)
   redis.call('HSET', meta, 'client_id', ARGV[8], 'host', ARGV[9], 'pid', ARGV[10],
     'acquired_at', fmt(now), 'token', fmt(tok), 'mode', mode)
-  if ARGV[12] then
-    redis.call('HSET', meta, 'value', ARGV[12])
+  if value then
+    redis.call('HSET', meta, 'value', value)
   end
   redis.call('PEXPIRE', meta, fmt(lease))
   return {1, tok}
@@ -108,12 +116,15 @@ if free then
   redis.call('DEL', meta)
   redis.call('HSET', meta, 'client_id', ARGV[8], 'host', ARGV[9], 'pid', ARGV[10],
     'acquired_at', fmt(now), 'token', fmt(tok), 'mode', mode)
-  if ARGV[12] then
-    redis.call('HSET', meta, 'value', ARGV[12])
+  if value then
+    redis.call('HSET', meta, 'value', value)
   end
   redis.call('PEXPIRE', meta, fmt(lease))
   if pos then
     leave_queue(q, qexp, qinfo, qseq, owner)
+  end
+  if register then
+    redis.call('ZREM', KEYS[9], owner)
   end
   return {1, tok}
 end
@@ -134,5 +145,9 @@ if enqueue then
   for _, k in ipairs({q, qexp, qinfo, qseq}) do
     redis.call('PEXPIRE', k, fmt(qttl))
   end
+end
+if register then
+  redis.call('ZADD', KEYS[9], 'NX', '0', owner)
+  redis.call('PEXPIRE', KEYS[9], ARGV[14])
 end
 return {0, retry}

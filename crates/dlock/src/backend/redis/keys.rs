@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 
 /// Suffixes of the keys next to a base key (skipped by `describe` with `hashtag=false`).
-pub(super) const SUFFIXES: &[&str] = &[":fence", ":exp", ":q", ":qexp", ":qinfo", ":qseq"];
+pub(super) const SUFFIXES: &[&str] = &[":fence", ":exp", ":q", ":qexp", ":qinfo", ":qseq", ":w"];
 /// The hash tag of the names that begin with `}` (see [`Shared::base`]). No lock name holds a NUL,
 /// so these bases never meet another name's.
 pub(super) const NUL_TAG: char = '\0';
@@ -88,6 +88,23 @@ impl Shared {
 
     pub(super) fn channel(base: &str) -> String {
         format!("{base}:released")
+    }
+
+    /// The channel of changes only an observer of the name cares about: a hand-off (the lock
+    /// has a new holder) and a new value.
+    pub(super) fn changed_channel(base: &str) -> String {
+        format!("{base}:changed")
+    }
+
+    /// Where the releases of `base`'s holders tell a client of this backend that they handed
+    /// it the lock: the prefix (the release script appends the client key of the waiter's
+    /// record), and this backend's channel.
+    pub(super) fn handoff_prefix(base: &str) -> String {
+        format!("{base}:handoff:")
+    }
+
+    pub(super) fn handoff_channel(&self, base: &str) -> String {
+        format!("{}{}", Self::handoff_prefix(base), self.client_key)
     }
 }
 

@@ -86,7 +86,15 @@
 //! | `base:qexp` | zset | waiter owner → expiry of its place (ms) | with the last waiter |
 //! | `base:qinfo` | hash | waiter owner → `mode \n client_id \n host \n pid` | with the last waiter |
 //! | `base:qseq` | string | the arrival counter of the queue | with the last waiter |
-//! | `base:released` | channel | published on release, cancel, force-release and a hold's new value | — |
+//! | `base:w` | zset | the waiter set: a record per waiting request (below), scored by the fence counter when it arrived | 60 s after the last registration, or with its last record |
+//! | `base:released` | channel | published on a release that did not hand the lock on, on the cancel of a queue place and on force-release: what may let a waiter in (it reaches only the clients that subscribed it) | — |
+//! | `base:changed` | channel | published on a hand-off and on a hold's new value: what only an observer (an election's follower) needs | — |
+//! | `base:handoff:<client key>` | channel | "owner token": the lock was handed to that waiting owner of the client (a random key per backend) | — |
+//!
+//! A waiting mutex request (not fair) registers in `base:w` when it finds the name taken, with
+//! the record `owner \n lease ms \n client key \n client_id \n host \n pid \n` followed by
+//! `0`, or `1` and the hold's value. Waiting readers, writers and permits register their owner
+//! token only (they are woken, never handed a hold).
 //!
 //! Every kind of lock uses the **same** `base` key, so a mutex and a rwlock or semaphore of one
 //! name collide: requesting a name held as another kind (or a semaphore with another number of
@@ -113,14 +121,51 @@
 //! exclusive waiters ahead; a semaphore needs holders + waiters ahead < n), and on a grant
 //! `INCR base:fence` **in the same script**. A refused request takes or refreshes a queue place
 //! when `Request::takes_queue_place` (fair waiters and waiting rwlock writers) for
-//! [`QUEUE_PLACE_TTL`]. `release`, `cancel` and `force_release` `PUBLISH` on `base:released`.
-//! Times come from the server's `TIME`, so only Redis's clock matters for expiry.
+//! [`QUEUE_PLACE_TTL`]. A mutex request that takes no queue place runs the smaller `grab`
+//! script first (`SET NX PX GET`: a grant, or the holder's time left and the request's
+//! registration in `base:w`; anything else falls through to `acquire`). A release that does not
+//! hand the lock on, `cancel` and `force_release` `PUBLISH` on `base:released`; a hand-off and
+//! `set_value` on `base:changed`. Times come from the server's `TIME`, so only Redis's clock
+//! matters for expiry.
+//!
+//! # Hand-offs: one wake per release
+//!
+//! The release of a mutex whose name has no fair queue pops the first record of `base:w`
+//! (lowest arrival score) and, in the same script, grants the lock to that waiter: `SET base
+//! owner PX lease`, a new fence token, its metadata, then `PUBLISH base:handoff:<client key>
+//! "owner token"`. `PUBLISH` answers how many connections received it; 0 means the waiter's
+//! client is gone (its pub/sub connection closed), so the grant is undone and the next record
+//! is tried. A release with no live record deletes the key and announces it on `base:released`
+//! (subscribed only by clients with waiters or observers of the name). The waiter's backend
+//! gives the message to the waiting acquisition of that owner, which takes the hold without
+//! another round trip: its lease is counted from the send of its last busy attempt (the
+//! hand-off happened after that attempt ran: the token is above the fence counter that attempt
+//! saw), and after half a lease of waiting it asks the store again instead (a regrant, which
+//! renews the lease from then). A hand-off message that was lost (a dropped pub/sub connection,
+//! after which every waiter attempts again) is found by the next attempt, which regrants the
+//! hold that is already the owner's. A waiter that gives up removes its record; if it was
+//! handed the lock meanwhile, its cancel releases it and hands it on. Nobody can take a handed
+//! lock, so waiters are served in arrival order and a release wakes exactly one of them.
+//!
+//! A waiter subscribes `base:released` and its client's hand-off channel only, so it is woken
+//! by its own hand-off and by what may let it in, never by another waiter's hand-off; an
+//! election's observer also subscribes `base:changed`.
+//!
+//! What breaks it: a waiter whose process stops (SIGSTOP) or whose host dies without closing
+//! its connection still counts as listening; the lock handed to it is held by nobody until its
+//! lease runs out, as a lock held by a paused holder is. Waiters of an older dlock version do
+//! not register: during a rolling upgrade they are woken by releases that find no registered
+//! waiter, and otherwise attempt again when the holder's lease would end (at most every 5 s);
+//! an older version's observers learn of hand-offs and new values only when they look (at
+//! least every 5 s). Hand-offs
+//! are off with `replicas=N` (the release that would write the grant is not followed by `WAIT`)
+//! and for Redlock's servers: there every release is announced on `base:released`.
 //!
 //! # Connections and wake-ups
 //!
 //! One multiplexed connection per backend carries every command (it reconnects by itself after
 //! an I/O error; Sentinel and Cluster: above), plus one pub/sub connection serving all names. A waiter subscribes the name's
-//! channel before its next attempt (the first wait of a name subscribes and returns at once), and
+//! channel and its client's hand-off channel of the name before its next attempt (the first wait of a name subscribes and returns at once), and
 //! a per-name message counter read before each attempt is compared when it waits, so a release between
 //! the attempt and the wait is never missed. Subscriptions are dropped after 30 s without
 //! waiters. If the pub/sub connection drops, waiters are woken, poll at most every second
@@ -170,7 +215,12 @@ use super::*;
 use crate::error::Error;
 use crate::signal::NameSignals;
 use ::redis::{ErrorKind, RedisError, Value};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+
+/// How long a name's waiter set lives without a waiter registering again (waiters register at
+/// least every few seconds while they wait: each attempt does).
+const WAITER_SET_TTL: Duration = Duration::from_secs(60);
 
 struct Shared {
     conn: Conn,
@@ -186,6 +236,34 @@ struct Shared {
     subs: StdMutex<Subs>,
     /// Fans the pub/sub messages out to the waiters of their names.
     signals: NameSignals,
+    /// Releases hand a mutex to its first registered waiter (see [`RedisTarget::handoffs`]).
+    handoffs: bool,
+    /// Names this backend's hand-off channels (a random hex id).
+    client_key: String,
+    /// The waiting mutex acquisitions of this backend that registered for hand-offs, by owner
+    /// token: where the pub/sub dispatcher leaves what it was handed.
+    slots: StdMutex<HashMap<String, Weak<Handoff>>>,
+}
+
+/// What a waiting mutex acquisition was handed: the highest fence token of a hand-off to it.
+#[derive(Debug, Default)]
+struct Handoff {
+    token: StdMutex<Option<u64>>,
+}
+
+/// A waiting mutex acquisition's registration for hand-offs.
+struct Registration {
+    /// Its record in the name's waiter set (see grab.lua).
+    record: String,
+    slot: Arc<Handoff>,
+    /// When the latest attempt that answered busy (and registered) was sent, and the fence
+    /// counter it saw: a hand-off with a higher token happened after that send, so its lease
+    /// is counted from it.
+    since: Option<(Instant, u64)>,
+    /// Whether an attempt registered it (its record may be in the waiter set).
+    registered: bool,
+    /// Whether its next busy attempt may register it (the core's [`Acquisition::may_register`]).
+    allowed: bool,
 }
 
 /// What a waiter saw of its name's subscription before its last attempt: the pub/sub
@@ -367,13 +445,16 @@ impl RedisBackend {
                 conn,
                 client,
                 sharded,
-                target,
                 scripts,
                 link: tokio::sync::Mutex::new(None),
                 next_link_try: StdMutex::new(None),
                 generation: std::sync::atomic::AtomicU64::new(0),
                 subs: StdMutex::new(Subs::default()),
                 signals: NameSignals::default(),
+                handoffs: target.handoffs && target.replicas == 0,
+                client_key: format!("{:016x}", rand::random::<u64>()),
+                slots: StdMutex::new(HashMap::new()),
+                target,
             }),
         })
     }
@@ -392,11 +473,22 @@ impl RedisBackend {
     pub(crate) async fn release_quiet(&self, name: &LockName, owner: &str) -> Result<Released> {
         let sh = &self.shared;
         let (base, exp, meta) = self.hold_keys(name.as_str(), owner);
+        let (fence, w, q) = (
+            format!("{base}:fence"),
+            format!("{base}:w"),
+            format!("{base}:q"),
+        );
         let v = sh
             .eval(
                 &sh.scripts.release,
-                &[&base, &exp, &meta],
-                &[owner.to_owned(), String::new()],
+                &[&base, &exp, &meta, &fence, &w, &q],
+                &[
+                    owner.to_owned(),
+                    String::new(),
+                    String::new(),
+                    format!("{base}:meta:"),
+                    Shared::changed_channel(&base),
+                ],
             )
             .await?;
         match int(&v) {
@@ -406,12 +498,79 @@ impl RedisBackend {
         }
     }
 
-    /// One attempt of `req` (the grant script).
+    /// One attempt of `req` (the grant script), without registering for hand-offs (Redlock's).
     pub(crate) async fn attempt(&self, req: &Request<'_>) -> Result<Attempt> {
+        self.attempt_with(req, None).await
+    }
+
+    /// One attempt of `req`. A waiting request with a registration (`reg`) registers in the
+    /// name's waiter set when it is busy, and the attempt notes when it was sent.
+    async fn attempt_with(
+        &self,
+        req: &Request<'_>,
+        reg: Option<&mut Registration>,
+    ) -> Result<Attempt> {
         let sh = &self.shared;
         let name = req.name.as_str();
         check_verbatim_name(&sh.target, name)?;
         let (base, exp, meta) = self.hold_keys(name, req.owner);
+        let value = match &req.meta.value {
+            Some(v) => format!("1{v}"),
+            None => "0".to_owned(),
+        };
+        let register = req.waiting && sh.handoffs && reg.as_ref().is_some_and(|r| r.allowed);
+        if req.kind == LockKind::Mutex && !req.takes_queue_place() {
+            let (record, registered) = reg
+                .as_deref()
+                .map_or((String::new(), false), |r| (r.record.clone(), r.registered));
+            let keys = [
+                base.clone(),
+                format!("{base}:fence"),
+                meta.clone(),
+                format!("{base}:q"),
+                format!("{base}:w"),
+            ];
+            let args = [
+                req.owner.to_owned(),
+                ms(req.lease).to_string(),
+                req.meta.client_id.clone(),
+                req.meta.host.clone(),
+                req.meta.pid.to_string(),
+                if register { "1" } else { "0" }.to_owned(),
+                record,
+                ms(WAITER_SET_TTL).to_string(),
+                if registered { "1" } else { "0" }.to_owned(),
+                value.clone(),
+            ];
+            let sent = Instant::now();
+            let (v, confirmed) = sh.write(&sh.scripts.grab, &keys, &args).await?;
+            let a = array(&v).ok_or_else(|| unexpected("grab answer", &v))?;
+            match a.first().and_then(int) {
+                Some(1) => {
+                    if let Some(r) = reg {
+                        r.registered = false;
+                        r.since = None;
+                    }
+                    return self.granted(req, a, &v, confirmed).await;
+                }
+                Some(0) => {
+                    let left = a.get(1).and_then(int).unwrap_or(-1);
+                    if register {
+                        if let Some(r) = reg {
+                            let fence = a.get(2).and_then(int).unwrap_or(0);
+                            r.registered = true;
+                            r.since = Some((sent, u64::try_from(fence).unwrap_or(0)));
+                        }
+                    }
+                    return Ok(Attempt::Busy(Busy {
+                        retry_in: u64::try_from(left).ok().map(Duration::from_millis),
+                    }));
+                }
+                // The full rule below.
+                Some(2) => {}
+                _ => return Err(unexpected("grab answer", &v)),
+            }
+        }
         let keys = [
             base.clone(),
             format!("{base}:fence"),
@@ -421,6 +580,7 @@ impl RedisBackend {
             format!("{base}:qinfo"),
             format!("{base}:qseq"),
             meta,
+            format!("{base}:w"),
         ];
         let (kind, permits) = kind_args(req.kind);
         let info = format!(
@@ -430,7 +590,10 @@ impl RedisBackend {
             req.meta.host,
             req.meta.pid
         );
-        let mut args = vec![
+        // Readers and permits register by owner (a release wakes them all; only a mutex is
+        // handed on).
+        let register_owner = register && req.kind != LockKind::Mutex;
+        let args = vec![
             req.owner.to_owned(),
             kind.to_owned(),
             permits.to_string(),
@@ -442,29 +605,25 @@ impl RedisBackend {
             req.meta.host.clone(),
             req.meta.pid.to_string(),
             info,
+            value,
+            if register_owner { "1" } else { "0" }.to_owned(),
+            ms(WAITER_SET_TTL).to_string(),
         ];
-        // Only a hold with a value sends one (ARGV[12]): plain locks send what they always did.
-        if let Some(value) = &req.meta.value {
-            args.push(value.clone());
-        }
         let (v, confirmed) = sh.write(&sh.scripts.acquire, &keys, &args).await?;
         let a = array(&v).ok_or_else(|| unexpected("acquire answer", &v))?;
         let status = a.first().and_then(int);
         match status {
             Some(1) => {
-                let token = a
-                    .get(1)
-                    .and_then(int)
-                    .ok_or_else(|| unexpected("token", &v))?;
-                if let Some(n) = confirmed.filter(|n| *n < sh.target.replicas) {
-                    return Err(self.roll_back(req, n).await);
+                if let Some(r) = reg {
+                    r.registered = false;
+                    r.since = None;
                 }
-                Ok(Attempt::Granted(Grant {
-                    token: u64::try_from(token).ok().filter(|t| *t > 0),
-                    valid_for: req.lease,
-                }))
+                self.granted(req, a, &v, confirmed).await
             }
             Some(0) => {
+                if let Some(r) = reg.filter(|_| register_owner) {
+                    r.registered = true;
+                }
                 let retry = a.get(1).and_then(int).unwrap_or(-1);
                 Ok(Attempt::Busy(Busy {
                     retry_in: u64::try_from(retry).ok().map(Duration::from_millis),
@@ -492,6 +651,28 @@ impl RedisBackend {
         }
     }
 
+    /// A grant's answer `{1, token}` (`v`, as the array `a`), rolled back if too few replicas
+    /// confirmed it.
+    async fn granted(
+        &self,
+        req: &Request<'_>,
+        a: &[Value],
+        v: &Value,
+        confirmed: Option<u32>,
+    ) -> Result<Attempt> {
+        let token = a
+            .get(1)
+            .and_then(int)
+            .ok_or_else(|| unexpected("token", v))?;
+        if let Some(n) = confirmed.filter(|n| *n < self.shared.target.replicas) {
+            return Err(self.roll_back(req, n).await);
+        }
+        Ok(Attempt::Granted(Grant {
+            token: u64::try_from(token).ok().filter(|t| *t > 0),
+            valid_for: req.lease,
+        }))
+    }
+
     /// Takes back a grant that too few replicas confirmed (`confirmed` of `replicas`), without a
     /// wake-up; the error the caller reports.
     async fn roll_back(&self, req: &Request<'_>, confirmed: u32) -> Error {
@@ -513,8 +694,9 @@ impl RedisBackend {
         }
     }
 
-    /// Removes `req`'s queue place, if any.
-    pub(crate) async fn cancel_place(&self, req: &Request<'_>) -> Result<()> {
+    /// Removes `req`'s queue place and waiter record (`record`, if it registered one); a lock
+    /// that was handed to it meanwhile is released and handed on.
+    pub(crate) async fn cancel_place(&self, req: &Request<'_>, record: Option<&str>) -> Result<()> {
         let sh = &self.shared;
         let base = sh.base(req.name.as_str());
         let keys = [
@@ -522,12 +704,23 @@ impl RedisBackend {
             format!("{base}:qexp"),
             format!("{base}:qinfo"),
             format!("{base}:qseq"),
+            format!("{base}:w"),
+            base.clone(),
+            format!("{base}:fence"),
+            format!("{base}:meta:{}", req.owner),
         ];
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         sh.eval(
             &sh.scripts.cancel,
             &key_refs,
-            &[req.owner.to_owned(), Shared::channel(&base)],
+            &[
+                req.owner.to_owned(),
+                Shared::channel(&base),
+                record.unwrap_or_default().to_owned(),
+                Shared::handoff_prefix(&base),
+                format!("{base}:meta:"),
+                Shared::changed_channel(&base),
+            ],
         )
         .await?;
         Ok(())
@@ -586,15 +779,47 @@ impl Backend for RedisBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             values: true,
+            hands_off: self.shared.handoffs,
             ..Capabilities::lease(Wakeups::Native)
         }
     }
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        let sh = &self.shared;
+        let reg = (req.waiting && sh.handoffs).then(|| {
+            let slot = Arc::new(Handoff::default());
+            let record = if req.kind == LockKind::Mutex && !req.takes_queue_place() {
+                lock(&sh.slots).insert(req.owner.to_owned(), Arc::downgrade(&slot));
+                let value = match &req.meta.value {
+                    Some(v) => format!("1{v}"),
+                    None => "0".to_owned(),
+                };
+                format!(
+                    "{}\n{}\n{}\n{}\n{}\n{}\n{value}",
+                    req.owner,
+                    ms(req.lease),
+                    sh.client_key,
+                    req.meta.client_id,
+                    req.meta.host,
+                    req.meta.pid
+                )
+            } else {
+                req.owner.to_owned()
+            };
+            Registration {
+                record,
+                slot,
+                since: None,
+                registered: false,
+                allowed: true,
+            }
+        });
         Box::new(RedisAcquisition {
             store: self.clone(),
             want: Want::new(req),
             seen: None,
+            reg,
+            attempted: false,
         })
     }
 
@@ -606,14 +831,31 @@ impl Backend for RedisBackend {
         let sh = &self.shared;
         let (base, exp, meta) = self.hold_keys(hold.name.as_str(), hold.owner);
         let channel = Shared::channel(&base);
+        let handoff = if sh.handoffs {
+            Shared::handoff_prefix(&base)
+        } else {
+            String::new()
+        };
+        let (fence, w, q) = (
+            format!("{base}:fence"),
+            format!("{base}:w"),
+            format!("{base}:q"),
+        );
         let v = sh
             .eval(
                 &sh.scripts.release,
-                &[&base, &exp, &meta],
-                &[hold.owner.to_owned(), channel],
+                &[&base, &exp, &meta, &fence, &w, &q],
+                &[
+                    hold.owner.to_owned(),
+                    channel,
+                    handoff,
+                    format!("{base}:meta:"),
+                    Shared::changed_channel(&base),
+                ],
             )
             .await?;
         match int(&v) {
+            Some(2) => Ok(Released::HandedOff),
             Some(1) => Ok(Released::Released),
             Some(0) => Ok(Released::NotHeld),
             _ => Err(unexpected("release answer", &v)),
@@ -627,7 +869,7 @@ impl Backend for RedisBackend {
     async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
         let sh = &self.shared;
         let (base, exp, meta) = self.hold_keys(hold.name.as_str(), hold.owner);
-        let channel = Shared::channel(&base);
+        let channel = Shared::changed_channel(&base);
         let args = [hold.owner.to_owned(), value.to_owned(), channel];
         // A write like a renewal: with `replicas=N` it must be confirmed.
         let (v, confirmed) = sh
@@ -704,36 +946,117 @@ impl Backend for RedisBackend {
 }
 
 /// One acquisition on one Redis server: what it saw of the name's channel before its last
-/// attempt.
+/// attempt, and its registration for hand-offs.
 struct RedisAcquisition {
     store: RedisBackend,
     want: Want,
     seen: Seen,
+    reg: Option<Registration>,
+    /// It attempted: a waiter. Until then it watches as an observer (an election's follower),
+    /// woken by every change of the name.
+    attempted: bool,
+}
+
+impl RedisAcquisition {
+    /// A hand-off to this acquisition that happened after its latest busy attempt was sent,
+    /// with the part of its lease that is left, if any is worth taking without a round trip.
+    fn handed(&mut self) -> Option<Grant> {
+        let reg = self.reg.as_mut()?;
+        let token = lock(&reg.slot.token).take()?;
+        let (sent, fence) = reg.since?;
+        if token <= fence {
+            // Handed before that attempt (and taken back since): stale.
+            return None;
+        }
+        let left = self.want.lease.checked_sub(sent.elapsed())?;
+        if left < self.want.lease / 2 {
+            // Waited long since: the attempt's regrant renews the lease from now.
+            return None;
+        }
+        reg.since = None;
+        reg.registered = false;
+        Some(Grant {
+            token: Some(token),
+            valid_for: left,
+        })
+    }
+}
+
+impl Drop for RedisAcquisition {
+    fn drop(&mut self) {
+        if self.reg.is_some() {
+            lock(&self.store.shared.slots).remove(&self.want.owner);
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl Acquisition for RedisAcquisition {
     async fn attempt(&mut self) -> Result<Attempt> {
+        if let Some(g) = self.handed() {
+            return Ok(Attempt::Granted(g));
+        }
+        self.attempted = true;
         if self.want.waiting {
             // Read before the attempt: `changed` compares it with the count then.
             self.mark();
         }
-        self.store.attempt(&self.want.req()).await
+        self.store
+            .attempt_with(&self.want.req(), self.reg.as_mut())
+            .await
     }
 
     fn mark(&mut self) -> bool {
-        self.seen = self.store.seen(self.want.name.as_str());
+        let name = self.want.name.as_str();
+        self.seen = if self.attempted {
+            self.store.seen(name)
+        } else {
+            self.store.seen_as_observer(name)
+        };
         true
+    }
+
+    fn may_register(&mut self, on: bool) {
+        if let Some(r) = self.reg.as_mut() {
+            r.allowed = on;
+        }
     }
 
     async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
         self.store
-            .changed_since(self.want.name.as_str(), self.seen, until)
+            .changed_since_as(self.want.name.as_str(), self.seen, until, !self.attempted)
             .await
     }
 
     async fn cancel(&mut self) -> Result<()> {
-        self.store.cancel_place(&self.want.req()).await
+        let record = self
+            .reg
+            .as_ref()
+            .filter(|r| r.registered || lock(&r.slot.token).is_some())
+            .map(|r| r.record.clone());
+        self.store
+            .cancel_place(&self.want.req(), record.as_deref())
+            .await
+    }
+}
+
+impl Shared {
+    /// A hand-off message ("owner token"): given to the waiting acquisition of that owner.
+    /// False if none of this backend's acquisitions waits under that owner.
+    fn take_handoff(&self, payload: &[u8]) -> bool {
+        let text = String::from_utf8_lossy(payload);
+        let Some((owner, token)) = text.split_once(' ') else {
+            return false;
+        };
+        let Ok(token) = token.parse::<u64>() else {
+            return false;
+        };
+        let Some(slot) = lock(&self.slots).get(owner).and_then(Weak::upgrade) else {
+            return false;
+        };
+        let mut t = lock(&slot.token);
+        *t = Some(t.map_or(token, |old| old.max(token)));
+        true
     }
 }
 

@@ -20,24 +20,40 @@ const JANITOR_EVERY: Duration = Duration::from_secs(10);
 /// shortest interval between two attempts to reconnect it.
 pub(super) const FALLBACK_POLL: Duration = Duration::from_secs(1);
 
-/// One subscribed channel.
+/// The subscription of one name's channels.
 #[derive(Debug)]
 struct Sub {
     /// The pub/sub connection generation it was made on.
     generation: u64,
-    /// Messages received on it.
+    /// Messages that may let a waiter in: releases, cancels, force-releases (`base:released`)
+    /// and hand-offs to this client's waiters.
     count: u64,
+    /// Messages only an observer cares about (`base:changed`: a hand-off, a new value).
+    changes: u64,
+    /// Whether `base:changed` is subscribed too (an observer watches the name).
+    observed: bool,
     /// Tasks waiting on it.
     waiters: usize,
     last_used: Instant,
+}
+
+/// What a channel of a name carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chan {
+    /// `base:released`.
+    Released,
+    /// `base:changed`.
+    Changed,
+    /// This client's `base:handoff:<client key>`.
+    Handoff,
 }
 
 #[derive(Debug, Default)]
 pub(super) struct Subs {
     /// By lock name.
     by_name: HashMap<String, Sub>,
-    /// Channel → lock name.
-    names: HashMap<String, String>,
+    /// Channel → lock name, and what the channel carries.
+    names: HashMap<String, (String, Chan)>,
 }
 
 /// The live pub/sub connection.
@@ -59,10 +75,11 @@ enum Sink {
 }
 
 impl Sink {
-    async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+    async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
         match self {
-            Sink::Plain(s) => s.subscribe(channel).await,
-            Sink::Sharded(c) => c.ssubscribe(channel).await,
+            Sink::Plain(s) => s.subscribe(channels).await,
+            // The channels of one name are in one slot.
+            Sink::Sharded(c) => c.ssubscribe(channels).await,
         }
     }
 
@@ -88,8 +105,8 @@ enum Source {
 
 /// One event of a link's source.
 enum Event {
-    /// A release message on this channel.
-    Message(String),
+    /// A message on this channel, with its payload.
+    Message(String, Vec<u8>),
     /// The server dropped this subscription (its slot moved to another node).
     Dropped(String),
     /// A cluster node connection dropped (redis-rs subscribes again when it is back; messages
@@ -105,7 +122,10 @@ impl Source {
     async fn next(&mut self) -> Event {
         match self {
             Source::Plain(s) => match s.next().await {
-                Some(m) => Event::Message(m.get_channel_name().to_owned()),
+                Some(m) => Event::Message(
+                    m.get_channel_name().to_owned(),
+                    m.get_payload_bytes().to_vec(),
+                ),
                 None => Event::Closed,
             },
             Source::Sharded(rx) => {
@@ -116,9 +136,13 @@ impl Source {
                     Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
                     _ => None,
                 };
+                let payload = match p.data.get(1) {
+                    Some(Value::BulkString(b)) => b.clone(),
+                    _ => Vec::new(),
+                };
                 match p.kind {
                     PushKind::SMessage | PushKind::Message => {
-                        channel().map_or(Event::Other, Event::Message)
+                        channel().map_or(Event::Other, |c| Event::Message(c, payload))
                     }
                     PushKind::SUnsubscribe => channel().map_or(Event::Other, Event::Dropped),
                     PushKind::Disconnection => Event::Gap,
@@ -132,26 +156,41 @@ impl Source {
 impl Shared {
     // ---- pub/sub ----
 
-    /// The (generation, count) of `name`'s subscription, marking it used.
-    fn sub_state(&self, name: &str) -> Option<(u64, u64)> {
+    /// The (generation, count) of `name`'s subscription, marking it used; an `observer`
+    /// counts the messages of `base:changed` too (`None` while that is not subscribed).
+    fn sub_state(&self, name: &str, observer: bool) -> Option<(u64, u64)> {
         let mut subs = lock(&self.subs);
-        subs.by_name.get_mut(name).map(|s| {
-            s.last_used = Instant::now();
-            (s.generation, s.count)
-        })
+        let s = subs.by_name.get_mut(name)?;
+        if observer && !s.observed {
+            return None;
+        }
+        s.last_used = Instant::now();
+        let count = if observer {
+            s.count.wrapping_add(s.changes)
+        } else {
+            s.count
+        };
+        Some((s.generation, count))
     }
 
-    fn on_message(&self, channel: &str) {
-        let name = {
-            let mut subs = lock(&self.subs);
-            let Some(name) = subs.names.get(channel).cloned() else {
-                return;
-            };
-            if let Some(s) = subs.by_name.get_mut(&name) {
+    /// A message on `channel`: counted for its name, whose waiting tasks look whether it
+    /// concerns them. A hand-off ("owner token" on this client's hand-off channel) is given to
+    /// the acquisition of that owner, and counts only if it is still waiting.
+    fn on_message(&self, channel: &str, payload: &[u8]) {
+        let Some((name, chan)) = lock(&self.subs).names.get(channel).cloned() else {
+            return;
+        };
+        if chan == Chan::Handoff && !self.take_handoff(payload) {
+            // Not for a waiting acquisition of ours: it gave up, and its cancel passes the lock on.
+            return;
+        }
+        if let Some(s) = lock(&self.subs).by_name.get_mut(&name) {
+            if chan == Chan::Changed {
+                s.changes = s.changes.wrapping_add(1);
+            } else {
                 s.count = s.count.wrapping_add(1);
             }
-            name
-        };
+        }
         self.signals.wake(&name);
     }
 
@@ -160,7 +199,7 @@ impl Shared {
     fn on_dropped(&self, channel: &str) {
         let name = {
             let mut subs = lock(&self.subs);
-            let Some(name) = subs.names.remove(channel) else {
+            let Some((name, _)) = subs.names.remove(channel) else {
                 return;
             };
             subs.by_name.remove(&name);
@@ -218,27 +257,40 @@ impl Shared {
         }
     }
 
-    /// Makes sure `name`'s channel is subscribed. `Ok(true)` if this call subscribed it.
-    async fn subscribe(self: &Arc<Self>, name: &str, until: Instant) -> Result<bool> {
+    /// Makes sure `name`'s channels are subscribed (an `observer`'s: with `base:changed`).
+    /// `Ok(true)` if this call subscribed them.
+    async fn subscribe(
+        self: &Arc<Self>,
+        name: &str,
+        until: Instant,
+        observer: bool,
+    ) -> Result<bool> {
         let deadline = until.min(Instant::now() + self.target.timeout);
         let mut link = match tokio::time::timeout_at(deadline.into(), self.link.lock()).await {
             Ok(l) => l,
             Err(_) => return Err(self.timed_out("a subscription")),
         };
-        if lock(&self.subs).by_name.contains_key(name) {
-            return Ok(false);
-        }
+        let had = match lock(&self.subs).by_name.get(name) {
+            Some(sub) if sub.observed || !observer => return Ok(false),
+            Some(_) => true,
+            None => false,
+        };
         if link.is_none() {
-            {
-                let mut next = lock(&self.next_link_try);
-                if next.is_some_and(|t| Instant::now() < t) {
-                    return Err(Error::Unavailable(
-                        "the redis pub/sub connection is down".into(),
-                    ));
-                }
-                *next = Some(Instant::now() + FALLBACK_POLL);
+            if lock(&self.next_link_try).is_some_and(|t| Instant::now() < t) {
+                return Err(Error::Unavailable(
+                    "the redis pub/sub connection is down".into(),
+                ));
             }
-            *link = Some(self.open_link(deadline).await?);
+            // Only a failed attempt delays the next one: a caller that stops waiting drops this
+            // future half-way (a release in its process woke it), and the next caller opens the
+            // connection at once.
+            match self.open_link(deadline).await {
+                Ok(l) => *link = Some(l),
+                Err(e) => {
+                    *lock(&self.next_link_try) = Some(Instant::now() + FALLBACK_POLL);
+                    return Err(e);
+                }
+            }
         }
         let Some(l) = link.as_mut() else {
             return Err(Error::Unavailable(
@@ -246,9 +298,28 @@ impl Shared {
             ));
         };
         let base = self.base(name);
-        let channel = Self::channel(&base);
+        let mut chans = Vec::new();
+        if !had {
+            chans.push((Self::channel(&base), Chan::Released));
+            if self.handoffs {
+                chans.push((self.handoff_channel(&base), Chan::Handoff));
+            }
+        }
+        if observer {
+            chans.push((Self::changed_channel(&base), Chan::Changed));
+        }
         let generation = l.generation;
-        match tokio::time::timeout_at(deadline.into(), l.sink.subscribe(channel.as_str())).await {
+        // The dispatcher routes the channels' messages from the moment the server subscribes
+        // them (a hand-off may come before the confirmation is read); the name counts as
+        // subscribed once it is confirmed.
+        {
+            let mut subs = lock(&self.subs);
+            for (c, chan) in &chans {
+                subs.names.insert(c.clone(), (name.to_owned(), *chan));
+            }
+        }
+        let channels: Vec<String> = chans.into_iter().map(|(c, _)| c).collect();
+        match tokio::time::timeout_at(deadline.into(), l.sink.subscribe(&channels)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 *link = None;
@@ -258,16 +329,15 @@ impl Shared {
             Err(_) => return Err(self.timed_out("a subscription")),
         }
         let mut subs = lock(&self.subs);
-        subs.names.insert(channel, name.to_owned());
-        subs.by_name.insert(
-            name.to_owned(),
-            Sub {
-                generation,
-                count: 0,
-                waiters: 0,
-                last_used: Instant::now(),
-            },
-        );
+        let sub = subs.by_name.entry(name.to_owned()).or_insert(Sub {
+            generation,
+            count: 0,
+            changes: 0,
+            observed: false,
+            waiters: 0,
+            last_used: Instant::now(),
+        });
+        sub.observed |= observer;
         Ok(true)
     }
 
@@ -317,7 +387,7 @@ impl Shared {
                 };
                 let Some(s) = weak.upgrade() else { return };
                 match event {
-                    Event::Message(ch) => s.on_message(&ch),
+                    Event::Message(ch, payload) => s.on_message(&ch, &payload),
                     Event::Dropped(ch) => s.on_dropped(&ch),
                     Event::Gap => s.on_gap(),
                     Event::Other => {}
@@ -368,7 +438,7 @@ impl Shared {
             let channels: Vec<String> = subs
                 .names
                 .iter()
-                .filter(|(_, n)| idle.contains(n))
+                .filter(|(_, (n, _))| idle.contains(n))
                 .map(|(c, _)| c.clone())
                 .collect();
             for c in &channels {
@@ -424,12 +494,17 @@ impl RedisBackend {
     /// waiting). `Ok(true)` if this call subscribed it.
     #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     pub(crate) async fn subscribe_name(&self, name: &str, until: Instant) -> Result<bool> {
-        self.shared.subscribe(name, until).await
+        self.shared.subscribe(name, until, false).await
     }
 
     /// What a waiter of `name` notes before its attempt (see [`Seen`]).
     pub(crate) fn seen(&self, name: &str) -> Seen {
-        self.shared.sub_state(name)
+        self.shared.sub_state(name, false)
+    }
+
+    /// What an observer of `name` (which watches without attempting) notes.
+    pub(crate) fn seen_as_observer(&self, name: &str) -> Seen {
+        self.shared.sub_state(name, true)
     }
 
     /// Waits for a release message on `name`'s channel since `seen`, or `until`; subscribes the
@@ -440,37 +515,58 @@ impl RedisBackend {
         seen: Seen,
         until: Instant,
     ) -> Result<Watch> {
+        self.changed_since_as(name, seen, until, false).await
+    }
+
+    /// [`RedisBackend::changed_since`]; an `observer` is woken by every change of the name
+    /// (`base:changed` too: a hand-off, a new value), a waiter only by those that may let it in.
+    pub(crate) async fn changed_since_as(
+        &self,
+        name: &str,
+        seen: Seen,
+        until: Instant,
+        observer: bool,
+    ) -> Result<Watch> {
         let sh = &self.shared;
         sh.drop_stale_link().await;
         let notify = sh.signals.subscribe(name);
-        let notified = notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        match sh.sub_state(name) {
-            Some(now) => {
-                if Some(now) != seen {
-                    // Subscribed after the attempt, or a message came since: try again.
-                    return Ok(Watch::Changed);
+        let mut _mark = None;
+        loop {
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match sh.sub_state(name, observer) {
+                Some(now) => {
+                    if Some(now) != seen {
+                        // Subscribed after the attempt, or a message came since: try again.
+                        return Ok(Watch::Changed);
+                    }
+                    if _mark.is_none() {
+                        _mark = Some(WaiterMark::new(sh, name));
+                    }
+                    // Woken by a message of another kind (a waiter by `base:changed`): look again.
+                    if tokio::time::timeout_at(until.into(), notified)
+                        .await
+                        .is_err()
+                    {
+                        return Ok(Watch::Recheck);
+                    }
                 }
-                let _mark = WaiterMark::new(sh, name);
-                Ok(
-                    match tokio::time::timeout_at(until.into(), notified).await {
-                        Ok(()) => Watch::Changed,
-                        Err(_) => Watch::Recheck,
-                    },
-                )
+                None => {
+                    return match sh.subscribe(name, until, observer).await {
+                        // Subscribed now: the caller tries again, and every release from here on
+                        // wakes it.
+                        Ok(_) => Ok(Watch::Changed),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "redis pub/sub unavailable; polling");
+                            Ok(Watch::Poll {
+                                min: FALLBACK_POLL / 2,
+                                max: FALLBACK_POLL,
+                            })
+                        }
+                    };
+                }
             }
-            None => match sh.subscribe(name, until).await {
-                // Subscribed now: the caller tries again, and every release from here on wakes it.
-                Ok(_) => Ok(Watch::Changed),
-                Err(e) => {
-                    tracing::debug!(error = %e, "redis pub/sub unavailable; polling");
-                    Ok(Watch::Poll {
-                        min: FALLBACK_POLL / 2,
-                        max: FALLBACK_POLL,
-                    })
-                }
-            },
         }
     }
 }

@@ -32,6 +32,7 @@ impl Lua {
 
 /// The scripts, each with the shared helpers prepended.
 pub(super) struct Scripts {
+    pub(super) grab: Lua,
     pub(super) acquire: Lua,
     pub(super) release: Lua,
     pub(super) extend: Lua,
@@ -54,6 +55,7 @@ impl Scripts {
             })
         };
         Scripts {
+            grab: with(include_str!("grab.lua")),
             acquire: with(include_str!("acquire.lua")),
             release: with(include_str!("release.lua")),
             extend: with(include_str!("extend.lua")),
@@ -64,8 +66,9 @@ impl Scripts {
         }
     }
 
-    pub(super) fn all(&self) -> [&Lua; 7] {
+    pub(super) fn all(&self) -> [&Lua; 8] {
         [
+            &self.grab,
             &self.acquire,
             &self.release,
             &self.extend,

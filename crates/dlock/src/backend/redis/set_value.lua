@@ -1,5 +1,6 @@
 -- set_value: compare-and-hset of a hold's value on the owner token.
--- KEYS: 1 base, 2 exp, 3 meta; ARGV: 1 owner, 2 value, 3 channel.
+-- KEYS: 1 base, 2 exp, 3 meta; ARGV: 1 owner, 2 value, 3 channel (the observers' one: no waiter
+-- is let in by a new value).
 -- Returns 1 set, 0 not held (gone, another owner's, revoked: then nothing is written).
 local base, exp, meta, owner = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 -- The liveness check of extend.lua.

@@ -4,6 +4,7 @@ use super::keys::{glob_escape, name_of_key};
 use super::*;
 use crate::backend::test_support::*;
 use ::redis::AsyncCommands;
+use futures_util::StreamExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn url() -> String {
@@ -840,4 +841,186 @@ async fn set_value_waits_for_replicas() {
         Released::NotHeld
     );
     b.release(&hr(&r)).await.unwrap();
+}
+
+/// A grant; panics on busy.
+fn grant(a: Attempt) -> Grant {
+    match a {
+        Attempt::Granted(g) => g,
+        Attempt::Busy(b) => panic!("expected a grant, got busy {b:?}"),
+    }
+}
+
+/// A waiting request of `owner`, registered for hand-offs and subscribed: busy, waited once
+/// (the first wait of a name subscribes and returns at once), busy again.
+async fn registered_waiter(b: &RedisBackend, w: &Request<'_>) -> Busy {
+    let bz = busy(b.acquire(w).await.unwrap());
+    b.wait(w, &bz, Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    busy(b.acquire(w).await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_hands_the_mutex_to_its_first_waiter_only() {
+    let (a, b, c) = (backend().await, backend().await, backend().await);
+    let n = uniq("handoff-order");
+    let base = a.base_key(&n);
+    let (ma, mb, mc) = (meta("a"), meta("b"), meta("c"));
+    let h = rq(&n, "holder", &ma);
+    let t0 = token(a.acquire(&h).await.unwrap());
+    let wb = Request {
+        waiting: true,
+        ..rq(&n, "first", &mb)
+    };
+    let wc = Request {
+        waiting: true,
+        ..rq(&n, "second", &mc)
+    };
+    let bzb = registered_waiter(&b, &wb).await;
+    let bzc = registered_waiter(&c, &wc).await;
+    // Nobody else is woken: the broadcast channel stays quiet.
+    let client = ::redis::Client::open(url()).unwrap();
+    let mut ps = client.get_async_pubsub().await.unwrap();
+    ps.subscribe(format!("{base}:released")).await.unwrap();
+    assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
+    let mut r = raw().await;
+    let holder: String = r.get(&base).await.unwrap();
+    assert_eq!(holder, "first", "handed to the first registered waiter");
+    b.wait(&wb, &bzb, Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    let g = grant(b.acquire(&wb).await.unwrap());
+    let t1 = g.token.unwrap();
+    assert!(t1 > t0, "{t1} > {t0}");
+    // Taken from the message, without a round trip: the lease counts from the busy attempt.
+    assert!(g.valid_for < LONG, "{:?}", g.valid_for);
+    // The second waiter is still waiting; its wait ends with the next hand-off.
+    let c_waits = c.wait(&wc, &bzc, Instant::now() + Duration::from_secs(5));
+    let b_releases = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        b.release(&hr(&wb)).await.unwrap()
+    };
+    let (waited, released) = tokio::join!(c_waits, b_releases);
+    waited.unwrap();
+    assert_eq!(released, Released::HandedOff);
+    let t2 = token(c.acquire(&wc).await.unwrap());
+    assert!(t2 > t1);
+    let quiet = tokio::time::timeout(Duration::from_millis(300), ps.on_message().next()).await;
+    assert!(quiet.is_err(), "a hand-off woke everybody: {quiet:?}");
+    // Nobody waits any more: a plain release (announced), and the waiter set is gone.
+    assert_eq!(c.release(&hr(&wc)).await.unwrap(), Released::Released);
+    let w: bool = r.exists(format!("{base}:w")).await.unwrap();
+    assert!(!w, "the waiter set outlived its waiters");
+    let announced = tokio::time::timeout(Duration::from_secs(2), ps.on_message().next()).await;
+    assert!(matches!(announced, Ok(Some(_))), "{announced:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiter_whose_client_is_gone_is_skipped() {
+    let (a, b) = (backend().await, backend().await);
+    let n = uniq("handoff-gone");
+    let base = a.base_key(&n);
+    let (ma, mb) = (meta("a"), meta("b"));
+    let mut r = raw().await;
+    // Only a record whose client listens nowhere: the release frees the lock.
+    let ghost = "ghost\n30000\nnobody-listens\nclient\nhost\n1\n0";
+    let h = rq(&n, "holder", &ma);
+    token(a.acquire(&h).await.unwrap());
+    let _: () = r.zadd(format!("{base}:w"), ghost, 0).await.unwrap();
+    assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::Released);
+    let free: bool = r.exists(&base).await.unwrap();
+    assert!(!free, "handed to a client that is gone");
+    // A ghost ahead of a live waiter: the live one gets it.
+    token(a.acquire(&h).await.unwrap());
+    let w = Request {
+        waiting: true,
+        ..rq(&n, "live", &mb)
+    };
+    registered_waiter(&b, &w).await;
+    let _: () = r.zadd(format!("{base}:w"), ghost, -1).await.unwrap();
+    assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
+    let holder: String = r.get(&base).await.unwrap();
+    assert_eq!(holder, "live");
+    b.release(&hr(&w)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiter_that_gives_up_after_the_hand_off_passes_it_on() {
+    let (a, b, c) = (backend().await, backend().await, backend().await);
+    let n = uniq("handoff-cancel");
+    let base = a.base_key(&n);
+    let (ma, mb, mc) = (meta("a"), meta("b"), meta("c"));
+    let h = rq(&n, "holder", &ma);
+    token(a.acquire(&h).await.unwrap());
+    let wb = Request {
+        waiting: true,
+        ..rq(&n, "quitter", &mb)
+    };
+    let wc = Request {
+        waiting: true,
+        ..rq(&n, "stayer", &mc)
+    };
+    registered_waiter(&b, &wb).await;
+    registered_waiter(&c, &wc).await;
+    assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
+    let mut r = raw().await;
+    let holder: String = r.get(&base).await.unwrap();
+    assert_eq!(holder, "quitter");
+    // It gives up instead of taking it: the lock goes on to the next waiter.
+    b.cancel(&wb).await.unwrap();
+    let holder: String = r.get(&base).await.unwrap();
+    assert_eq!(holder, "stayer");
+    token(c.acquire(&wc).await.unwrap());
+    assert_eq!(c.release(&hr(&wc)).await.unwrap(), Released::Released);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wait_dropped_while_the_pubsub_connection_opens_does_not_delay_the_next() {
+    let a = backend().await;
+    // b talks to Redis through a proxy that can stop forwarding: its pub/sub connection then
+    // hangs while it opens.
+    let server = url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let proxy = Blackhole::to(&server).await;
+    let b = RedisBackend::connect(&format!("redis://{}/", proxy.addr))
+        .await
+        .unwrap();
+    let n = uniq("dropped-open");
+    let (ma, mb) = (meta("a"), meta("b"));
+    let h = rq(&n, "holder", &ma);
+    token(a.acquire(&h).await.unwrap());
+    let w = Request {
+        waiting: true,
+        ..rq(&n, "waiter", &mb)
+    };
+    let bz = busy(b.acquire(&w).await.unwrap());
+    // The first wait opens b's pub/sub connection, which hangs; its caller gives up (as a
+    // waiter woken by a release in its own process does).
+    proxy.cut.store(true, Ordering::SeqCst);
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(200),
+        b.wait(&w, &bz, Instant::now() + Duration::from_secs(5)),
+    )
+    .await;
+    assert!(
+        dropped.is_err(),
+        "the wait was meant to be dropped half-way"
+    );
+    proxy.cut.store(false, Ordering::SeqCst);
+    // The next wait opens the connection at once instead of polling for a second.
+    let t = Instant::now();
+    b.wait(&w, &bz, Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(400) && b.is_subscribed(n.as_str()),
+        "took {:?}, subscribed: {}",
+        t.elapsed(),
+        b.is_subscribed(n.as_str())
+    );
+    b.cancel(&w).await.unwrap();
+    a.release(&hr(&h)).await.unwrap();
 }

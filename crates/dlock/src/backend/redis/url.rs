@@ -56,6 +56,10 @@ pub(crate) struct RedisTarget {
     pub replicas: u32,
     /// How long `WAIT` waits for them (`replicas_timeout`, default 500 ms, less than `timeout`).
     pub replicas_timeout: std::time::Duration,
+    /// A released mutex is handed to its first registered waiter (see the module docs). Off for
+    /// Redlock's servers (a grant there is one vote of several) and with `replicas=N` (a
+    /// hand-off is written by the release, which no `WAIT` confirms).
+    pub handoffs: bool,
 }
 
 /// The default key prefix of the Redis store.
@@ -117,6 +121,7 @@ impl RedisTarget {
             timeout: REDIS_DEFAULT_TIMEOUT,
             replicas: 0,
             replicas_timeout: REDIS_DEFAULT_REPLICAS_TIMEOUT,
+            handoffs: true,
         })
     }
 

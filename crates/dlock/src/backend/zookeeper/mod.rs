@@ -899,6 +899,7 @@ impl Backend for ZooKeeperBackend {
             validity: Validity::Session,
             queues_waiters: true,
             values: true,
+            hands_off: false,
         }
     }
 
