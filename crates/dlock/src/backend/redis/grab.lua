@@ -1,7 +1,7 @@
 -- grab: a mutex request that takes no queue place, in as few commands as the common cases
 -- need: a free name is granted (SET NX, the fence, the metadata); a name another owner holds
 -- answers busy with its time left, and a waiting request registers in the name's waiter set
--- `w` so that the holder's release hands the lock to it (hand_off in common.lua). Everything
+-- `w` so that the holder's release hands the lock to it (hand_off in handoff.lua). Everything
 -- else (a fair queue, a regrant, another kind, a revoked hold, a server without SET NX GET)
 -- takes the full rule of acquire.lua.
 -- KEYS: 1 base, 2 fence, 3 meta, 4 q, 5 w

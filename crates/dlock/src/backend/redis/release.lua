@@ -1,5 +1,5 @@
 -- release: compare-and-delete on the owner token; a released mutex is handed to its first
--- registered waiter (hand_off in common.lua), who alone is told; any other release is
+-- registered waiter (hand_off in handoff.lua), who alone is told; any other release is
 -- announced on the channel (it reaches only the clients that subscribed it: waiters and
 -- observers of the name).
 -- KEYS: 1 base, 2 exp, 3 meta, 4 fence, 5 w, 6 q

@@ -1,4 +1,5 @@
-//! The Lua scripts (one per operation, each with the shared helpers of `common.lua` prepended),
+//! The Lua scripts (one per operation, each with the shared helpers it uses prepended: `common.lua`,
+//! `holds.lua`, `handoff.lua`),
 //! their calls (`EVALSHA`, loaded again after `NOSCRIPT`) and the decoding of their answers.
 
 use super::Shared;
@@ -7,6 +8,8 @@ use ::redis::{Cmd, ErrorKind, Script, Value};
 use std::fmt;
 
 const COMMON: &str = include_str!("common.lua");
+const HOLDS: &str = include_str!("holds.lua");
+const HANDOFF: &str = include_str!("handoff.lua");
 
 /// A script and its code (for `SCRIPT LOAD` at connect).
 pub(super) struct Lua {
@@ -46,8 +49,10 @@ impl Scripts {
     /// The scripts; `sharded` (a cluster): release messages go out with `SPUBLISH`, to the
     /// subscribers of the lock's own shard, instead of `PUBLISH` (broadcast to every node).
     pub(super) fn new(sharded: bool) -> Scripts {
-        let with = |body: &str| {
-            let code = format!("{COMMON}\n{body}");
+        // Each script gets the helpers it uses only: a helper defined in a script costs every
+        // call of it (the chunk runs whole each time).
+        let with = |parts: &[&str], body: &str| {
+            let code = format!("{}\n{body}", parts.join("\n"));
             Lua::new(if sharded {
                 code.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
             } else {
@@ -55,14 +60,14 @@ impl Scripts {
             })
         };
         Scripts {
-            grab: with(include_str!("grab.lua")),
-            acquire: with(include_str!("acquire.lua")),
-            release: with(include_str!("release.lua")),
-            extend: with(include_str!("extend.lua")),
-            cancel: with(include_str!("cancel.lua")),
-            force_release: with(include_str!("force_release.lua")),
-            describe: with(include_str!("describe.lua")),
-            set_value: with(include_str!("set_value.lua")),
+            grab: with(&[COMMON], include_str!("grab.lua")),
+            acquire: with(&[COMMON, HOLDS], include_str!("acquire.lua")),
+            release: with(&[COMMON, HOLDS, HANDOFF], include_str!("release.lua")),
+            extend: with(&[COMMON, HOLDS], include_str!("extend.lua")),
+            cancel: with(&[COMMON, HOLDS, HANDOFF], include_str!("cancel.lua")),
+            force_release: with(&[COMMON, HOLDS], include_str!("force_release.lua")),
+            describe: with(&[COMMON], include_str!("describe.lua")),
+            set_value: with(&[COMMON], include_str!("set_value.lua")),
         }
     }
 
