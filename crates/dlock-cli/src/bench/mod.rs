@@ -458,7 +458,7 @@ async fn bench_target(
                     ping_rtt_us: ping,
                     p50_in_ping_rtt: ping.map(|p| c.handoff_cross.p50_us / p.max(1e-9)),
                     p99_in_rtt: c.handoff_cross.p99_us / rtt.max(1e-9),
-                    target_met: (applies && c.handoff_cross.n > 0).then_some(p50 <= 3.0),
+                    target_met: (applies && c.handoff_cross.n > 0).then_some(p50 <= 2.0),
                     run: c,
                 });
             }

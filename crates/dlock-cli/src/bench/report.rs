@@ -207,7 +207,7 @@ pub fn markdown(r: &Report) -> String {
 
     s.push_str("## Targets\n\n");
     s.push_str(
-        "| store | U1 p50: dlock / raw floor (≤ 1.2×) | C1 8 waiters, 1 ms hold: % of ideal (≥ 80 %) | C1 64 waiters, 1 ms hold | H1 hand-off p50 in raw round trips (≤ 3 on Redis, PostgreSQL) | F1 fair: max/mean wait, Jain | S1: most names held at once (lost in the window), connections constant |\n|---|---|---|---|---|---|---|\n",
+        "| store | U1 p50: dlock / raw floor (≤ 1.2×) | C1 8 waiters, 1 ms hold: % of ideal (≥ 95 %, with Jain ≥ 0.98 and wait max ≤ 10 × p50) | C1 64 waiters, 1 ms hold | H1 hand-off p50 in raw round trips (≤ 2 on Redis, PostgreSQL) | F1 fair: max/mean wait (≤ 2), Jain | S1: most names held at once (100 000, none lost), connections constant |\n|---|---|---|---|---|---|---|\n",
     );
     for t in &r.targets {
         let u1 = t.u1.iter().find(|u| u.lib == Lib::Dlock);
@@ -226,10 +226,12 @@ pub fn markdown(r: &Report) -> String {
             c1_of(t, Lib::Dlock, w, 1)
                 .map(|c| {
                     format!(
-                        "{:.0}/s of {} = {} {}",
+                        "{:.0}/s of {} = {}, Jain {:.3}, max {:.1} × p50 {}",
                         c.acq_per_s,
                         opt(c.ideal_acq_per_s, |v| format!("{v:.0}/s")),
                         opt(c.pct_of_ideal, |v| format!("{v:.0} %")),
+                        c.jain_acquisitions,
+                        c.wait.max_us / c.wait.p50_us.max(1e-9),
                         met(c.target_met)
                     )
                 })
@@ -285,6 +287,8 @@ pub fn markdown(r: &Report) -> String {
          only hand-offs to a waiter in another process (the store's wake-up), from the moment \
          the holder starts releasing to the waiter's grant.\n\n",
     );
+
+    s.push_str(&per_store(r));
 
     if r.targets.iter().any(|t| !t.vs_best_peer.is_empty()) {
         s.push_str("## dlock against the best peer\n\n");
@@ -554,6 +558,245 @@ pub fn markdown(r: &Report) -> String {
         s.push_str(&errs.join("\n"));
         s.push('\n');
     }
+    s
+}
+
+/// One row of a store's side-by-side table: the figure, dlock's value, the raw floor's (or the
+/// ideal), each peer's, and dlock against the best peer.
+struct Row {
+    figure: String,
+    dlock: String,
+    floor: String,
+    peers: Vec<(Lib, String)>,
+    vs_best: String,
+}
+
+/// "## Per store": for every store one table with dlock, the raw floor and every peer side by
+/// side, figure by figure, and dlock against the best peer where a peer ran.
+fn per_store(r: &Report) -> String {
+    let mut s = String::from(
+        "## Per store: dlock, the raw floor and the peers side by side\n\n\
+         The raw floor is the same client library doing the same round trips without lock logic \
+         (for C1 the ideal throughput it implies); \"dlock / best peer\" divides dlock's value by \
+         the best peer's (below 1 is better for times and commands, above 1 for rates and Jain). \
+         Figures without a peer row were run for dlock only.\n",
+    );
+    for t in &r.targets {
+        let mut peers: Vec<Lib> = Vec::new();
+        let libs =
+            t.u1.iter()
+                .map(|u| u.lib)
+                .chain(t.c1.iter().map(|c| c.lib))
+                .chain(t.h1.iter().map(|h| h.lib));
+        for l in libs {
+            if l != Lib::Dlock && !peers.contains(&l) {
+                peers.push(l);
+            }
+        }
+        let vs = |figure: &str| {
+            t.vs_best_peer
+                .iter()
+                .find(|v| v.figure == figure)
+                .map(|v| format!("{:.2} ({})", v.ratio, v.best_peer.name()))
+                .unwrap_or_else(|| "—".into())
+        };
+        let mut rows = Vec::new();
+        let peer_vals = |f: &dyn Fn(Lib) -> Option<String>| -> Vec<(Lib, String)> {
+            peers
+                .iter()
+                .map(|l| (*l, f(*l).unwrap_or_else(|| "—".into())))
+                .collect()
+        };
+        let u1 = |l: Lib| t.u1.iter().find(|u| u.lib == l && u.lat.n > 0);
+        if let Some(d) = u1(Lib::Dlock) {
+            let p50: fn(&Lat) -> f64 = |l| l.p50_us;
+            let p99: fn(&Lat) -> f64 = |l| l.p99_us;
+            for (what, f) in [("p50", p50), ("p99", p99)] {
+                rows.push(Row {
+                    figure: format!("U1 acquire + release {what}"),
+                    dlock: format!(
+                        "{} ({:.2}× floor)",
+                        fmt_us(f(&d.lat)),
+                        f(&d.lat) / f(&d.floor).max(1e-9)
+                    ),
+                    floor: fmt_us(f(&d.floor)),
+                    peers: peer_vals(&|l| u1(l).map(|u| fmt_us(f(&u.lat)))),
+                    vs_best: vs(&format!("U1 {what}")),
+                });
+            }
+        }
+        let mut configs: Vec<(u32, u64)> =
+            t.c1.iter()
+                .filter(|c| c.lib == Lib::Dlock && !c.fair)
+                .map(|c| (c.waiters, c.hold_ms))
+                .collect();
+        configs.sort_by_key(|(w, h)| (std::cmp::Reverse(*h), *w));
+        configs.dedup();
+        for (w, h) in configs {
+            let c = |l: Lib| {
+                t.c1.iter()
+                    .find(|c| c.lib == l && c.waiters == w && c.hold_ms == h && !c.fair)
+            };
+            let Some(d) = c(Lib::Dlock) else { continue };
+            let head = format!("C1 {w} waiters, {h} ms hold");
+            rows.push(Row {
+                figure: format!("{head}: acq/s"),
+                dlock: format!(
+                    "{:.0}{}",
+                    d.acq_per_s,
+                    d.pct_of_ideal
+                        .map(|p| format!(" ({p:.0} % of ideal)"))
+                        .unwrap_or_default()
+                ),
+                floor: d
+                    .ideal_acq_per_s
+                    .map(|v| format!("{v:.0} (ideal)"))
+                    .unwrap_or_default(),
+                peers: peer_vals(&|l| c(l).map(|x| format!("{:.0}", x.acq_per_s))),
+                vs_best: vs(&format!("{head}: acq/s")),
+            });
+            let waits = |x: &Contended| {
+                format!(
+                    "{} / {} ({:.0}×)",
+                    fmt_us(x.wait.p50_us),
+                    fmt_us(x.wait.max_us),
+                    x.wait.max_us / x.wait.p50_us.max(1e-9)
+                )
+            };
+            rows.push(Row {
+                figure: format!("{head}: wait p50 / max"),
+                dlock: waits(d),
+                floor: String::new(),
+                peers: peer_vals(&|l| c(l).map(waits)),
+                vs_best: vs(&format!("{head}: wait max")),
+            });
+            rows.push(Row {
+                figure: format!("{head}: Jain"),
+                dlock: format!("{:.3}", d.jain_acquisitions),
+                floor: String::new(),
+                peers: peer_vals(&|l| c(l).map(|x| format!("{:.3}", x.jain_acquisitions))),
+                vs_best: vs(&format!("{head}: Jain")),
+            });
+            if d.store_cmds_per_acq.is_some() {
+                rows.push(Row {
+                    figure: format!("{head}: store commands / acq"),
+                    dlock: opt(d.store_cmds_per_acq, |v| format!("{v:.1}")),
+                    floor: String::new(),
+                    peers: peer_vals(&|l| {
+                        c(l).and_then(|x| x.store_cmds_per_acq)
+                            .map(|v| format!("{v:.1}"))
+                    }),
+                    vs_best: vs(&format!("{head}: store cmds / acq")),
+                });
+            }
+        }
+        let h1 = |l: Lib| {
+            t.h1.iter()
+                .find(|h| h.lib == l && h.run.handoff_cross.n > 0)
+        };
+        if let Some(d) = h1(Lib::Dlock) {
+            rows.push(Row {
+                figure: "H1 hand-off p50 (raw round trips)".into(),
+                dlock: format!(
+                    "{} ({:.1})",
+                    fmt_us(d.run.handoff_cross.p50_us),
+                    d.p50_in_rtt
+                ),
+                floor: format!("RTT {}", fmt_us(d.rtt_us)),
+                peers: peer_vals(&|l| {
+                    h1(l).map(|h| {
+                        format!(
+                            "{} ({:.1})",
+                            fmt_us(h.run.handoff_cross.p50_us),
+                            h.p50_in_rtt
+                        )
+                    })
+                }),
+                vs_best: vs("H1 hand-off p50"),
+            });
+        }
+        let only = |figure: &str, dlock: String| Row {
+            figure: figure.into(),
+            dlock,
+            floor: String::new(),
+            peers: peer_vals(&|_| None),
+            vs_best: "—".into(),
+        };
+        if let Some(f) = &t.f1 {
+            rows.push(only(
+                "F1 fair: max / mean wait, Jain",
+                format!(
+                    "{:.1}, {:.3}",
+                    f.run.max_over_mean_wait, f.run.jain_acquisitions
+                ),
+            ));
+        }
+        if let Some(x) = &t.s1 {
+            if let Some(top) = x.levels.iter().max_by_key(|l| l.held) {
+                rows.push(only(
+                    "S1 most names held at once",
+                    format!(
+                        "{} of {} in {:.1} s, {} lost, connections {}",
+                        top.held,
+                        top.names,
+                        top.acquire_s,
+                        top.lost,
+                        if x.conns_constant {
+                            "constant"
+                        } else {
+                            "**not constant**"
+                        }
+                    ),
+                ));
+            }
+        }
+        if let Some(e) = &t.e1 {
+            rows.push(only(
+                "E1 fail-over p50 / max",
+                format!(
+                    "{:.0} / {:.0} ms (term {} ms)",
+                    e.p50_ms, e.max_ms, e.term_ms
+                ),
+            ));
+        }
+        if let Some(x) = &t.t1 {
+            rows.push(only(
+                "T1 striped(64) / one name",
+                format!(
+                    "{:.2}× ({:.0} / {:.0} acq/s)",
+                    x.ratio, x.striped.acq_per_s, x.one_name.acq_per_s
+                ),
+            ));
+        }
+        if rows.is_empty() {
+            continue;
+        }
+        let _ = write!(
+            s,
+            "\n### {}{}\n\n| figure | dlock | raw floor |",
+            t.label,
+            t.server
+                .as_deref()
+                .map(|v| format!(" ({v})"))
+                .unwrap_or_default()
+        );
+        for p in &peers {
+            let _ = write!(s, " {} |", p.name());
+        }
+        s.push_str(" dlock / best peer |\n|---|---|---|");
+        for _ in &peers {
+            s.push_str("---|");
+        }
+        s.push_str("---|\n");
+        for row in rows {
+            let _ = write!(s, "| {} | {} | {} |", row.figure, row.dlock, row.floor);
+            for (_, v) in &row.peers {
+                let _ = write!(s, " {v} |");
+            }
+            let _ = writeln!(s, " {} |", row.vs_best);
+        }
+    }
+    s.push('\n');
     s
 }
 
