@@ -1,11 +1,12 @@
-//! The one-round-trip grant of lease mode: a stored routine, `<table>_grant_v1`, that answers
-//! the two common cases of an exclusive `acquire` that takes no queue place inside the server — a
-//! name with no rows at all (grant) and live holds of other owners (refuse) — and says "take the
-//! full path" for everything else. The backend calls it for no other requests (`p_busy_ok` stays
-//! in the signature: the routine may refuse), nor for a hold that carries a value
-//! ([`crate::backend::HolderMeta::value`], an election's): the full path writes the value, and
-//! the routine's bind list stays as it is. The full path (a transaction around `decide`) stays
-//! the specification; the routine only ever answers what `decide` would answer.
+//! The server-side routines of lease mode, created by the migration when missing.
+//!
+//! **The grant routine** (`<table>_grant_v2` on PostgreSQL, `<table>_grant_v1` on
+//! MySQL/MariaDB) answers the two common cases of an exclusive `acquire` that takes no queue
+//! place inside the server in one round trip — a name with no rows at all (grant) and live holds
+//! of other owners (refuse) — and says "take the full path" for everything else. The backend
+//! calls it for no other requests (`p_busy_ok` stays in the signature: the routine may refuse).
+//! The full path (a transaction around `decide`) stays the specification; the routine only ever
+//! answers what `decide` would answer.
 //!
 //! - Both are procedures called with `CALL` on an autocommitted connection that end their own
 //!   transaction: `COMMIT` after a grant, `ROLLBACK` when the look under the lock finds the race
@@ -17,17 +18,53 @@
 //!
 //! On PostgreSQL the routine first looks at the holds and queue without any lock: a refusal or a
 //! "full path" answer costs no write, and only a name that looked empty takes the fence row
-//! lock, looks again, and grants. On MySQL/MariaDB, where each statement of a procedure costs
-//! more and a lost race rolls back for free, it takes the lock and looks once. The routine is created by the migration (under the migration lock) when it is missing;
-//! when it cannot be created (no privilege) or is dropped later, the backend logs it once and uses
-//! the full path only.
+//! lock, looks again, and grants. A refused waiting mutex request registers in
+//! `<table>_waiters` (see [`waiters_sql`]) for a hand-off. On MySQL/MariaDB, where each
+//! statement of a procedure costs more and a lost race rolls back for free, it takes the lock
+//! and looks once.
+//!
+//! **The release function** (PostgreSQL only, `<table>_release_v1`): deletes the owner's hold
+//! and, when a registered mutex waiter of a live client is waiting and nothing else stands in
+//! the way (no fair queue, no other live hold), grants that waiter the lock in the same
+//! transaction (a new fence token, its lease and metadata from its registration) and tells its
+//! client alone (`NOTIFY` on the client's hand-off channel, payload `"token owner name"`);
+//! otherwise it sends the name's `NOTIFY` only when somebody waits (a registration or a queue
+//! place). A client is live while its listener connection holds the session advisory lock
+//! `(lk1, lk2)` its registrations name: the server frees it when the connection ends.
+//!
+//! Every routine sets `enable_bitmapscan = off` for its transaction: a bitmap scan never marks
+//! index entries of dead rows, so on a table that autovacuum does not clean (it is off, or has
+//! not come round yet) every look of a hot name would read every hold that name ever had; a
+//! plain index scan marks them and the index deletes them (docs/BENCHMARKS.md, issue 20).
+//!
+//! The routines are created by the migration (under the migration lock) when missing; when they
+//! cannot be created (no privilege) or are dropped later, the backend logs it once and uses the
+//! full path only, and releases wake every waiter as before.
 
 use super::config::Dialect;
 
-/// The routine's name for table `t` (versioned: a changed routine gets a new name, so clients of
-/// different dlock versions can share a table).
-pub fn routine(t: &str) -> String {
-    format!("{t}_grant_v1")
+/// The grant routine's name for table `t` (versioned: a changed routine gets a new name, so
+/// clients of different dlock versions can share a table).
+pub fn routine(d: Dialect, t: &str) -> String {
+    match d {
+        Dialect::Postgres => format!("{t}_grant_v2"),
+        Dialect::MySql => format!("{t}_grant_v1"),
+    }
+}
+
+/// The release function's name (PostgreSQL).
+pub fn release_routine(t: &str) -> String {
+    format!("{t}_release_v1")
+}
+
+/// The table of waiters registered for hand-offs and wake-ups (PostgreSQL).
+pub fn waiters(t: &str) -> String {
+    format!("{t}_waiters")
+}
+
+/// The hand-off channel of a client whose listener holds advisory lock `(lk1, lk2)`.
+pub(super) fn handoff_channel(t: &str, lk1: i32, lk2: i32) -> String {
+    format!("{t}_h{:08x}{:08x}", lk1 as u32, lk2 as u32)
 }
 
 /// `answer` of the routine: take the full path.
@@ -37,14 +74,24 @@ pub(super) const GRANTED: i64 = 1;
 /// `answer` of the routine: refused; the shortest live lease in the way ends in `wait_ms`.
 pub(super) const BUSY: i64 = 2;
 
-/// The statement that says whether the routine exists (one row, one BIGINT: 0 or 1).
+/// The release function's answers.
+pub(super) const NOT_HELD: i64 = 0;
+/// Released; the waiters were woken if any.
+pub(super) const RELEASED: i64 = 1;
+/// Released and handed to a registered waiter.
+pub(super) const HANDED_OFF: i64 = 2;
+
+/// The statement that says whether the routines exist (one row, one BIGINT: how many of them).
 pub(super) fn exists_sql(d: Dialect, t: &str) -> String {
-    let r = routine(t);
+    let r = routine(d, t);
     match d {
         Dialect::Postgres => format!(
             "SELECT CAST(count(*) AS BIGINT) FROM pg_proc p \
              JOIN pg_namespace n ON n.oid = p.pronamespace \
-             WHERE p.proname = '{r}' AND p.prokind = 'p' AND n.nspname = current_schema()"
+             WHERE n.nspname = current_schema() AND \
+             ((p.proname = '{r}' AND p.prokind = 'p') OR \
+              (p.proname = '{rel}' AND p.prokind = 'f'))",
+            rel = release_routine(t)
         ),
         Dialect::MySql => format!(
             "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.ROUTINES \
@@ -54,183 +101,383 @@ pub(super) fn exists_sql(d: Dialect, t: &str) -> String {
     }
 }
 
-/// The call: binds `name, owner, kind, permits, mode, lease_ms, client_id, host, pid, busy_ok`;
-/// answers one row `(answer, token, wait_ms)`, all BIGINT.
-pub(super) fn call_sql(d: Dialect, t: &str) -> String {
-    let r = routine(t);
+/// How many routines [`exists_sql`] counts when all are there.
+pub(super) fn routine_count(d: Dialect) -> i64 {
     match d {
-        Dialect::Postgres => {
-            format!("CALL {r}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, NULL, NULL)")
-        }
+        Dialect::Postgres => 2,
+        Dialect::MySql => 1,
+    }
+}
+
+/// The call. PostgreSQL binds `name, owner, kind, permits, mode, lease_ms, client_id, host,
+/// pid, value, busy_ok, register, registered, channel, lk1, lk2` and answers one row `(answer,
+/// token, wait_ms, seen)`; MySQL binds `name, owner, kind, permits, mode, lease_ms, client_id,
+/// host, pid, busy_ok` and answers `(answer, token, wait_ms)`. All BIGINT.
+pub(super) fn call_sql(d: Dialect, t: &str) -> String {
+    let r = routine(d, t);
+    match d {
+        Dialect::Postgres => format!(
+            "CALL {r}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+             NULL, NULL, NULL, NULL)"
+        ),
         Dialect::MySql => format!("CALL {r}(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
     }
 }
 
-/// `DROP PROCEDURE` of the routine, if it exists.
+/// The release call (PostgreSQL): binds `name, owner, leaving` (a waiter that gives up: its
+/// registration goes first, and a lock handed to it meanwhile is passed on).
+pub(super) fn release_sql(t: &str) -> String {
+    format!("SELECT {}($1, $2, $3)", release_routine(t))
+}
+
+/// Removes the routines and the waiters' table, if they exist: one statement (PostgreSQL: every
+/// version of the grant routine this dlock ever made, the release function, `<table>_waiters`).
 pub fn drop_sql(d: Dialect, t: &str) -> String {
-    let r = routine(t);
     match d {
-        Dialect::Postgres => format!("DROP PROCEDURE IF EXISTS {r}"),
-        Dialect::MySql => format!("DROP PROCEDURE IF EXISTS {r}"),
+        Dialect::Postgres => format!(
+            "DO $dlock$ BEGIN \
+             DROP ROUTINE IF EXISTS {t}_grant_v1, {t}_grant_v2, {rel}; \
+             DROP TABLE IF EXISTS {w}; \
+             END $dlock$",
+            rel = release_routine(t),
+            w = waiters(t)
+        ),
+        Dialect::MySql => format!("DROP PROCEDURE IF EXISTS {}", routine(d, t)),
     }
 }
 
-/// `CREATE PROCEDURE` of the routine. Both run with the caller's
-/// privileges (`SECURITY INVOKER`). `now` is the dialect's millisecond
-/// clock expression; `collation` the MySQL key collation (unused on PostgreSQL).
-pub(super) fn create_sql(d: Dialect, t: &str, now: &str, collation: &str) -> String {
-    let r = routine(t);
+/// The waiters' table (PostgreSQL), `UNLOGGED`: a registration is written without a WAL
+/// record, so a refused attempt that registers commits without a disk flush; after a crash
+/// the table is empty, as every waiter's connection is gone.
+///
+/// `handoff`: a mutex waiter the release may hand the lock to (else it is only woken: readers,
+/// permits, an election's observers); `channel`, `lk1`, `lk2`: its client's hand-off channel
+/// and the advisory lock that client's listener holds; `lease_ms` and the metadata: the hold a
+/// hand-off writes; `arrived`: the order of hand-offs (microseconds on the database clock).
+pub(super) fn waiters_sql(t: &str) -> String {
+    let w = waiters(t);
+    format!(
+        "CREATE UNLOGGED TABLE IF NOT EXISTS {w} (
+            name TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            handoff BOOLEAN NOT NULL,
+            channel TEXT NOT NULL,
+            lk1 INTEGER NOT NULL,
+            lk2 INTEGER NOT NULL,
+            lease_ms BIGINT NOT NULL,
+            client_id TEXT NOT NULL,
+            host TEXT NOT NULL,
+            pid BIGINT NOT NULL,
+            value TEXT,
+            arrived BIGINT NOT NULL,
+            CONSTRAINT {w}_name_owner PRIMARY KEY (name, owner))"
+    )
+}
+
+/// A registration, inserted or brought up to date (an arrival keeps its place). Binds `name,
+/// owner, handoff, channel, lk1, lk2, lease_ms, client_id, host, pid, value` (`$1`…`$11`), as
+/// the grant routine's parameters do.
+pub(super) fn register_sql(t: &str, args: [&str; 11]) -> String {
+    let w = waiters(t);
+    let [name, owner, handoff, channel, lk1, lk2, lease, client, host, pid, value] = args;
+    format!(
+        "INSERT INTO {w} AS w (name, owner, handoff, channel, lk1, lk2, lease_ms, client_id, host,
+                               pid, value, arrived)
+             VALUES ({name}, {owner}, {handoff}, {channel}, {lk1}, {lk2}, {lease}, {client},
+                     {host}, {pid}, {value},
+                     floor(extract(epoch from clock_timestamp()) * 1000000)::bigint)
+             ON CONFLICT (name, owner) DO UPDATE
+                 SET handoff = excluded.handoff, channel = excluded.channel, lk1 = excluded.lk1,
+                     lk2 = excluded.lk2
+                 WHERE (w.handoff, w.channel, w.lk1, w.lk2)
+                     IS DISTINCT FROM (excluded.handoff, excluded.channel, excluded.lk1,
+                                       excluded.lk2)"
+    )
+}
+
+/// `CREATE` statements of the routines (and on PostgreSQL the waiters' table first). Both run
+/// with the caller's privileges (`SECURITY INVOKER`). `now` is the dialect's millisecond clock
+/// expression; `collation` the MySQL key collation (unused on PostgreSQL).
+pub(super) fn create_sql(d: Dialect, t: &str, now: &str, collation: &str) -> Vec<String> {
     match d {
-        Dialect::Postgres => {
-            // What the name's hold rows say at v_now: live count, whether a live one is the
-            // requester's or of another kind (then `decide` must judge), the earliest live
-            // expiry, and the expired count.
-            let look = format!(
-                "SELECT count(*) FILTER (WHERE expires_at_ms > v_now),
-                        coalesce(bool_or(expires_at_ms > v_now AND (owner = p_owner
-                            OR kind <> p_kind OR permits <> p_permits)), false),
-                        min(expires_at_ms) FILTER (WHERE expires_at_ms > v_now),
-                        count(*) FILTER (WHERE expires_at_ms <= v_now),
-                        EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name)
-                   INTO v_live, v_odd, v_min, v_dead, v_queued
-                   FROM {t} WHERE name = p_name;"
-            );
-            format!(
-                "CREATE PROCEDURE {r}(
-                    p_name TEXT, p_owner TEXT, p_kind TEXT, p_permits BIGINT, p_mode TEXT,
-                    p_lease BIGINT, p_client TEXT, p_host TEXT, p_pid BIGINT, p_busy_ok BOOLEAN,
-                    INOUT answer BIGINT, INOUT token BIGINT, INOUT wait_ms BIGINT)
-                LANGUAGE plpgsql SECURITY INVOKER AS $dlock$
-                DECLARE
-                    v_now BIGINT := {now};
-                    v_live BIGINT;
-                    v_odd BOOLEAN;
-                    v_min BIGINT;
-                    v_dead BIGINT;
-                    v_queued BOOLEAN;
-                BEGIN
-                    answer := {FULL}; token := 0; wait_ms := 0;
-                    {look}
-                    IF v_live > 0 THEN
-                        IF p_busy_ok AND NOT v_odd THEN
-                            answer := {BUSY}; wait_ms := v_min - v_now;
-                        END IF;
-                        RETURN;
-                    END IF;
-                    IF v_dead > 0 OR v_queued THEN
-                        RETURN;
-                    END IF;
-                    -- Lock the name (every grant passes through this row lock) and take the next
-                    -- fence; an exhausted counter is left to the full path, which reports it.
-                    INSERT INTO {t}_fences AS f (name, fence) VALUES (p_name, 1)
-                        ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1
-                        WHERE f.fence < 9223372036854775807
-                        RETURNING f.fence INTO token;
-                    IF token IS NULL THEN
-                        ROLLBACK;
-                        token := 0;
-                        RETURN;
-                    END IF;
-                    v_now := {now};
-                    -- A fresh snapshot: every grant committed before the lock is visible.
-                    {look}
-                    IF v_live > 0 OR v_dead > 0 OR v_queued THEN
-                        -- Lost the race: undo without a commit (no WAL flush).
-                        ROLLBACK;
-                        token := 0;
-                        IF v_live > 0 AND p_busy_ok AND NOT v_odd THEN
-                            answer := {BUSY}; wait_ms := v_min - v_now;
-                        END IF;
-                        RETURN;
-                    END IF;
-                    INSERT INTO {t} (name, owner, kind, permits, mode, fence, expires_at_ms,
-                                     acquired_at_ms, client_id, host, pid)
-                        VALUES (p_name, p_owner, p_kind, p_permits, p_mode, token,
-                                v_now + p_lease, v_now, p_client, p_host, p_pid);
-                    COMMIT;
-                    answer := {GRANTED};
-                END
-                $dlock$"
-            )
-        }
-        Dialect::MySql => {
-            // No lock-free first look here: InnoDB's row lock on the fence row is cheap to take
-            // and a lost race rolls back for free, while every statement of a procedure costs
-            // (MariaDB: ~10-25 us each). The fence row is read FOR UPDATE first and created only
-            // when missing.
-            let c = collation;
-            let lock = format!(
-                "SELECT fence, {now} INTO v_fence, v_now
-                     FROM {t}_fences WHERE name = p_name COLLATE {c} FOR UPDATE;"
-            );
-            let answer = |a: i64, token: &str, wait: &str| {
-                format!(
-                    "SELECT CAST({a} AS SIGNED) AS answer, CAST({token} AS SIGNED) AS token, \
-                     CAST({wait} AS SIGNED) AS wait_ms;"
-                )
-            };
-            let full = answer(FULL, "0", "0");
-            let busy = answer(BUSY, "0", "v_min - v_now");
-            let granted = answer(GRANTED, "v_fence", "0");
-            format!(
-                "CREATE PROCEDURE {r}(
-                    IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
-                    IN p_owner VARCHAR(255) CHARACTER SET utf8mb4,
-                    IN p_kind VARCHAR(16) CHARACTER SET utf8mb4, IN p_permits BIGINT,
-                    IN p_mode VARCHAR(16) CHARACTER SET utf8mb4, IN p_lease BIGINT,
-                    IN p_client VARCHAR(255) CHARACTER SET utf8mb4,
-                    IN p_host VARCHAR(255) CHARACTER SET utf8mb4, IN p_pid BIGINT,
-                    IN p_busy_ok BOOLEAN)
-                MODIFIES SQL DATA
-                SQL SECURITY INVOKER
-                BEGIN
-                    DECLARE v_now, v_live, v_odd, v_min, v_dead, v_queued, v_fence BIGINT
-                        DEFAULT NULL;
-                    DECLARE EXIT HANDLER FOR SQLEXCEPTION
-                    BEGIN
-                        ROLLBACK;
-                        RESIGNAL;
-                    END;
-                    START TRANSACTION;
-                    -- Lock the name: every grant passes through this row lock.
-                    {lock}
-                    IF v_fence IS NULL THEN
-                        INSERT INTO {t}_fences (name, fence) VALUES (p_name, 0)
-                            ON DUPLICATE KEY UPDATE fence = fence;
-                        {lock}
-                    END IF;
-                    -- READ COMMITTED: a fresh read view, every grant committed before the lock
-                    -- is visible.
-                    SELECT COALESCE(SUM(expires_at_ms > v_now), 0),
-                           COALESCE(MAX(expires_at_ms > v_now AND (owner = p_owner COLLATE {c}
-                               OR CAST(kind AS BINARY) <> CAST(p_kind AS BINARY)
-                               OR permits <> p_permits)), 0),
-                           MIN(IF(expires_at_ms > v_now, expires_at_ms, NULL)),
-                           COALESCE(SUM(expires_at_ms <= v_now), 0),
-                           (SELECT COUNT(*) FROM {t}_queue WHERE name = p_name COLLATE {c})
-                      INTO v_live, v_odd, v_min, v_dead, v_queued
-                      FROM {t} WHERE name = p_name COLLATE {c};
-                    IF v_live > 0 OR v_dead > 0 OR v_queued > 0
-                       OR v_fence >= 9223372036854775807 THEN
-                        -- Refused or not ours to judge: nothing was written.
-                        ROLLBACK;
-                        IF v_live > 0 AND p_busy_ok AND v_odd = 0 THEN
-                            {busy}
-                        ELSE
-                            {full}
-                        END IF;
-                    ELSE
-                        SET v_fence = v_fence + 1;
-                        UPDATE {t}_fences SET fence = v_fence WHERE name = p_name COLLATE {c};
-                        INSERT INTO {t} (name, owner, kind, permits, mode, fence,
-                                         expires_at_ms, acquired_at_ms, client_id, host, pid)
-                            VALUES (p_name, p_owner, p_kind, p_permits, p_mode, v_fence,
-                                    v_now + p_lease, v_now, p_client, p_host, p_pid);
-                        COMMIT;
-                        {granted}
-                    END IF;
-                END"
-            )
-        }
+        Dialect::Postgres => vec![waiters_sql(t), pg_grant(t, now), pg_release(t, now)],
+        Dialect::MySql => vec![mysql_grant(t, now, collation)],
     }
+}
+
+/// Plans of the routine's statements: plain index scans (see the module docs).
+const INDEX_SCANS: &str = "PERFORM set_config('enable_bitmapscan', 'off', true);";
+
+fn pg_grant(t: &str, now: &str) -> String {
+    let r = routine(Dialect::Postgres, t);
+    // What the name's hold rows say at v_now: live count, whether a live one is the
+    // requester's or of another kind (then `decide` must judge), the earliest live expiry, the
+    // highest live token, and the expired count.
+    let look = format!(
+        "SELECT count(*) FILTER (WHERE expires_at_ms > v_now),
+                coalesce(bool_or(expires_at_ms > v_now AND (owner = p_owner
+                    OR kind <> p_kind OR permits <> p_permits)), false),
+                min(expires_at_ms) FILTER (WHERE expires_at_ms > v_now),
+                max(fence) FILTER (WHERE expires_at_ms > v_now),
+                count(*) FILTER (WHERE expires_at_ms <= v_now),
+                EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name)
+           INTO v_live, v_odd, v_min, v_top, v_dead, v_queued
+           FROM {t} WHERE name = p_name;"
+    );
+    let register = format!(
+        "IF p_register THEN
+            {};
+        END IF;",
+        register_sql(
+            t,
+            [
+                "p_name",
+                "p_owner",
+                "true",
+                "p_channel",
+                "p_lk1",
+                "p_lk2",
+                "p_lease",
+                "p_client",
+                "p_host",
+                "p_pid",
+                "p_value"
+            ]
+        )
+    );
+    format!(
+        "CREATE OR REPLACE PROCEDURE {r}(
+            p_name TEXT, p_owner TEXT, p_kind TEXT, p_permits BIGINT, p_mode TEXT,
+            p_lease BIGINT, p_client TEXT, p_host TEXT, p_pid BIGINT, p_value TEXT,
+            p_busy_ok BOOLEAN, p_register BOOLEAN, p_registered BOOLEAN, p_channel TEXT,
+            p_lk1 INTEGER, p_lk2 INTEGER,
+            INOUT answer BIGINT, INOUT token BIGINT, INOUT wait_ms BIGINT, INOUT seen BIGINT)
+        LANGUAGE plpgsql SECURITY INVOKER AS $dlock$
+        DECLARE
+            v_now BIGINT := {now};
+            v_live BIGINT;
+            v_odd BOOLEAN;
+            v_min BIGINT;
+            v_top BIGINT;
+            v_dead BIGINT;
+            v_queued BOOLEAN;
+        BEGIN
+            {INDEX_SCANS}
+            answer := {FULL}; token := 0; wait_ms := 0; seen := 0;
+            {look}
+            IF v_live > 0 THEN
+                IF p_busy_ok AND NOT v_odd THEN
+                    answer := {BUSY}; wait_ms := v_min - v_now; seen := v_top;
+                    {register}
+                END IF;
+                RETURN;
+            END IF;
+            IF v_dead > 0 OR v_queued THEN
+                RETURN;
+            END IF;
+            -- Lock the name (every grant passes through this row lock) and take the next
+            -- fence; an exhausted counter is left to the full path, which reports it.
+            INSERT INTO {t}_fences AS f (name, fence) VALUES (p_name, 1)
+                ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1
+                WHERE f.fence < 9223372036854775807
+                RETURNING f.fence INTO token;
+            IF token IS NULL THEN
+                ROLLBACK;
+                token := 0;
+                RETURN;
+            END IF;
+            v_now := {now};
+            -- A fresh snapshot: every grant committed before the lock is visible.
+            {look}
+            IF v_live > 0 OR v_dead > 0 OR v_queued THEN
+                -- Lost the race: undo without a commit (no WAL flush).
+                ROLLBACK;
+                token := 0;
+                IF v_live > 0 AND p_busy_ok AND NOT v_odd THEN
+                    answer := {BUSY}; wait_ms := v_min - v_now; seen := v_top;
+                    {register}
+                END IF;
+                RETURN;
+            END IF;
+            INSERT INTO {t} (name, owner, kind, permits, mode, fence, expires_at_ms,
+                             acquired_at_ms, client_id, host, pid, value)
+                VALUES (p_name, p_owner, p_kind, p_permits, p_mode, token,
+                        v_now + p_lease, v_now, p_client, p_host, p_pid, p_value);
+            IF p_registered THEN
+                DELETE FROM {t}_waiters WHERE name = p_name AND owner = p_owner;
+            END IF;
+            COMMIT;
+            answer := {GRANTED};
+        END
+        $dlock$"
+    )
+}
+
+fn pg_release(t: &str, now: &str) -> String {
+    let r = release_routine(t);
+    let w = waiters(t);
+    format!(
+        "CREATE OR REPLACE FUNCTION {r}(p_name TEXT, p_owner TEXT, p_leaving BOOLEAN) RETURNS BIGINT
+        LANGUAGE plpgsql SECURITY INVOKER AS $dlock$
+        DECLARE
+            v_now BIGINT;
+            v_token BIGINT;
+            v INTEGER;
+            w RECORD;
+        BEGIN
+            {INDEX_SCANS}
+            IF p_leaving THEN
+                DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM {w} WHERE name = p_name)
+               AND NOT EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name) THEN
+                -- Nobody waits: the delete alone, no wake-up.
+                DELETE FROM {t} WHERE name = p_name AND owner = p_owner AND expires_at_ms > {now};
+                GET DIAGNOSTICS v = ROW_COUNT;
+                RETURN CASE WHEN v > 0 THEN {RELEASED} ELSE {NOT_HELD} END;
+            END IF;
+            IF EXISTS (SELECT 1 FROM {w} WHERE name = p_name AND handoff)
+               AND NOT EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name) THEN
+                -- Lock the name first, as every grant does, then release and hand on.
+                INSERT INTO {t}_fences AS f (name, fence) VALUES (p_name, 1)
+                    ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1
+                    WHERE f.fence < 9223372036854775807
+                    RETURNING f.fence INTO v_token;
+                v_now := {now};
+                DELETE FROM {t} WHERE name = p_name AND owner = p_owner AND expires_at_ms > v_now;
+                GET DIAGNOSTICS v = ROW_COUNT;
+                IF v = 0 THEN
+                    RETURN {NOT_HELD};
+                END IF;
+                IF v_token IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM {t} WHERE name = p_name AND expires_at_ms > v_now)
+                THEN
+                    FOR w IN SELECT owner, channel, lk1, lk2, lease_ms, client_id, host, pid, value
+                               FROM {w} WHERE name = p_name AND handoff
+                               ORDER BY arrived, owner LOOP
+                        DELETE FROM {w} WHERE name = p_name AND owner = w.owner;
+                        GET DIAGNOSTICS v = ROW_COUNT;
+                        -- Gone meanwhile (it gave up), or its client is (its listener's lock
+                        -- is free).
+                        IF v = 0 OR pg_try_advisory_xact_lock(w.lk1, w.lk2) THEN
+                            CONTINUE;
+                        END IF;
+                        INSERT INTO {t} AS h (name, owner, kind, permits, mode, fence,
+                                              expires_at_ms, acquired_at_ms, client_id, host,
+                                              pid, value)
+                            VALUES (p_name, w.owner, 'mutex', 0, 'exclusive', v_token,
+                                    v_now + w.lease_ms, v_now, w.client_id, w.host, w.pid,
+                                    w.value)
+                            ON CONFLICT (name, owner) DO UPDATE
+                                SET kind = excluded.kind, permits = excluded.permits,
+                                    mode = excluded.mode, fence = excluded.fence,
+                                    expires_at_ms = excluded.expires_at_ms,
+                                    acquired_at_ms = excluded.acquired_at_ms,
+                                    client_id = excluded.client_id, host = excluded.host,
+                                    pid = excluded.pid, state = 0, value = excluded.value;
+                        PERFORM pg_notify(w.channel, v_token || ' ' || w.owner || ' ' || p_name);
+                        IF EXISTS (SELECT 1 FROM {w} WHERE name = p_name AND NOT handoff) THEN
+                            PERFORM pg_notify('{t}', p_name);
+                        END IF;
+                        RETURN {HANDED_OFF};
+                    END LOOP;
+                END IF;
+            ELSE
+                DELETE FROM {t} WHERE name = p_name AND owner = p_owner AND expires_at_ms > {now};
+                GET DIAGNOSTICS v = ROW_COUNT;
+                IF v = 0 THEN
+                    RETURN {NOT_HELD};
+                END IF;
+            END IF;
+            -- Woken, not handed: registrations of clients that are gone go, the rest are told.
+            DELETE FROM {w} WHERE name = p_name AND pg_try_advisory_xact_lock(lk1, lk2);
+            IF EXISTS (SELECT 1 FROM {w} WHERE name = p_name)
+               OR EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name) THEN
+                PERFORM pg_notify('{t}', p_name);
+            END IF;
+            RETURN {RELEASED};
+        END
+        $dlock$"
+    )
+}
+
+fn mysql_grant(t: &str, now: &str, collation: &str) -> String {
+    let r = routine(Dialect::MySql, t);
+    // No lock-free first look here: InnoDB's row lock on the fence row is cheap to take
+    // and a lost race rolls back for free, while every statement of a procedure costs
+    // (MariaDB: ~10-25 us each). The fence row is read FOR UPDATE first and created only
+    // when missing.
+    let c = collation;
+    let lock = format!(
+        "SELECT fence, {now} INTO v_fence, v_now
+             FROM {t}_fences WHERE name = p_name COLLATE {c} FOR UPDATE;"
+    );
+    let answer = |a: i64, token: &str, wait: &str| {
+        format!(
+            "SELECT CAST({a} AS SIGNED) AS answer, CAST({token} AS SIGNED) AS token, \
+             CAST({wait} AS SIGNED) AS wait_ms;"
+        )
+    };
+    let full = answer(FULL, "0", "0");
+    let busy = answer(BUSY, "0", "v_min - v_now");
+    let granted = answer(GRANTED, "v_fence", "0");
+    format!(
+        "CREATE PROCEDURE {r}(
+            IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
+            IN p_owner VARCHAR(255) CHARACTER SET utf8mb4,
+            IN p_kind VARCHAR(16) CHARACTER SET utf8mb4, IN p_permits BIGINT,
+            IN p_mode VARCHAR(16) CHARACTER SET utf8mb4, IN p_lease BIGINT,
+            IN p_client VARCHAR(255) CHARACTER SET utf8mb4,
+            IN p_host VARCHAR(255) CHARACTER SET utf8mb4, IN p_pid BIGINT,
+            IN p_busy_ok BOOLEAN)
+        MODIFIES SQL DATA
+        SQL SECURITY INVOKER
+        BEGIN
+            DECLARE v_now, v_live, v_odd, v_min, v_dead, v_queued, v_fence BIGINT
+                DEFAULT NULL;
+            DECLARE EXIT HANDLER FOR SQLEXCEPTION
+            BEGIN
+                ROLLBACK;
+                RESIGNAL;
+            END;
+            START TRANSACTION;
+            -- Lock the name: every grant passes through this row lock.
+            {lock}
+            IF v_fence IS NULL THEN
+                INSERT INTO {t}_fences (name, fence) VALUES (p_name, 0)
+                    ON DUPLICATE KEY UPDATE fence = fence;
+                {lock}
+            END IF;
+            -- READ COMMITTED: a fresh read view, every grant committed before the lock
+            -- is visible.
+            SELECT COALESCE(SUM(expires_at_ms > v_now), 0),
+                   COALESCE(MAX(expires_at_ms > v_now AND (owner = p_owner COLLATE {c}
+                       OR CAST(kind AS BINARY) <> CAST(p_kind AS BINARY)
+                       OR permits <> p_permits)), 0),
+                   MIN(IF(expires_at_ms > v_now, expires_at_ms, NULL)),
+                   COALESCE(SUM(expires_at_ms <= v_now), 0),
+                   (SELECT COUNT(*) FROM {t}_queue WHERE name = p_name COLLATE {c})
+              INTO v_live, v_odd, v_min, v_dead, v_queued
+              FROM {t} WHERE name = p_name COLLATE {c};
+            IF v_live > 0 OR v_dead > 0 OR v_queued > 0
+               OR v_fence >= 9223372036854775807 THEN
+                -- Refused or not ours to judge: nothing was written.
+                ROLLBACK;
+                IF v_live > 0 AND p_busy_ok AND v_odd = 0 THEN
+                    {busy}
+                ELSE
+                    {full}
+                END IF;
+            ELSE
+                SET v_fence = v_fence + 1;
+                UPDATE {t}_fences SET fence = v_fence WHERE name = p_name COLLATE {c};
+                INSERT INTO {t} (name, owner, kind, permits, mode, fence,
+                                 expires_at_ms, acquired_at_ms, client_id, host, pid)
+                    VALUES (p_name, p_owner, p_kind, p_permits, p_mode, v_fence,
+                            v_now + p_lease, v_now, p_client, p_host, p_pid);
+                COMMIT;
+                {granted}
+            END IF;
+        END"
+    )
 }

@@ -19,7 +19,7 @@ use sqlx::{ConnectOptions, Connection, Executor, Row};
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 
 /// The shortest poll interval of a waiter without notification.
 pub const POLL_MIN: Duration = Duration::from_millis(10);
@@ -91,6 +91,9 @@ pub(super) struct Stmts {
     pub(super) release_notify: Option<String>,
     pub(super) set_value: String,
     pub(super) set_value_notify: Option<String>,
+    pub(super) release_fn: String,
+    pub(super) register: String,
+    pub(super) unregister: String,
     pub(super) describe_holds: String,
     pub(super) describe_queue: String,
     pub(super) force_live: String,
@@ -130,11 +133,13 @@ impl Stmts {
             // a hold that expired during the wait as still live (a refusal), and it ends the new
             // hold's lease no earlier than the request was sent, which is what the client counts
             // from.
+            // PostgreSQL: the rest of the transaction is planned with plain index scans (see
+            // `fast.rs`: a bitmap scan never marks the index entries of dead rows).
             lock_fence_now: s(match d {
                 Dialect::Postgres => format!(
                     "INSERT INTO {t}_fences (name, fence) VALUES (?, 0) \
                      ON CONFLICT (name) DO UPDATE SET fence = {t}_fences.fence \
-                     RETURNING fence, {now}"
+                     RETURNING fence, {now}, set_config('enable_bitmapscan', 'off', true)"
                 ),
                 Dialect::MySql => {
                     format!("SELECT fence, {now} FROM {t}_fences WHERE name = ? FOR UPDATE")
@@ -221,6 +226,17 @@ impl Stmts {
                 ))),
                 Dialect::MySql => None,
             },
+            release_fn: fast::release_sql(t),
+            register: fast::register_sql(
+                t,
+                [
+                    "$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9", "$10", "$11",
+                ],
+            ),
+            unregister: s(format!(
+                "DELETE FROM {w} WHERE name = ? AND owner = ?",
+                w = fast::waiters(t)
+            )),
             describe_holds: s(format!(
                 "SELECT name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
                         client_id, host, pid, state, value
@@ -374,7 +390,7 @@ fn is_missing_routine(e: &sqlx::Error) -> bool {
         Some("42883") | Some("42501") | Some("42000") | Some("HY000")
     ) && {
         let m = e.to_string();
-        m.contains("grant_v1") || m.contains("as a definer")
+        m.contains("grant_v") || m.contains("release_v") || m.contains("as a definer")
     }
 }
 
@@ -421,28 +437,57 @@ fn map_err(shown: &str, e: sqlx::Error) -> Error {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Wake-ups
+// Wake-ups and hand-offs
 
 /// The state of the PostgreSQL listener, shared with its task.
 #[derive(Debug)]
 struct ListenerState {
     /// `true` while LISTEN is active; changes (both ways) wake every waiter.
     up: tokio::sync::watch::Sender<bool>,
+    /// While it is up: the advisory lock its session holds, `(lk1, lk2)`, which also names
+    /// this client's hand-off channel (see [`fast::handoff_channel`]).
+    key: StdMutex<Option<(i32, i32)>>,
+}
+
+impl ListenerState {
+    fn key(&self) -> Option<(i32, i32)> {
+        *lock(&self.key)
+    }
+}
+
+/// What a waiting mutex acquisition was handed: the highest fence token of a hand-off to it,
+/// and a wake-up for its wait.
+#[derive(Debug, Default)]
+struct Slot {
+    token: StdMutex<Option<u64>>,
+    handed: tokio::sync::Notify,
+}
+
+fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The maps stay consistent even if a holder panicked.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Runs the LISTEN connection of one backend until the backend is dropped (then the task is
-/// aborted). Reconnects with backoff; while down, waiters poll.
+/// aborted). Reconnects with backoff; while down, waiters poll. Each connection takes a new
+/// random advisory lock, held for the session, and listens on the table's channel and on the
+/// hand-off channel that lock names.
 #[cfg(feature = "postgres")]
 async fn listen_loop(
     url: String,
-    channel: String,
-    signals: Arc<NameSignals>,
+    sql: std::sync::Weak<Sql>,
     state: Arc<ListenerState>,
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut ready = Some(ready);
     let mut backoff = Duration::from_millis(100);
+    let Some((channel, signals)) = sql.upgrade().map(|s| (s.table.clone(), s.signals.clone()))
+    else {
+        return;
+    };
     loop {
+        let (lk1, lk2): (i32, i32) = rand::random();
+        let handoffs = fast::handoff_channel(&channel, lk1, lk2);
         let attempt = async {
             let opts = sqlx::postgres::PgConnectOptions::from_str(&url)?
                 .disable_statement_logging()
@@ -453,21 +498,38 @@ async fn listen_loop(
                 .connect_lazy_with(opts);
             let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
             l.eager_reconnect(false);
-            l.listen(&channel).await?;
+            l.listen_all([channel.as_str(), handoffs.as_str()]).await?;
+            let held: bool = sqlx::query("SELECT pg_try_advisory_lock($1, $2)")
+                .bind(lk1)
+                .bind(lk2)
+                .fetch_one(&mut l)
+                .await?
+                .try_get(0)?;
+            if !held {
+                return Err(sqlx::Error::Protocol(
+                    "the listener's advisory lock is taken".into(),
+                ));
+            }
             Ok::<_, sqlx::Error>(l)
         };
         match tokio::time::timeout(OP_TIMEOUT, attempt).await {
             Ok(Ok(mut l)) => {
                 backoff = Duration::from_millis(100);
+                *lock(&state.key) = Some((lk1, lk2));
                 state.up.send_replace(true);
                 if let Some(r) = ready.take() {
                     let _ = r.send(());
                 }
                 // `Ok(None)` or an error: the connection is gone.
                 while let Ok(Some(n)) = l.try_recv().await {
-                    signals.wake(n.payload());
+                    if n.channel() == handoffs {
+                        handed(&sql, n.payload());
+                    } else {
+                        signals.wake(n.payload());
+                    }
                 }
                 tracing::warn!(%channel, "postgres LISTEN connection lost; waiters poll until it is back");
+                *lock(&state.key) = None;
                 state.up.send_replace(false);
             }
             Ok(Err(e)) => {
@@ -483,6 +545,37 @@ async fn listen_loop(
         tokio::time::sleep(pause).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
+}
+
+/// A hand-off message, `"token owner name"`: given to the waiting acquisition of that owner. A
+/// lock handed to an owner that no longer waits here is passed on at once.
+#[cfg(feature = "postgres")]
+fn handed(sql: &std::sync::Weak<Sql>, payload: &str) {
+    let Some(sql) = sql.upgrade() else {
+        return;
+    };
+    let mut parts = payload.splitn(3, ' ');
+    let (Some(token), Some(owner), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
+        return;
+    };
+    let Ok(token) = token.parse::<u64>() else {
+        return;
+    };
+    if let Some(slot) = lock(&sql.slots)
+        .get(owner)
+        .and_then(std::sync::Weak::upgrade)
+    {
+        let mut t = lock(&slot.token);
+        *t = Some(t.map_or(token, |old| old.max(token)));
+        slot.handed.notify_one();
+        return;
+    }
+    let (name, owner) = (name.to_owned(), owner.to_owned());
+    tokio::spawn(async move {
+        if let Err(e) = sql.release_owner(&name, &owner, true).await {
+            tracing::debug!(error = %e, %name, "could not pass on a lock handed to a waiter that left");
+        }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -511,9 +604,17 @@ pub(crate) struct Sql {
     signals: Arc<NameSignals>,
     /// The store's name for the core's in-process wake-ups (URL, table, mode).
     pub(super) key: String,
-    listener: Option<(Arc<ListenerState>, tokio::task::JoinHandle<()>)>,
+    listener: Option<Arc<ListenerState>>,
+    /// The listener's task (aborted when the backend goes).
+    listener_task: StdMutex<Option<tokio::task::JoinHandle<()>>>,
     /// Whether the one-round-trip grant routine (`fast.rs`) is there to call.
     fast: AtomicBool,
+    /// Whether releases hand a mutex to a registered waiter (PostgreSQL with the waiters'
+    /// table and the release function, see `fast.rs`).
+    handoffs: AtomicBool,
+    /// The waiting mutex acquisitions of this backend that may be handed the lock, by owner
+    /// token: where the listener leaves what it was handed.
+    slots: StdMutex<HashMap<String, std::sync::Weak<Slot>>>,
     /// Its call.
     fast_call: String,
     /// Answers of the routine: granted, refused, "take the full path".
@@ -524,7 +625,7 @@ pub(crate) struct Sql {
 
 impl Drop for Sql {
     fn drop(&mut self) {
-        if let Some((_, task)) = &self.listener {
+        if let Some(task) = lock(&self.listener_task).take() {
             task.abort();
         }
     }
@@ -557,19 +658,24 @@ impl SqlBackend {
         #[cfg(feature = "postgres")]
         if backend.dialect == Dialect::Postgres {
             let (up, _) = tokio::sync::watch::channel(false);
-            let state = Arc::new(ListenerState { up });
+            let state = Arc::new(ListenerState {
+                up,
+                key: StdMutex::new(None),
+            });
+            backend.listener = Some(state.clone());
+            let backend = Arc::new(backend);
             let (tx, rx) = tokio::sync::oneshot::channel();
             let task = tokio::spawn(listen_loop(
                 cfg.driver_url,
-                backend.table.clone(),
-                backend.signals.clone(),
-                state.clone(),
+                Arc::downgrade(&backend),
+                state,
                 tx,
             ));
-            backend.listener = Some((state, task));
+            *lock(&backend.listener_task) = Some(task);
             // Wait for LISTEN to be active so no release after `open` returns is missed; if it
             // cannot start, waiters poll until it does.
             let _ = tokio::time::timeout(OP_TIMEOUT, rx).await;
+            return Ok(SqlBackend { inner: backend });
         }
         Ok(SqlBackend {
             inner: Arc::new(backend),
@@ -637,7 +743,10 @@ impl Sql {
             signals,
             key,
             listener: None,
+            listener_task: StdMutex::new(None),
             fast: AtomicBool::new(false),
+            handoffs: AtomicBool::new(false),
+            slots: StdMutex::new(HashMap::new()),
             fast_call,
             fast_answers: Default::default(),
             looks: AtomicU64::new(0),
@@ -823,40 +932,47 @@ impl Sql {
                 .fetch_one(&mut *conn)
                 .await?
                 .try_get(0)?;
-            if have == 0 {
-                let ddl =
-                    fast::create_sql(self.dialect, &self.table, self.dialect.now_ms(), collation);
-                conn.execute(ddl.as_str()).await?;
+            if have < fast::routine_count(self.dialect) {
+                for ddl in
+                    fast::create_sql(self.dialect, &self.table, self.dialect.now_ms(), collation)
+                {
+                    conn.execute(ddl.as_str()).await?;
+                }
             }
             Ok::<(), sqlx::Error>(())
         }
         .await;
         match r {
-            Ok(()) => self.fast.store(true, Ordering::Relaxed),
+            Ok(()) => {
+                self.fast.store(true, Ordering::Relaxed);
+                self.handoffs
+                    .store(self.dialect == Dialect::Postgres, Ordering::Relaxed);
+            }
             Err(e) => tracing::warn!(
                 store = %self.shown,
                 error = %e,
                 "cannot create the grant routine {}; every acquire takes the multi-statement path",
-                fast::routine(&self.table)
+                fast::routine(self.dialect, &self.table)
             ),
         }
     }
 
     /// The one-round-trip grant (`fast.rs`) when `req` is one it can answer: `None` means take
-    /// the full path.
+    /// the full path. With the answer, the highest token of the holds in the way (0 if none).
     async fn fast_acquire(
         &self,
         req: &Request<'_>,
-    ) -> std::result::Result<Option<Attempt>, sqlx::Error> {
+        reg: Option<&RegArgs>,
+    ) -> std::result::Result<Option<(Attempt, u64)>, sqlx::Error> {
         let lease_ms = ms(req.lease);
         // Exclusive requests that take no queue place only: the routine answers shared ones
         // only on a free name, and everywhere else (a reader beside readers, a semaphore permit
         // beside permits) they would pay its round trip and then the full transaction.
-        // A hold with a value (an election's) takes the full path, which writes it: the routine
-        // keeps its bind list, so plain locks pay nothing for values.
+        // MySQL's routine does not write values: a hold with one (an election's) takes the full
+        // path there.
         let eligible = self.mode == HoldMode::Lease
             && self.fast.load(Ordering::Relaxed)
-            && req.meta.value.is_none()
+            && (req.meta.value.is_none() || self.dialect == Dialect::Postgres)
             && req.mode == Mode::Exclusive
             && !req.takes_queue_place()
             && lease_ms < (1 << 50);
@@ -864,7 +980,7 @@ impl Sql {
             return Ok(None);
         }
         let (kind, permits) = kind_columns(req.kind);
-        let rows = sqlx::query(&self.fast_call)
+        let q = sqlx::query(&self.fast_call)
             .bind(req.name.as_str())
             .bind(req.owner)
             .bind(kind)
@@ -873,28 +989,46 @@ impl Sql {
             .bind(lease_ms)
             .bind(req.meta.client_id.as_str())
             .bind(req.meta.host.as_str())
-            .bind(i64::from(req.meta.pid))
-            .bind(true)
-            .fetch_all(&self.pool)
-            .await;
-        let rows = match rows {
+            .bind(i64::from(req.meta.pid));
+        let q = match self.dialect {
+            Dialect::Postgres => {
+                let register = reg.is_some_and(|r| r.register && r.handoff);
+                let (lk1, lk2) = reg.map_or((0, 0), |r| r.key);
+                q.bind(req.meta.value.as_deref())
+                    .bind(true)
+                    .bind(register)
+                    .bind(reg.is_some_and(|r| r.registered))
+                    .bind(fast::handoff_channel(&self.table, lk1, lk2))
+                    .bind(lk1)
+                    .bind(lk2)
+            }
+            Dialect::MySql => q.bind(true),
+        };
+        let rows = match q.fetch_all(&self.pool).await {
             Err(e) if is_missing_routine(&e) => {
                 self.fast.store(false, Ordering::Relaxed);
                 tracing::warn!(
                     store = %self.shown,
                     error = %e,
                     "the grant routine {} is gone; every acquire takes the multi-statement path",
-                    fast::routine(&self.table)
+                    fast::routine(self.dialect, &self.table)
                 );
                 return Ok(None);
             }
             r => r?,
         };
         let row = rows.first().ok_or_else(|| {
-            sqlx::Error::Protocol(format!("{} answered no row", fast::routine(&self.table)))
+            sqlx::Error::Protocol(format!(
+                "{} answered no row",
+                fast::routine(self.dialect, &self.table)
+            ))
         })?;
         let (answer, token, wait_ms): (i64, i64, i64) =
             (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        let seen: i64 = match self.dialect {
+            Dialect::Postgres => row.try_get::<Option<i64>, _>(3)?.unwrap_or(0),
+            Dialect::MySql => 0,
+        };
         let (slot, attempt) = match answer {
             fast::GRANTED => (
                 0,
@@ -914,7 +1048,90 @@ impl Sql {
             _ => (2, None),
         };
         self.fast_answers[slot].fetch_add(1, Ordering::Relaxed);
-        Ok(attempt)
+        Ok(attempt.map(|a| (a, u64::try_from(seen).unwrap_or(0))))
+    }
+
+    /// The release function (PostgreSQL with hand-offs): [`fast::NOT_HELD`],
+    /// [`fast::RELEASED`] or [`fast::HANDED_OFF`]. `leaving`: the owner is a waiter that gives
+    /// up (its registration goes, and a lock handed to it meanwhile is passed on).
+    pub(super) async fn release_owner(
+        &self,
+        name: &str,
+        owner: &str,
+        leaving: bool,
+    ) -> Result<i64> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let r = sqlx::query(&self.st.release_fn)
+                .bind(name)
+                .bind(owner)
+                .bind(leaving)
+                .fetch_one(&self.pool)
+                .await
+                .and_then(|r| r.try_get::<i64, _>(0));
+            match r {
+                Ok(answer) => return Ok(answer),
+                // A deadlock with a grant that met the hold as expired: the release is redone.
+                Err(e) if is_retryable(&e) && tries < TX_TRIES => continue,
+                Err(e) if is_missing_routine(&e) => {
+                    self.handoffs.store(false, Ordering::Relaxed);
+                    tracing::warn!(
+                        store = %self.shown,
+                        error = %e,
+                        "the release function {} is gone; releases wake every waiter",
+                        fast::release_routine(&self.table)
+                    );
+                    return self.release_plain(name, owner).await.map(|removed| {
+                        if removed {
+                            fast::RELEASED
+                        } else {
+                            fast::NOT_HELD
+                        }
+                    });
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+    }
+
+    /// A release without the release function: the owner's hold goes, and every waiter is woken
+    /// (PostgreSQL: by the same statement's `NOTIFY`). Answers whether a hold was removed.
+    pub(super) async fn release_plain(&self, name: &str, owner: &str) -> Result<bool> {
+        if let (Some(stmt), Some(_)) = (&self.st.release_notify, &self.notify) {
+            let removed: i64 = sqlx::query(stmt)
+                .bind(name)
+                .bind(owner)
+                .bind(self.table.as_str())
+                .bind(name)
+                .fetch_one(&self.pool)
+                .await
+                .and_then(|r| r.try_get(0))
+                .map_err(|e| self.err(e))?;
+            return Ok(removed > 0);
+        }
+        let removed = sqlx::query(&self.st.release)
+            .bind(name)
+            .bind(owner)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        if removed > 0 {
+            self.wake(name).await;
+        }
+        Ok(removed > 0)
+    }
+
+    /// Registers `req` to be woken (not handed the lock) by its name's releases: an election's
+    /// observer, which never attempts.
+    async fn register_watcher(&self, req: &Request<'_>, key: (i32, i32)) -> Result<()> {
+        let q = sqlx::query(&self.st.register);
+        bind_registration(q, &self.table, req, false, key)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))
+            .map(drop)
     }
 
     /// Sends the wake-up of `name` to every listener (PostgreSQL; the core wakes this process's
@@ -1078,8 +1295,10 @@ impl Sql {
         Ok(state.look(req, now))
     }
 
-    async fn acquire_tx(&self, req: &Request<'_>) -> Result<Attempt> {
-        match self.fast_acquire(req).await {
+    /// One attempt of `req`: the routine, else the full path. With the answer, the highest
+    /// token of the holds that refused it (a hand-off with a higher one came after).
+    async fn acquire_tx(&self, req: &Request<'_>, reg: Option<&RegArgs>) -> Result<(Attempt, u64)> {
+        match self.fast_acquire(req, reg).await {
             Ok(Some(a)) => return Ok(a),
             Ok(None) => {}
             // A deadlock or serialization failure: the full path retries.
@@ -1089,7 +1308,7 @@ impl Sql {
         let mut tries = 0;
         loop {
             tries += 1;
-            match self.acquire_once(req).await {
+            match self.acquire_once(req, reg).await {
                 Err(TxError::Sql(e)) if is_retryable(&e) && tries < TX_TRIES => {
                     let pause = rand::thread_rng().gen_range(1..=10 * u64::from(tries));
                     tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -1101,7 +1320,11 @@ impl Sql {
         }
     }
 
-    async fn acquire_once(&self, req: &Request<'_>) -> std::result::Result<Attempt, TxError> {
+    async fn acquire_once(
+        &self,
+        req: &Request<'_>,
+        reg: Option<&RegArgs>,
+    ) -> std::result::Result<(Attempt, u64), TxError> {
         let name = req.name.as_str();
         let st = &self.st;
         let mut tx = self.pool.begin().await?;
@@ -1120,9 +1343,33 @@ impl Sql {
         let stored = ROWS.token(stored)?;
         // Whether the transaction changed anything but the row lock (else it rolls back).
         let (state, mut wrote) = self.load_state(&mut tx, name, now, true).await?;
+        let seen = state.holds.iter().map(|h| h.token).max().unwrap_or(0);
         let mut writes = SqlWrites { tx: &mut tx, st };
         let (attempt, changed) = grant(&mut writes, &state, req, Some(stored), now).await?;
         wrote |= changed;
+        match (&attempt, reg) {
+            // Registered (PostgreSQL's waiters' table is unlogged: no disk flush for it).
+            (Attempt::Busy(_), Some(r)) if r.register => {
+                bind_registration(
+                    sqlx::query(&st.register),
+                    &self.table,
+                    req,
+                    r.handoff,
+                    r.key,
+                )
+                .execute(&mut *tx)
+                .await?;
+                wrote = true;
+            }
+            (Attempt::Granted(_), Some(r)) if r.registered => {
+                sqlx::query(&st.unregister)
+                    .bind(name)
+                    .bind(req.owner)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            _ => {}
+        }
         // A refusal that changed nothing ends with ROLLBACK: no commit record to flush to disk,
         // so the waiters that lose a race for a released lock cost no fsync each.
         if wrote {
@@ -1130,7 +1377,7 @@ impl Sql {
         } else {
             tx.rollback().await?;
         }
-        Ok(attempt)
+        Ok((attempt, seen))
     }
 
     pub(super) async fn describe_rows(&self, prefix: &str) -> Result<Vec<LockInfo>> {
@@ -1152,6 +1399,41 @@ impl Sql {
             .map_err(|e| self.err(e))?;
         listing(ROWS, prefix, now, holds, queue)
     }
+}
+
+/// What an attempt tells the store about its waiter (PostgreSQL with hand-offs).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RegArgs {
+    /// A refusal registers the waiter for a hand-off (a mutex waiter at the head of its
+    /// client's line); else, for a waiting request that takes no queue place, to be woken.
+    handoff: bool,
+    /// Whether to register at all (a waiting request that takes no queue place).
+    register: bool,
+    /// It may be registered from an earlier attempt: a grant removes the registration.
+    registered: bool,
+    /// The advisory lock of this client's listener.
+    key: (i32, i32),
+}
+
+/// Binds a registration of `req` ([`fast::register_sql`]'s parameters).
+fn bind_registration<'q>(
+    q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+    table: &str,
+    req: &'q Request<'q>,
+    handoff: bool,
+    (lk1, lk2): (i32, i32),
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
+    q.bind(req.name.as_str())
+        .bind(req.owner)
+        .bind(handoff)
+        .bind(fast::handoff_channel(table, lk1, lk2))
+        .bind(lk1)
+        .bind(lk2)
+        .bind(ms(req.lease))
+        .bind(req.meta.client_id.as_str())
+        .bind(req.meta.host.as_str())
+        .bind(i64::from(req.meta.pid))
+        .bind(req.meta.value.as_deref())
 }
 
 /// Session settings of every connection: server-side timeouts, and READ COMMITTED on MySQL.
@@ -1220,6 +1502,7 @@ impl Backend for SqlBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             values: true,
+            hands_off: self.inner.handoffs.load(Ordering::Relaxed),
             ..Capabilities::lease(match self.inner.dialect {
                 Dialect::Postgres => Wakeups::Native,
                 Dialect::MySql => Wakeups::Polling {
@@ -1231,10 +1514,30 @@ impl Backend for SqlBackend {
     }
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        let sql = &self.inner;
+        // Waiters register where releases hand a mutex on and wake only who waits: a mutex
+        // waiter to be handed the lock, other waiters that take no queue place to be woken
+        // (a queue place is seen by the release).
+        let reg = (req.waiting && sql.handoffs.load(Ordering::Relaxed)).then(|| {
+            let handoff = req.kind == LockKind::Mutex && !req.takes_queue_place();
+            let slot = Arc::new(Slot::default());
+            if handoff {
+                lock(&sql.slots).insert(req.owner.to_owned(), Arc::downgrade(&slot));
+            }
+            Registration {
+                slot,
+                handoff,
+                since: None,
+                registered: false,
+                allowed: true,
+            }
+        });
         Box::new(SqlAcquisition {
-            store: self.inner.clone(),
+            store: sql.clone(),
             want: Want::new(req),
             since: None,
+            reg,
+            attempted: false,
         })
     }
 
@@ -1247,43 +1550,21 @@ impl Backend for SqlBackend {
     }
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
-        let name = hold.name.as_str();
-        if let (Some(stmt), Some(_)) = (&self.inner.st.release_notify, &self.inner.notify) {
-            let removed: i64 = async {
-                sqlx::query(stmt)
-                    .bind(name)
-                    .bind(hold.owner)
-                    .bind(self.inner.table.as_str())
-                    .bind(name)
-                    .fetch_one(&self.inner.pool)
-                    .await
-                    .and_then(|r| r.try_get(0))
-                    .map_err(|e| self.inner.err(e))
+        let (name, sql) = (hold.name.as_str(), &self.inner);
+        let removed = if sql.handoffs.load(Ordering::Relaxed) {
+            match sql.release_owner(name, hold.owner, false).await? {
+                fast::HANDED_OFF => return Ok(Released::HandedOff),
+                answer => answer == fast::RELEASED,
             }
-            .await?;
-            return Ok(if removed > 0 {
-                self.inner.signals.wake(name);
-                Released::Released
-            } else {
-                Released::NotHeld
-            });
-        }
-        let removed = async {
-            Ok(sqlx::query(&self.inner.st.release)
-                .bind(name)
-                .bind(hold.owner)
-                .execute(&self.inner.pool)
-                .await
-                .map_err(|e| self.inner.err(e))?
-                .rows_affected())
-        }
-        .await?;
-        if removed > 0 {
-            self.inner.wake(name).await;
-            Ok(Released::Released)
         } else {
-            Ok(Released::NotHeld)
+            sql.release_plain(name, hold.owner).await?
+        };
+        if !removed {
+            return Ok(Released::NotHeld);
         }
+        // This backend's own waiters (the store told the others, if any waited).
+        sql.signals.wake(name);
+        Ok(Released::Released)
     }
 
     async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
@@ -1451,20 +1732,132 @@ struct Since {
     listener: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
-/// One acquisition on PostgreSQL or MySQL: what it knew when its last attempt was sent.
+/// A waiting acquisition's registration in `<table>_waiters` (PostgreSQL with hand-offs).
+struct Registration {
+    /// Where the listener leaves a hand-off to it.
+    slot: Arc<Slot>,
+    /// A mutex waiter: it registers to be handed the lock (else to be woken).
+    handoff: bool,
+    /// When the latest attempt that registered it for a hand-off was sent, and the highest
+    /// token in its way then: a hand-off with a higher token happened after that send, so its
+    /// lease is counted from it.
+    since: Option<(Instant, u64)>,
+    /// Whether its row may be in the table.
+    registered: bool,
+    /// Whether its next refused attempt may register it for a hand-off (the core's
+    /// [`Acquisition::may_register`]: the head of its client's line only).
+    allowed: bool,
+}
+
+/// One acquisition on PostgreSQL or MySQL: what it knew when its last attempt was sent, and on
+/// PostgreSQL with hand-offs its registration.
 struct SqlAcquisition {
     store: Arc<Sql>,
     want: Want,
     since: Option<Since>,
+    reg: Option<Registration>,
+    /// It attempted: a waiter. Until then it watches as an observer (an election's follower).
+    attempted: bool,
+}
+
+impl SqlAcquisition {
+    /// A hand-off to this acquisition that happened after its latest registering attempt was
+    /// sent, with the part of its lease that is left, if enough is left to take it without a
+    /// round trip.
+    fn handed(&mut self) -> Option<Grant> {
+        let reg = self.reg.as_mut()?;
+        let token = lock(&reg.slot.token).take()?;
+        let (sent, seen) = reg.since?;
+        if token <= seen {
+            // Handed before that attempt (and taken back since): stale.
+            return None;
+        }
+        let left = self.want.lease.checked_sub(sent.elapsed())?;
+        if left < self.want.lease / 2 {
+            // Waited long since: the attempt's regrant renews the lease from now.
+            return None;
+        }
+        reg.since = None;
+        reg.registered = false;
+        Some(Grant {
+            token: Some(token),
+            valid_for: left,
+        })
+    }
+
+    /// The listener's lock while it is up.
+    fn listener_key(&self) -> Option<(i32, i32)> {
+        self.store.listener.as_ref().and_then(|l| l.key())
+    }
+}
+
+impl Drop for SqlAcquisition {
+    fn drop(&mut self) {
+        let Some(r) = &self.reg else {
+            return;
+        };
+        if r.handoff {
+            lock(&self.store.slots).remove(&self.want.owner);
+        }
+        // An observer's registration (a waiter's goes with its grant or its cancel).
+        if r.registered && !self.attempted {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let (store, name, owner) = (
+                    self.store.clone(),
+                    self.want.name.to_string(),
+                    self.want.owner.clone(),
+                );
+                rt.spawn(async move {
+                    let _ = sqlx::query(&store.st.unregister)
+                        .bind(name)
+                        .bind(owner)
+                        .execute(&store.pool)
+                        .await;
+                });
+            }
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl Acquisition for SqlAcquisition {
     async fn attempt(&mut self) -> Result<Attempt> {
+        if let Some(g) = self.handed() {
+            return Ok(Attempt::Granted(g));
+        }
+        self.attempted = true;
         if self.want.waiting {
             self.mark();
         }
-        self.store.acquire_tx(&self.want.req()).await
+        let key = self.listener_key();
+        let takes_place = self.want.req().takes_queue_place();
+        let args = self.reg.as_ref().map(|r| RegArgs {
+            handoff: r.handoff,
+            register: key.is_some() && if r.handoff { r.allowed } else { !takes_place },
+            registered: r.registered,
+            key: key.unwrap_or((0, 0)),
+        });
+        let sent = Instant::now();
+        let (attempt, seen) = self
+            .store
+            .acquire_tx(&self.want.req(), args.as_ref())
+            .await?;
+        if let (Some(r), Some(a)) = (self.reg.as_mut(), args) {
+            match &attempt {
+                Attempt::Busy(_) if a.register => {
+                    r.registered = true;
+                    if r.handoff {
+                        r.since = Some((sent, seen));
+                    }
+                }
+                Attempt::Granted(_) => {
+                    r.registered = false;
+                    r.since = None;
+                }
+                Attempt::Busy(_) => {}
+            }
+        }
+        Ok(attempt)
     }
 
     fn mark(&mut self) -> bool {
@@ -1472,9 +1865,15 @@ impl Acquisition for SqlAcquisition {
         self.since = Some(Since {
             wakes: signal.wakes(),
             signal,
-            listener: self.store.listener.as_ref().map(|(s, _)| s.up.subscribe()),
+            listener: self.store.listener.as_ref().map(|s| s.up.subscribe()),
         });
         true
+    }
+
+    fn may_register(&mut self, on: bool) {
+        if let Some(r) = self.reg.as_mut() {
+            r.allowed = on;
+        }
     }
 
     async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
@@ -1489,14 +1888,48 @@ impl Acquisition for SqlAcquisition {
         let Some(listener) = since.listener.as_mut() else {
             return Ok(poll);
         };
-        // News of the listener (it went down or came back) since the attempt: look again.
+        let slot = self.reg.as_ref().map(|r| r.slot.clone());
+        // Handed the lock since the attempt: take it.
+        if slot.as_ref().is_some_and(|s| lock(&s.token).is_some()) {
+            return Ok(Watch::Changed);
+        }
+        // News of the listener (it went down or came back) since the attempt.
         if listener.has_changed().unwrap_or(true) {
             let up = *listener.borrow_and_update();
-            return Ok(if up { Watch::Recheck } else { poll });
+            if !up {
+                return Ok(poll);
+            }
+            match self.reg.as_mut() {
+                // Back under a new lock: a registration made under the old one no longer
+                // counts; a waiter registers again by attempting, an observer below.
+                Some(r) if r.registered && self.attempted => return Ok(Watch::Changed),
+                Some(r) if !self.attempted => r.registered = false,
+                _ => return Ok(Watch::Recheck),
+            }
         }
         if !*listener.borrow() {
             return Ok(poll);
         }
+        // An observer (it never attempts) on a store whose releases wake only who waits:
+        // registered first, then it looks again.
+        if !self.attempted {
+            if let Some(r) = self.reg.as_mut().filter(|r| !r.registered) {
+                let key = self.store.listener.as_ref().and_then(|l| l.key());
+                if let Some(key) = key {
+                    match self.store.register_watcher(&self.want.req(), key).await {
+                        Ok(()) => r.registered = true,
+                        Err(e) => tracing::debug!(error = %e, "could not register a watcher"),
+                    }
+                }
+                return Ok(Watch::Recheck);
+            }
+        }
+        let Some(since) = self.since.as_mut() else {
+            return Ok(poll);
+        };
+        let Some(listener) = since.listener.as_mut() else {
+            return Ok(poll);
+        };
         let notified = since.signal.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
@@ -1505,9 +1938,17 @@ impl Acquisition for SqlAcquisition {
             since.wakes = wakes;
             return Ok(Watch::Changed);
         }
-        // A notification: attempt at once; the listener's news or the deadline: look first.
+        let handed = async {
+            match &slot {
+                Some(s) => s.handed.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        // A notification or a hand-off: attempt at once; the listener's news or the deadline:
+        // look first.
         let watch = tokio::select! {
             _ = &mut notified => Watch::Changed,
+            _ = handed => Watch::Changed,
             _ = listener.changed() => Watch::Recheck,
             _ = tokio::time::sleep_until(until.into()) => Watch::Recheck,
         };
@@ -1520,6 +1961,19 @@ impl Acquisition for SqlAcquisition {
     }
 
     async fn cancel(&mut self) -> Result<()> {
+        // Registered (perhaps handed the lock meanwhile): the registration goes, and a lock
+        // handed to it is passed on.
+        let leaving = self
+            .reg
+            .as_ref()
+            .is_some_and(|r| r.registered || lock(&r.slot.token).is_some());
+        if leaving {
+            let (name, owner) = (self.want.name.as_str(), self.want.owner.as_str());
+            self.store.release_owner(name, owner, true).await?;
+            if let Some(r) = self.reg.as_mut() {
+                r.registered = false;
+            }
+        }
         self.store.cancel_place(&self.want.req()).await
     }
 }
