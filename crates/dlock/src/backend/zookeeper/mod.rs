@@ -79,6 +79,7 @@
 
 use super::queue::{turn, Entry, Turn};
 use super::*;
+mod batch;
 pub(crate) mod url;
 use crate::error::Error;
 use std::collections::HashMap;
@@ -92,6 +93,12 @@ pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How many times an operation that lost its connection is tried before giving up.
 const ATTEMPTS: usize = 5;
+
+/// How many lock nodes a backend remembers (forgotten all at once beyond that).
+const KNOWN_PARENTS: usize = 65_536;
+
+/// The longest a held node goes unwatched after its grant (see `watch_held`).
+const WATCH_HELD_AFTER: Duration = Duration::from_millis(200);
 
 /// The ZooKeeper store. Obtain it with `dlock::connect("zk://host:2181/chroot")`.
 #[derive(Debug, Clone)]
@@ -110,6 +117,8 @@ struct Shared {
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     /// The nodes of this backend's holds, by owner (for release and renewal).
     held: StdMutex<HashMap<String, NodeRec>>,
+    /// What this backend's last create under a lock node saw of it (see `create_node`).
+    parents: StdMutex<HashMap<String, Parent>>,
     stats: Stats,
 }
 
@@ -132,6 +141,8 @@ struct Session {
     dead: AtomicBool,
     /// Send time of the last request the server answered.
     contact: StdMutex<Instant>,
+    /// Creates under lock nodes not seen yet, waiting for the next group commit.
+    batch: StdMutex<batch::Queue>,
 }
 
 impl fmt::Debug for Session {
@@ -231,6 +242,78 @@ struct NodeRec {
     revoked: Arc<AtomicBool>,
     /// What to watch while waiting: a child name, or `None` for the children of the lock node.
     watch: Option<String>,
+}
+
+/// A node just created: its name, its `czxid`, and the lock's children right after the
+/// create when they are known without another round trip (`None`: list them).
+struct Created {
+    node: String,
+    czxid: i64,
+    children: Option<Vec<String>>,
+}
+
+/// What this backend last saw of a lock node (`Shared::parents`; absent: nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Parent {
+    /// There, and its data may be written (the create's `multi` reads its stat by a `setData`).
+    Writable,
+    /// There, but its ACL refuses this session's `setData`: plain creates and a list.
+    ReadOnly,
+}
+
+/// The outcome of a `multi` the server answered: its results, or the index of the operation it
+/// refused (the whole transaction then did nothing) and why.
+type MultiOutcome = Result<Vec<zk::MultiWriteResult>, (usize, zk::Error)>;
+
+/// Sends a `multi` now; the future answers it (an error: the request itself failed).
+fn send_multi<'a>(
+    m: &mut zk::MultiWriter<'a>,
+) -> impl std::future::Future<Output = Result<MultiOutcome, zk::Error>> + Send + 'a {
+    let commit = m.commit();
+    async move {
+        match commit.await {
+            Ok(v) => Ok(Ok(v)),
+            Err(zk::MultiWriteError::OperationFailed { index, source }) => Ok(Err((index, source))),
+            Err(zk::MultiWriteError::RequestFailed { source }) => Err(source),
+        }
+    }
+}
+
+/// The child's name, its `czxid` and the lock node's number of children from the results of a
+/// `multi` that created the child under `lock_path`. Every node a transaction creates or
+/// changes carries its zxid, so when the child's own stat is empty (ZooKeeper 3.8 answers a
+/// sequential create inside a multi without one: ZOOKEEPER-4026) the lock node's says it;
+/// `-1` when none does.
+fn created_by(lock_path: &str, results: Vec<zk::MultiWriteResult>) -> Option<(String, i64, i32)> {
+    let (mut child, mut czxid, mut kids) = (None, -1, 0);
+    for r in results {
+        match r {
+            zk::MultiWriteResult::Create { path, stat } => {
+                let name = path
+                    .strip_prefix(lock_path)
+                    .and_then(|n| n.strip_prefix('/'));
+                match name {
+                    Some(n) => {
+                        child = Some(n.to_owned());
+                        if !stat.is_invalid() {
+                            czxid = stat.czxid;
+                        }
+                    }
+                    // The lock node, created by this transaction.
+                    None if czxid <= 0 && !stat.is_invalid() => czxid = stat.czxid,
+                    None => {}
+                }
+            }
+            zk::MultiWriteResult::SetData { stat } => {
+                kids = stat.num_children;
+                if czxid <= 0 && !stat.is_invalid() {
+                    czxid = stat.mzxid;
+                }
+            }
+            _ => {}
+        }
+    }
+    child.map(|c| (c, czxid, kids))
 }
 
 #[derive(Debug, Clone)]
@@ -391,23 +474,23 @@ impl ZooKeeperBackend {
             Some(rec) if rec.session.is_dead() || rec.deleted.load(Ordering::Acquire) => None,
             other => other,
         };
-        let (s, mut rec) = match rec {
-            Some(rec) => (rec.session.clone(), rec),
+        let (s, mut rec, listed) = match rec {
+            Some(rec) => (rec.session.clone(), rec, None),
             None => {
                 let s = self.session().await?;
                 let lock_path = format!("/{}", escape_name(req.name.as_str()));
-                let (node, czxid) = self.create_node(&s, req, &lock_path).await?;
+                let made = self.create_node(&s, req, &lock_path).await?;
                 let rec = NodeRec {
                     session: s.clone(),
                     lock_path,
-                    node,
-                    czxid,
+                    node: made.node,
+                    czxid: made.czxid,
                     granted: false,
                     deleted: Arc::new(AtomicBool::new(false)),
                     revoked: Arc::new(AtomicBool::new(false)),
                     watch: None,
                 };
-                (s, rec)
+                (s, rec, made.children)
             }
         };
         if rec.granted {
@@ -421,7 +504,7 @@ impl ZooKeeperBackend {
                 None => Attempt::Busy(Busy::default()),
             });
         }
-        let place = match self.check(&s, req, &rec).await {
+        let place = match self.check(&s, req, &rec, listed).await {
             Ok(p) => p,
             Err(e) => {
                 if matches!(e, Error::InvalidConfig(_)) {
@@ -443,7 +526,7 @@ impl ZooKeeperBackend {
                 rec.granted = true;
                 rec.watch = None;
                 self.held().insert(req.owner.to_owned(), rec.clone());
-                self.watch_held(&rec);
+                self.watch_held(&rec, valid_for.min(req.lease));
                 *node = Some(rec.clone());
                 return Ok(Attempt::Granted(Grant {
                     token: Some(rec.czxid as u64),
@@ -469,10 +552,12 @@ impl ZooKeeperBackend {
         let watcher = match &rec.watch {
             Some(pred) => {
                 let path = format!("{}/{}", rec.lock_path, pred);
-                match s.run(s.client.check_and_watch_stat(&path)).await {
+                // A data watch (as Curator's): on a node already gone it leaves no watch behind,
+                // where `exists` would watch for a creation that never comes.
+                match s.run(s.client.get_and_watch_data(&path)).await {
+                    Ok((_, _, w)) => w,
                     // Gone between our listing and the watch: look again at once.
-                    Ok((None, _)) => return Ok(Watch::Changed),
-                    Ok((Some(_), w)) => w,
+                    Err(zk::Error::NoNode) => return Ok(Watch::Changed),
                     Err(e) => return Err(unavailable(e)),
                 }
             }
@@ -520,6 +605,7 @@ impl ZooKeeperBackend {
                 granted_timeout_ms: AtomicU64::new(0),
                 session: tokio::sync::Mutex::new(None),
                 held: StdMutex::new(HashMap::new()),
+                parents: StdMutex::new(Default::default()),
                 stats: Stats::default(),
             }),
         };
@@ -597,6 +683,7 @@ impl ZooKeeperBackend {
             timeout,
             dead: AtomicBool::new(false),
             contact: StdMutex::new(sent),
+            batch: StdMutex::default(),
         });
         sh.stats.sessions.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
@@ -612,27 +699,22 @@ impl ZooKeeperBackend {
         Ok(session)
     }
 
-    /// Creates the lock node (a container) and the chroot if needed.
-    async fn ensure_parent(&self, s: &Session, lock_path: &str) -> Result<()> {
-        let opts = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-        match s.run(s.client.create(lock_path, &[], &opts)).await {
-            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
-            Err(zk::Error::NoNode) if self.shared.chroot != "/" => {
-                // The chroot was removed under us: make it again (from the root).
-                let root = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-                let unrooted = s.client.clone().chroot("/").map_err(|_| {
-                    Error::InvalidConfig("cannot address the ZooKeeper root".into())
-                })?;
-                s.run(unrooted.mkdir(&self.shared.chroot, &root))
-                    .await
-                    .map_err(unavailable)?;
-                match s.run(s.client.create(lock_path, &[], &opts)).await {
-                    Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
-                    Err(e) => Err(unavailable(e)),
-                }
-            }
-            Err(e) => Err(unavailable(e)),
+    /// Creates the chroot again after it was removed under us (from the root).
+    async fn ensure_chroot(&self, s: &Session) -> Result<()> {
+        if self.shared.chroot == "/" {
+            return Err(Error::Unavailable(
+                "ZooKeeper: the root node is missing".into(),
+            ));
         }
+        let root = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let unrooted = s
+            .client
+            .clone()
+            .chroot("/")
+            .map_err(|_| Error::InvalidConfig("cannot address the ZooKeeper root".into()))?;
+        s.run(unrooted.mkdir(&self.shared.chroot, &root))
+            .await
+            .map_err(unavailable)
     }
 
     async fn list(&self, s: &Session, lock_path: &str) -> Result<Vec<String>, zk::Error> {
@@ -643,13 +725,54 @@ impl ZooKeeperBackend {
         .await
     }
 
-    /// Creates the owner's node (protected mode), returning (name, czxid).
+    fn parent(&self, lock_path: &str) -> Option<Parent> {
+        self.parents().get(lock_path).copied()
+    }
+
+    fn note_parent(&self, lock_path: &str, seen: Option<Parent>) {
+        let mut p = self.parents();
+        match seen {
+            None => {
+                p.remove(lock_path);
+            }
+            Some(state) => {
+                if p.len() >= KNOWN_PARENTS && !p.contains_key(lock_path) {
+                    p.clear();
+                }
+                p.insert(lock_path.to_owned(), state);
+            }
+        }
+    }
+
+    fn parents(&self) -> std::sync::MutexGuard<'_, HashMap<String, Parent>> {
+        self.shared
+            .parents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates the owner's node (protected mode) in one round trip that also tells whether
+    /// anyone else is queued, so an uncontended grant costs one write and no read:
+    /// - a lock node not seen before is created together with the owner's node in one `multi`
+    ///   (the owner's node is then alone), through the session's group commit (`batch.rs`:
+    ///   new names created at once share a transaction); if it was there, the `multi` is
+    ///   refused and
+    /// - under a lock node seen before, a `multi` creates the owner's node and sets the lock
+    ///   node's (empty) data, whose answer carries the lock node's number of children just
+    ///   after the create: 1 means the owner's node is alone, otherwise its children are listed
+    ///   next;
+    /// - under a lock node whose data this session may not write (its ACL), a plain create
+    ///   with a list sent right behind it (a session's requests are answered in order, so the
+    ///   list sees the new node).
+    ///
+    /// A lock node that vanished (the server removes an empty container) is created again at
+    /// once; after a lost connection, the node is looked for by its protected prefix.
     async fn create_node(
         &self,
-        s: &Session,
+        s: &Arc<Session>,
         req: &Request<'_>,
         lock_path: &str,
-    ) -> Result<(String, i64)> {
+    ) -> Result<Created> {
         let prefix = format!("_c_{}-", req.owner);
         let path = format!("{lock_path}/{prefix}{}", marker(req.kind, req.mode));
         let data = serde_json::to_vec(&NodeData {
@@ -663,52 +786,151 @@ impl ZooKeeperBackend {
         })
         .map_err(Error::backend)?;
         let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-        let mut last = None;
-        for _ in 0..ATTEMPTS {
-            match s.run(s.client.create(&path, &data, &opts)).await {
-                Ok((stat, seq)) => {
-                    return Ok((
-                        format!("{prefix}{}{seq}", marker(req.kind, req.mode)),
-                        stat.czxid,
-                    ))
+        let (mut losses, mut turns) = (0, 0);
+        loop {
+            // What the lock node turned out to be sends the next turn another way; a few turns
+            // settle it unless it keeps appearing and vanishing.
+            turns += 1;
+            if turns > 4 * ATTEMPTS {
+                return Err(Error::Unavailable(format!(
+                    "ZooKeeper: the lock node {lock_path} kept appearing and vanishing"
+                )));
+            }
+            let parent = self.parent(lock_path);
+            let outcome = match parent {
+                None => match batch::submit(self, s, lock_path, &path, data.clone()).await {
+                    Ok(batch::Answer::Done(r)) => r,
+                    Ok(batch::Answer::Again) => continue,
+                    // The group commit's task went away (the runtime is shutting down).
+                    Err(_) => Err(zk::Error::ClientClosed),
+                },
+                Some(Parent::Writable) => {
+                    let mut m = s.client.new_multi_writer();
+                    m.add_create(&path, &data, &opts).map_err(unavailable)?;
+                    m.add_set_data(lock_path, &[], None).map_err(unavailable)?;
+                    s.run(send_multi(&mut m)).await
                 }
-                Err(zk::Error::NoNode) => self.ensure_parent(s, lock_path).await?,
-                Err(e @ (zk::Error::ConnectionLoss | zk::Error::Timeout)) => {
-                    // The create may have happened: find our node by its protected prefix.
-                    last = Some(e);
-                    if let Ok(names) = self.list(s, lock_path).await {
-                        if let Some(n) = names.into_iter().find(|n| n.starts_with(&prefix)) {
-                            let stat = s
-                                .run(s.client.check_stat(&format!("{lock_path}/{n}")))
-                                .await
-                                .map_err(unavailable)?;
-                            if let Some(stat) = stat {
-                                return Ok((n, stat.czxid));
-                            }
+                Some(Parent::ReadOnly) => {
+                    let create = s.client.create(&path, &data, &opts);
+                    self.shared.stats.lists.fetch_add(1, Ordering::Relaxed);
+                    let listed = s.client.list_children(lock_path);
+                    let (made, listed) = tokio::join!(s.run(create), s.run(listed));
+                    match made {
+                        Ok((stat, seq)) => {
+                            let node = format!("{prefix}{}{seq}", marker(req.kind, req.mode));
+                            let czxid = self.czxid_of(s, lock_path, &node, stat.czxid).await?;
+                            return Ok(Created {
+                                node,
+                                czxid,
+                                children: listed.ok(),
+                            });
                         }
+                        Err(zk::Error::NoNode) => {
+                            self.note_parent(lock_path, None);
+                            continue;
+                        }
+                        Err(e) => Err(e),
                     }
                 }
-                Err(e) => return Err(unavailable(e)),
+            };
+            let e = match outcome {
+                Ok(Ok(results)) => {
+                    let Some((node, czxid, kids)) = created_by(lock_path, results) else {
+                        return Err(Error::backend(zk::Error::UnexpectedError(
+                            "a multi create answered without the node".into(),
+                        )));
+                    };
+                    self.note_parent(lock_path, Some(Parent::Writable));
+                    let czxid = self.czxid_of(s, lock_path, &node, czxid).await?;
+                    // Alone: the lock node is new, or has this one child.
+                    let alone = parent.is_none() || kids == 1;
+                    let children = alone.then(|| vec![node.clone()]);
+                    return Ok(Created {
+                        node,
+                        czxid,
+                        children,
+                    });
+                }
+                // The new lock node was there already: create under it.
+                Ok(Err((0, zk::Error::NodeExists))) if parent.is_none() => {
+                    self.note_parent(lock_path, Some(Parent::Writable));
+                    continue;
+                }
+                // The new lock node has no parent: the chroot was removed under us.
+                Ok(Err((0, zk::Error::NoNode))) if parent.is_none() => {
+                    self.ensure_chroot(s).await?;
+                    continue;
+                }
+                // The lock node is gone (an empty container removed by the server).
+                Ok(Err((0, zk::Error::NoNode))) => {
+                    self.note_parent(lock_path, None);
+                    continue;
+                }
+                // Its data may not be written here: plain creates from now on.
+                Ok(Err((1, zk::Error::NoAuth))) if parent.is_some() => {
+                    self.note_parent(lock_path, Some(Parent::ReadOnly));
+                    continue;
+                }
+                Ok(Err((_, e))) | Err(e) => e,
+            };
+            if !matches!(e, zk::Error::ConnectionLoss | zk::Error::Timeout) {
+                return Err(unavailable(e));
             }
-            if s.is_dead() {
-                break;
+            // The create may have happened: find our node by its protected prefix.
+            if let Ok(names) = self.list(s, lock_path).await {
+                if let Some(n) = names.iter().find(|n| n.starts_with(&prefix)) {
+                    let stat = s
+                        .run(s.client.check_stat(&format!("{lock_path}/{n}")))
+                        .await
+                        .map_err(unavailable)?;
+                    if let Some(stat) = stat {
+                        return Ok(Created {
+                            node: n.clone(),
+                            czxid: stat.czxid,
+                            children: Some(names),
+                        });
+                    }
+                }
+            }
+            losses += 1;
+            if losses >= ATTEMPTS || s.is_dead() {
+                return Err(unavailable(e));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(unavailable(last.unwrap_or(zk::Error::ConnectionLoss)))
     }
 
-    /// Lists the lock's children and places `rec` among them. `Ok(None)`: the node is gone.
+    /// The `czxid` a create answered, or (a server that does not say: 3.4's create) the node's.
+    async fn czxid_of(&self, s: &Session, lock_path: &str, node: &str, czxid: i64) -> Result<i64> {
+        if czxid > 0 {
+            return Ok(czxid);
+        }
+        let path = format!("{lock_path}/{node}");
+        match s.retry(|| s.client.check_stat(&path)).await {
+            Ok(Some(stat)) => Ok(stat.czxid),
+            Ok(None) => Err(Error::Unavailable(format!(
+                "ZooKeeper: the node {path} vanished right after its create"
+            ))),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// Places `rec` among the lock's children: those `listed` right after its create when they
+    /// include it, else listed now. `Ok(None)`: the node is gone.
     async fn check(
         &self,
         s: &Session,
         req: &Request<'_>,
         rec: &NodeRec,
+        listed: Option<Vec<String>>,
     ) -> Result<Option<(bool, Option<String>)>> {
-        let names = match self.list(s, &rec.lock_path).await {
-            Ok(n) => n,
-            Err(zk::Error::NoNode) => return Ok(None),
-            Err(e) => return Err(unavailable(e)),
+        let names = match listed.filter(|n| n.contains(&rec.node)) {
+            Some(n) => n,
+            None => match self.list(s, &rec.lock_path).await {
+                Ok(n) => n,
+                Err(zk::Error::NoNode) => return Ok(None),
+                Err(e) => return Err(unavailable(e)),
+            },
         };
         let children = sorted_children(names);
         let Some(i) = children.iter().position(|c| c.name == rec.node) else {
@@ -738,13 +960,22 @@ impl ZooKeeperBackend {
 
     /// Watches a held node so that `extend` learns of its deletion or revocation without a
     /// round trip.
-    fn watch_held(&self, rec: &NodeRec) {
+    /// The watch is set a little after the grant (an eighth of the hold's validity, at most
+    /// [`WATCH_HELD_AFTER`]): a hold released sooner never pays for its read, and a deletion or
+    /// revocation in the meantime is seen by that first read, so `lost()` (fired by the
+    /// watchdog's `extend` rounds, every third of the validity) comes at most that much later.
+    fn watch_held(&self, rec: &NodeRec, valid_for: Duration) {
         let s = rec.session.clone();
         let (deleted, revoked) = (rec.deleted.clone(), rec.revoked.clone());
         let path = format!("{}/{}", rec.lock_path, rec.node);
+        let after = (valid_for / 8).min(WATCH_HELD_AFTER);
         tokio::spawn(async move {
             let weak = Arc::downgrade(&s);
             drop(s);
+            tokio::time::sleep(after).await;
+            if deleted.load(Ordering::Acquire) {
+                return;
+            }
             loop {
                 let Some(s) = weak.upgrade() else { return };
                 let (data, watcher) = match s.client.get_and_watch_data(&path).await {
