@@ -241,6 +241,36 @@ pub struct Grant {
     pub valid_for: Duration,
 }
 
+impl Grant {
+    /// The grant a registered waiter takes without a round trip when a release handed it the
+    /// lock with `token` ([`Released::HandedOff`]). `since` is when its latest registering
+    /// attempt was sent and the highest token it saw then: a lower or equal token was handed
+    /// before that attempt (and taken back since), so it is stale. The lease counts from that
+    /// send; with less than half of it left, `None` (the next attempt's regrant renews it from
+    /// now). A grant clears `since` and `registered` (the release consumed the registration).
+    pub(crate) fn handed(
+        token: u64,
+        since: &mut Option<(std::time::Instant, u64)>,
+        registered: &mut bool,
+        lease: Duration,
+    ) -> Option<Grant> {
+        let (sent, seen) = (*since)?;
+        if token <= seen {
+            return None;
+        }
+        let left = lease.checked_sub(sent.elapsed())?;
+        if left < lease / 2 {
+            return None;
+        }
+        *since = None;
+        *registered = false;
+        Some(Grant {
+            token: Some(token),
+            valid_for: left,
+        })
+    }
+}
+
 /// Why and for how long an attempt was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Busy {

@@ -1767,22 +1767,7 @@ impl SqlAcquisition {
     fn handed(&mut self) -> Option<Grant> {
         let reg = self.reg.as_mut()?;
         let token = lock(&reg.slot.token).take()?;
-        let (sent, seen) = reg.since?;
-        if token <= seen {
-            // Handed before that attempt (and taken back since): stale.
-            return None;
-        }
-        let left = self.want.lease.checked_sub(sent.elapsed())?;
-        if left < self.want.lease / 2 {
-            // Waited long since: the attempt's regrant renews the lease from now.
-            return None;
-        }
-        reg.since = None;
-        reg.registered = false;
-        Some(Grant {
-            token: Some(token),
-            valid_for: left,
-        })
+        Grant::handed(token, &mut reg.since, &mut reg.registered, self.want.lease)
     }
 
     /// The listener's lock while it is up.
