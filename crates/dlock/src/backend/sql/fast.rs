@@ -23,7 +23,7 @@
 //! statement of a procedure costs more and a lost race rolls back for free, it takes the lock
 //! and looks once.
 //!
-//! **The release function** (PostgreSQL only, `<table>_release_v1`): deletes the owner's hold
+//! **The release function** (PostgreSQL only, `<table>_release_v2`): deletes the owner's hold
 //! and, when a registered mutex waiter of a live client is waiting and nothing else stands in
 //! the way (no fair queue, no other live hold), grants that waiter the lock in the same
 //! transaction (a new fence token, its lease and metadata from its registration) and tells its
@@ -54,7 +54,7 @@ pub fn routine(d: Dialect, t: &str) -> String {
 
 /// The release function's name (PostgreSQL).
 pub fn release_routine(t: &str) -> String {
-    format!("{t}_release_v1")
+    format!("{t}_release_v2")
 }
 
 /// The table of waiters registered for hand-offs and wake-ups (PostgreSQL).
@@ -136,7 +136,7 @@ pub fn drop_sql(d: Dialect, t: &str) -> String {
     match d {
         Dialect::Postgres => format!(
             "DO $dlock$ BEGIN \
-             DROP ROUTINE IF EXISTS {t}_grant_v1, {t}_grant_v2, {rel}; \
+             DROP ROUTINE IF EXISTS {t}_grant_v1, {t}_grant_v2, {t}_release_v1, {rel}; \
              DROP TABLE IF EXISTS {w}; \
              END $dlock$",
             rel = release_routine(t),
@@ -326,9 +326,9 @@ fn pg_release(t: &str, now: &str) -> String {
             w RECORD;
         BEGIN
             {INDEX_SCANS}
-            IF p_leaving THEN
-                DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
-            END IF;
+            -- The releasing owner waits for nothing: a registration of its own goes (a waiter
+            -- that gives up; or an attempt that raced the hand-off to it and registered again).
+            DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
             IF NOT EXISTS (SELECT 1 FROM {w} WHERE name = p_name)
                AND NOT EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name) THEN
                 -- Nobody waits: the delete alone, no wake-up.
@@ -338,20 +338,16 @@ fn pg_release(t: &str, now: &str) -> String {
             END IF;
             IF EXISTS (SELECT 1 FROM {w} WHERE name = p_name AND handoff)
                AND NOT EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name) THEN
-                -- Lock the name first, as every grant does, then release and hand on.
-                INSERT INTO {t}_fences AS f (name, fence) VALUES (p_name, 1)
-                    ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1
-                    WHERE f.fence < 9223372036854775807
-                    RETURNING f.fence INTO v_token;
+                -- Lock the name first, as every grant does, then release and hand on. The next
+                -- fence is taken only for a hand-off (a token is never spent on nobody).
+                PERFORM 1 FROM {t}_fences WHERE name = p_name FOR UPDATE;
                 v_now := {now};
                 DELETE FROM {t} WHERE name = p_name AND owner = p_owner AND expires_at_ms > v_now;
                 GET DIAGNOSTICS v = ROW_COUNT;
                 IF v = 0 THEN
                     RETURN {NOT_HELD};
                 END IF;
-                IF v_token IS NOT NULL
-                   AND NOT EXISTS (SELECT 1 FROM {t} WHERE name = p_name AND expires_at_ms > v_now)
-                THEN
+                IF NOT EXISTS (SELECT 1 FROM {t} WHERE name = p_name AND expires_at_ms > v_now) THEN
                     FOR w IN SELECT owner, channel, lk1, lk2, lease_ms, client_id, host, pid, value
                                FROM {w} WHERE name = p_name AND handoff
                                ORDER BY arrived, owner LOOP
@@ -361,6 +357,15 @@ fn pg_release(t: &str, now: &str) -> String {
                         -- is free).
                         IF v = 0 OR pg_try_advisory_xact_lock(w.lk1, w.lk2) THEN
                             CONTINUE;
+                        END IF;
+                        -- An exhausted counter: no hand-off; the name's waiters are woken and
+                        -- their attempts report it.
+                        UPDATE {t}_fences SET fence = fence + 1
+                            WHERE name = p_name AND fence < 9223372036854775807
+                            RETURNING fence INTO v_token;
+                        IF v_token IS NULL THEN
+                            PERFORM pg_notify('{t}', p_name);
+                            RETURN {RELEASED};
                         END IF;
                         INSERT INTO {t} AS h (name, owner, kind, permits, mode, fence,
                                               expires_at_ms, acquired_at_ms, client_id, host,

@@ -870,6 +870,63 @@ async fn postgres_handoffs_skip_the_gone_and_pass_on() {
     assert!(a.describe(n.as_str()).await.unwrap().is_empty());
 }
 
+/// Registers `r` for a hand-off under advisory lock `key`, as a refused attempt does.
+#[cfg(feature = "postgres")]
+async fn register(b: &SqlBackend, r: &Request<'_>, key: (i32, i32)) {
+    bind_registration(
+        sqlx::query(&b.inner.st.register),
+        &b.inner.table,
+        r,
+        true,
+        key,
+    )
+    .execute(&b.inner.pool)
+    .await
+    .unwrap();
+}
+
+/// An attempt of a waiter that raced the release handing it the lock registers it again once
+/// that release commits. Its own release drops that registration: the lock is not handed back
+/// to its releaser, and no fence token is spent. Nor is one spent on a waiter whose client is
+/// gone.
+#[cfg(feature = "postgres")]
+async fn postgres_releases_spend_tokens_only_on_handoffs() {
+    let d = Dialect::Postgres;
+    let a = open_isolated(d, "dlt_spend").await;
+    let b = open_isolated(d, "dlt_spend").await;
+    let n = name(&uniq("spend"));
+    let m = meta("m");
+    let (h, w) = (
+        rq(&n, "h", &m),
+        Request {
+            waiting: true,
+            ..rq(&n, "w", &m)
+        },
+    );
+    let t1 = token(a.acquire(&h).await.unwrap());
+    let bz = busy(b.acquire(&w).await.unwrap());
+    assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
+    // The racing attempt's registration, written after the hand-off.
+    let key = b.inner.listener.as_ref().and_then(|l| l.key()).unwrap();
+    register(&b, &w, key).await;
+    b.wait(&w, &bz, Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(token(b.acquire(&w).await.unwrap()), t1 + 1);
+    assert_eq!(b.release(&hr(&w)).await.unwrap(), Released::Released);
+    assert!(a.describe(n.as_str()).await.unwrap().is_empty());
+    assert_eq!(stored_fence(&a, n.as_str()).await, 2);
+    // A registration under an advisory lock nobody holds (its client is gone).
+    let t3 = token(a.acquire(&h).await.unwrap());
+    let ghost = rq(&n, "ghost", &m);
+    register(&b, &ghost, (i32::MIN + 7, 11)).await;
+    assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::Released);
+    assert!(a.describe(n.as_str()).await.unwrap().is_empty());
+    assert_eq!(stored_fence(&a, n.as_str()).await, 3);
+    assert_eq!(token(a.acquire(&h).await.unwrap()), t3 + 1);
+    assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::Released);
+}
+
 /// An observer (an election's follower: it watches without attempting) registers to be woken,
 /// and a release with nobody else waiting wakes it.
 #[cfg(feature = "postgres")]
@@ -1524,6 +1581,11 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn handoffs_skip_the_gone_and_pass_on() {
         super::postgres_handoffs_skip_the_gone_and_pass_on().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn releases_spend_tokens_only_on_handoffs() {
+        super::postgres_releases_spend_tokens_only_on_handoffs().await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
