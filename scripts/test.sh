@@ -160,6 +160,18 @@ cargo nextest run --workspace --locked --no-fail-fast "$@"
 log "doctests"
 cargo test --workspace --doc --locked
 
+# What a user of the published crates sees: the library with its default features only (no
+# warning there either), the API docs with every feature (docs.rs builds them so), and the
+# packages crates.io would get (metadata, files, versions of path dependencies).
+log "library alone (default features), docs, packages"
+cargo clippy -p dlock-rs --lib --locked -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc -p dlock-rs --all-features --no-deps --locked
+# (A working tree with uncommitted changes is packaged as it is; a clean checkout, as CI's, needs
+# no --allow-dirty.)
+dirty=()
+[ -n "$(git status --porcelain 2>/dev/null)" ] && dirty=(--allow-dirty)
+cargo package -p dlock-rs -p dlock-cli --no-verify --locked "${dirty[@]}"
+
 # The bounded fault-injection run (crates/dlock-chaos; the full run is scripts/chaos.sh). It
 # starts its own private servers and exits 1 if a property a store promises did not hold. Left
 # out when nextest arguments select a part of the suite.

@@ -669,6 +669,7 @@ mod store_tests {
     }
 
     /// Creates a fresh table, runs the scenario in a task, drops the table whatever happened.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     macro_rules! on_server {
         ($conn_ty:ty, $var:expr, $d:expr, $create:expr) => {{
             let url = env_url($var);

@@ -2,7 +2,7 @@
 //! per store, one test per scenario, named `<store>::<scenario>`.
 //!
 //! ```text
-//! cargo nextest run -p dlock --features conformance,redis,redlock,zookeeper,postgres,mysql,etcd \
+//! cargo nextest run -p dlock-rs --features conformance,redis,redlock,zookeeper,postgres,mysql,etcd \
 //!     --test conformance [-E 'test(/^sqlite::/)']
 //! ```
 //!

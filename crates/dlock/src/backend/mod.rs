@@ -20,23 +20,35 @@
 //!    removes any queue place.
 //! 5. While held: [`Backend::extend`] for all holds of a client in one call, and finally
 //!    [`Backend::release`], which compares the owner token.
+//!
+//! # What each store can do
+//!
+#![doc = include_str!("capabilities.md")]
 
 #[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod etcd;
 pub(crate) mod logic;
 pub mod memory;
 #[cfg(any(feature = "zookeeper", feature = "etcd"))]
 pub(crate) mod queue;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 #[cfg(feature = "redlock")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
 pub mod redlock;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 pub mod sql;
 #[cfg(test)]
 #[allow(dead_code)] // each store's tests use a different subset
 pub(crate) mod test_support;
 #[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub mod zookeeper;
 
 use crate::error::Result;
@@ -248,6 +260,7 @@ impl Grant {
     /// before that attempt (and taken back since), so it is stale. The lease counts from that
     /// send; with less than half of it left, `None` (the next attempt's regrant renews it from
     /// now). A grant clears `since` and `registered` (the release consumed the registration).
+    #[cfg(any(feature = "redis", feature = "postgres"))]
     pub(crate) fn handed(
         token: u64,
         since: &mut Option<(std::time::Instant, u64)>,

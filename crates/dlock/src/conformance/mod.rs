@@ -9,7 +9,7 @@
 //! dlock runs it on each of its own stores in `crates/dlock/tests/conformance.rs`:
 //!
 //! ```text
-//! cargo nextest run -p dlock --features conformance,redis,redlock,zookeeper,postgres,mysql \
+//! cargo nextest run -p dlock-rs --features conformance,redis,redlock,zookeeper,postgres,mysql \
 //!     --test conformance                                   # every store
 //! cargo nextest run … --test conformance -E 'test(/^sqlite::/)'   # one store
 //! cargo nextest run … --test conformance fair_fifo_order          # one scenario
@@ -23,7 +23,7 @@
 //! ## How to run the suite on your store
 //!
 //! Add dlock with the feature to your crate's dev-dependencies
-//! (`dlock = { version = "…", features = ["conformance"] }`) and write one line per
+//! (`dlock = { package = "dlock-rs", version = "…", features = ["conformance"] }`) and write one line per
 //! configuration of your store in a test file (`tests/conformance.rs`):
 //!
 //! ```

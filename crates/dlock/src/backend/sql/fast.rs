@@ -19,7 +19,8 @@
 //! On PostgreSQL the routine first looks at the holds and queue without any lock: a refusal or a
 //! "full path" answer costs no write, and only a name that looked empty takes the fence row
 //! lock, looks again, and grants. A refused waiting mutex request registers in
-//! `<table>_waiters` (see [`waiters_sql`]) for a hand-off. On MySQL/MariaDB, where each
+//! `<table>_waiters` (a row per waiter: its client's hand-off channel and listener lock, its lease
+//! and metadata) for a hand-off. On MySQL/MariaDB, where each
 //! statement of a procedure costs more and a lost race rolls back for free, it takes the lock
 //! and looks once.
 //!

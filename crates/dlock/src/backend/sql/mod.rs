@@ -128,30 +128,38 @@
 //! database is [`Error::Unavailable`](crate::Error::Unavailable) within seconds, never a hang.
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub mod config;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub mod fast;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod server;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod session;
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod xact;
 
 pub(crate) mod common;
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub use config::{Dialect, HoldMode, SqlConfig};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub use server::{
     advisory_key, fnv1a64, mysql_lock_name, SqlBackend, MAX_CONNECTIONS, OP_TIMEOUT, POLL_MAX,
     POLL_MIN, STATEMENT_TIMEOUT,
 };
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub use session::SessionBackend;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use xact::{try_xact_lock, xact_lock, xact_lock_timeout, XactLock, XactOptions};
 
 /// Opens the PostgreSQL or MySQL/MariaDB store of `url`: [`SqlBackend`], or [`SessionBackend`]
