@@ -99,7 +99,7 @@ pub fn table(infos: &[dlock::LockInfo]) -> String {
     render(&heads, &aligns, &rows)
 }
 
-/// Runs `dlock list`.
+/// Runs `dlock list` once.
 pub async fn list(url: Option<&str>, json: bool, prefix: &str) -> CliResult {
     let url = store::resolve(url)?;
     let client = store::connect(&url).await?;
@@ -110,19 +110,153 @@ pub async fn list(url: Option<&str>, json: bool, prefix: &str) -> CliResult {
         )
     })?;
     if json {
-        let s = serde_json::to_string(&infos)
-            .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot encode JSON: {e}")))?;
-        println!("{s}");
-    } else if infos.is_empty() {
-        if prefix.is_empty() {
-            println!("no locks held");
-        } else {
-            println!("no locks held under {:?}", prefix);
-        }
+        println!("{}", to_json(&infos)?);
     } else {
-        print!("{}", table(&infos));
+        print!("{}", view(&infos, prefix));
     }
     Ok(exit::OK)
+}
+
+fn to_json(infos: &[dlock::LockInfo]) -> Result<String, Failure> {
+    serde_json::to_string(infos)
+        .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot encode JSON: {e}")))
+}
+
+/// The table of `dlock list`, or the line saying there is nothing to show.
+fn view(infos: &[dlock::LockInfo], prefix: &str) -> String {
+    if !infos.is_empty() {
+        table(infos)
+    } else if prefix.is_empty() {
+        "no locks held\n".to_string()
+    } else {
+        format!("no locks held under {prefix:?}\n")
+    }
+}
+
+/// What `dlock list --watch` does.
+#[derive(Debug, Clone)]
+pub struct WatchOpts {
+    /// The time between the starts of two rounds.
+    pub interval: Duration,
+    /// Stop after this many rounds (`None`: until interrupted).
+    pub count: Option<u64>,
+    /// One JSON array per line per round.
+    pub json: bool,
+}
+
+/// Clears the screen and moves the cursor home (a terminal's redraw).
+pub const CLEAR: &str = "\x1b[H\x1b[2J";
+/// Hides the cursor while the view is redrawn.
+pub const HIDE_CURSOR: &str = "\x1b[?25l";
+/// Shows the cursor again (the terminal restored).
+pub const SHOW_CURSOR: &str = "\x1b[?25h";
+
+/// Shows the cursor again when the watch ends, however it ends.
+struct CursorGuard;
+
+impl Drop for CursorGuard {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = write!(out, "{SHOW_CURSOR}");
+        let _ = out.flush();
+    }
+}
+
+/// The first line of a round in the text view: the store, the prefix, the interval, the time.
+fn header(url: &str, prefix: &str, interval: Duration, round: u64) -> String {
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+    let under = if prefix.is_empty() {
+        String::new()
+    } else {
+        format!(" {prefix:?}")
+    };
+    format!(
+        "dlock list{under} on {url}, every {}: round {round}, {now}",
+        humantime::format_duration(interval)
+    )
+}
+
+/// Runs `dlock list --watch`: one listing per round until `--count` rounds are done or SIGINT /
+/// SIGTERM arrives (exit 0 then). A round whose listing fails shows the error in the view (on
+/// stderr with `--json`) and the next round tries again; after `--count` rounds the exit code is
+/// 69 if the last round failed, else 0.
+pub async fn watch(url: Option<&str>, prefix: &str, opts: WatchOpts) -> CliResult {
+    use std::io::{IsTerminal, Write};
+    use tokio::signal::unix::{signal, SignalKind};
+
+    let url = store::resolve(url)?;
+    let client = store::connect(&url).await?;
+    let shown_url = client.url().to_string();
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot catch SIGINT: {e}")))?;
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot catch SIGTERM: {e}")))?;
+    let tty = !opts.json && std::io::stdout().is_terminal();
+    let _cursor = if tty {
+        let mut out = std::io::stdout().lock();
+        let _ = write!(out, "{HIDE_CURSOR}");
+        Some(CursorGuard)
+    } else {
+        None
+    };
+    let mut ticks = tokio::time::interval(opts.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut round: u64 = 0;
+    let mut last_failed;
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = int.recv() => return Ok(exit::OK),
+            _ = term.recv() => return Ok(exit::OK),
+        }
+        round += 1;
+        let listed = tokio::select! {
+            r = client.list(prefix) => r,
+            _ = int.recv() => return Ok(exit::OK),
+            _ = term.recv() => return Ok(exit::OK),
+        };
+        last_failed = listed.is_err();
+        let mut text = String::new();
+        if opts.json {
+            match listed {
+                Ok(infos) => {
+                    text.push_str(&to_json(&infos)?);
+                    text.push('\n');
+                }
+                Err(e) => eprintln!("dlock: cannot list locks on {shown_url}: {e} (trying again)"),
+            }
+        } else {
+            if tty {
+                text.push_str(CLEAR);
+            } else if round > 1 {
+                text.push('\n');
+            }
+            text.push_str(&header(&shown_url, prefix, opts.interval, round));
+            text.push_str("\n\n");
+            match listed {
+                Ok(infos) => text.push_str(&view(&infos, prefix)),
+                Err(e) => text.push_str(&format!(
+                    "cannot list locks: {}\n(trying again every {})\n",
+                    e.to_string().replace('\n', " "),
+                    humantime::format_duration(opts.interval)
+                )),
+            }
+        }
+        {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(text.as_bytes());
+            let _ = out.flush();
+        }
+        if opts.count.is_some_and(|n| round >= n) {
+            break;
+        }
+    }
+    Ok(if last_failed {
+        exit::UNAVAILABLE
+    } else {
+        exit::OK
+    })
 }
 
 /// Runs `dlock unlock`: revokes the holds of `name` (`--force`), or removes them at once

@@ -263,14 +263,32 @@ struct ReapArgs {
 ///
 /// Shows name, kind, mode, owner, host, pid, fencing token, lease left and when each hold was
 /// acquired, as a table, or the full records as one JSON array with --json.
+///
+/// --watch lists again every --interval, like watch(1), until Ctrl-C or SIGTERM (exit 0) or
+/// --count rounds. On a terminal each round clears the screen and redraws a header line (store,
+/// round, time) and the table; into a pipe or file each round is printed after the last one,
+/// separated by an empty line, without escape codes. With --json each round is one JSON array on
+/// one line (JSON Lines). A store that fails mid-watch does not end the watch: the round shows
+/// the error (on stderr with --json, and no line for that round) and the next round tries again;
+/// after --count rounds dlock exits 69 if the last round failed. A store that cannot be opened
+/// at the start exits 69 (64 for a bad URL) as `dlock list` does.
 #[derive(Debug, Args)]
 struct ListArgs {
     /// Store URL [default: $DLOCK_URL, else the SQLite file in your state directory]
     #[arg(long, value_name = "URL")]
     url: Option<String>,
-    /// Print one JSON array instead of a table
+    /// Print one JSON array instead of a table (with --watch: one per line per round)
     #[arg(long)]
     json: bool,
+    /// List again every --interval until interrupted, redrawing the view (see above)
+    #[arg(long)]
+    watch: bool,
+    /// With --watch: the time between rounds, from 100ms to 1h
+    #[arg(long, value_name = "DUR", default_value = "2s", requires = "watch", value_parser = parse_interval, allow_hyphen_values = true)]
+    interval: Duration,
+    /// With --watch: stop after N rounds (N at least 1) [default: until interrupted]
+    #[arg(long, value_name = "N", requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
+    count: Option<u64>,
     /// Only locks whose name starts with PREFIX
     #[arg(value_name = "PREFIX", default_value = "")]
     prefix: String,
@@ -379,6 +397,24 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The shortest and longest `dlock list --watch --interval`.
+const WATCH_INTERVALS: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(3600));
+
+/// Parses the interval of `dlock list --watch`: between 100 ms and an hour.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    let (min, max) = WATCH_INTERVALS;
+    if d < min || d > max {
+        return Err(format!(
+            "the interval must be between {} and {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
+}
+
 /// Parses a lease: a duration between the library's shortest and longest lease.
 fn parse_ttl(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
@@ -481,6 +517,14 @@ fn real_main() -> i32 {
             }
             Cmd::Hold(a) => hold::hold(a.lock.into_opts()).await,
             Cmd::ReapGroup(_) => Ok(exit::SOFTWARE),
+            Cmd::List(a) if a.watch => {
+                let opts = list::WatchOpts {
+                    interval: a.interval,
+                    count: a.count,
+                    json: a.json,
+                };
+                list::watch(a.url.as_deref(), &a.prefix, opts).await
+            }
             Cmd::List(a) => list::list(a.url.as_deref(), a.json, &a.prefix).await,
             Cmd::Unlock(a) => list::unlock(a.url.as_deref(), &a.name, a.force, a.brk).await,
             Cmd::Demo(a) => demo::demo(a.url.as_deref(), a.buyers, a.tickets).await,

@@ -861,3 +861,299 @@ fn sqlite_leases_ignore_a_process_wall_clock() {
         "the paused holder found its lock lost: {o:?}"
     );
 }
+
+/// Starts `dlock run` waiting for `name` (held by someone else); its command, once it has the
+/// lock, touches `<name>-got` and runs for at most 10 s. Returns when the store lists the waiter
+/// (`--fair`: a lease store keeps only fair waiters in the store, so only those are listed).
+fn wait_on(store: &Store, name: &str) -> (Proc, PathBuf) {
+    let got = store.path(&format!("{}-got", name.replace('/', "_")));
+    let script = format!(
+        "touch {g}; i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done",
+        g = got.display()
+    );
+    let p = Proc::spawn(
+        dlock(&[
+            "run", "--url", &store.url, "--fair", name, "--", "sh", "-c", &script,
+        ]),
+        store.dir.path(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let o = exec(
+            dlock(&["list", "--url", &store.url, "--json", name]),
+            store.dir.path(),
+            Duration::from_secs(20),
+        );
+        let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("list --json");
+        if v[0]["waiters"].as_array().is_some_and(|w| {
+            w.iter()
+                .any(|w| w["pid"].as_u64() == Some(p.child.id().into()))
+        }) {
+            return (p, got);
+        }
+        assert!(Instant::now() < deadline, "the waiter never showed: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The pids of a `dlock list --json` record's holders and waiters.
+fn pids(v: &serde_json::Value, key: &str) -> Vec<u64> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l[key].as_array().cloned().unwrap_or_default())
+        .filter_map(|h| h["pid"].as_u64())
+        .collect()
+}
+
+/// Starts `dlock` with stdout on a pipe, each line sent to the returned channel.
+fn spawn_lines(
+    cmd: Command,
+    dir: &std::path::Path,
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let mut cmd = cmd;
+    cmd.current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn dlock");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+fn wait_child(child: &mut std::process::Child, timeout: Duration) -> Option<i32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            return st.code();
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("dlock did not finish within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn list_watch_json_lines_show_a_release_between_rounds() {
+    let s = Store::new();
+    let (holder, _, _) = hold(&s, "jobs/stuck", &[]);
+    let (waiter, got) = wait_on(&s, "jobs/stuck");
+    let (holder_pid, waiter_pid) = (u64::from(holder.child.id()), u64::from(waiter.child.id()));
+    let (mut watch, lines) = spawn_lines(
+        dlock(&[
+            "list",
+            "--url",
+            &s.url,
+            "--watch",
+            "--json",
+            "--count",
+            "3",
+            "--interval",
+            "700ms",
+        ]),
+        s.dir.path(),
+    );
+    let next = || {
+        let line = lines
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a round within 10 s");
+        serde_json::from_str::<serde_json::Value>(&line)
+            .unwrap_or_else(|e| panic!("not one JSON document per line: {e}: {line}"))
+    };
+    let first = next();
+    assert_eq!(pids(&first, "holders"), vec![holder_pid], "{first}");
+    assert_eq!(pids(&first, "waiters"), vec![waiter_pid], "{first}");
+    // The holder lets go; the waiter takes the lock before a later round.
+    drop(holder);
+    assert!(
+        wait_for_file(&got, Duration::from_secs(10)),
+        "the waiter never got the lock"
+    );
+    let _second = next();
+    let third = next();
+    assert_eq!(pids(&third, "holders"), vec![waiter_pid], "{third}");
+    assert!(pids(&third, "waiters").is_empty(), "{third}");
+    assert_eq!(wait_child(&mut watch, Duration::from_secs(10)), Some(0));
+    assert!(
+        lines.recv_timeout(Duration::from_secs(1)).is_err(),
+        "three rounds, three lines"
+    );
+    drop(waiter);
+}
+
+#[test]
+fn list_watch_into_a_pipe_prints_each_round_without_escape_codes() {
+    let s = Store::new();
+    let (holder, _, _) = hold(&s, "jobs/piped", &[]);
+    let (waiter, _) = wait_on(&s, "jobs/piped");
+    let o = exec(
+        dlock(&[
+            "list",
+            "--url",
+            &s.url,
+            "--watch",
+            "--count",
+            "3",
+            "--interval",
+            "200ms",
+        ]),
+        s.dir.path(),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert!(!o.stdout.contains('\x1b'), "{o:?}");
+    let heads: Vec<&str> = o
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("dlock list on "))
+        .collect();
+    assert_eq!(heads.len(), 3, "{}", o.stdout);
+    assert!(
+        heads[0].contains(&s.url) && heads[0].contains("every 200ms"),
+        "{}",
+        heads[0]
+    );
+    assert!(heads[2].contains("round 3"), "{}", heads[2]);
+    // Each round: the table with the holder and the waiter.
+    let rounds: Vec<&str> = o.stdout.split("dlock list on ").skip(1).collect();
+    for r in &rounds {
+        assert!(r.contains("NAME"), "{r}");
+        let (hp, wp) = (holder.child.id().to_string(), waiter.child.id().to_string());
+        assert!(
+            r.lines().any(|l| !l.contains("waiting") && l.contains(&hp)),
+            "{r}"
+        );
+        let waiting = r
+            .lines()
+            .find(|l| l.contains("waiting #1"))
+            .unwrap_or_default();
+        assert!(waiting.contains(&wp), "{r}");
+    }
+    // An empty store says so in every round.
+    let e = Store::new();
+    let o = exec(
+        dlock(&[
+            "list",
+            "--url",
+            &e.url,
+            "--watch",
+            "--count",
+            "2",
+            "--interval",
+            "100ms",
+        ]),
+        e.dir.path(),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.code, Some(0), "{o:?}");
+    assert_eq!(o.stdout.matches("no locks held").count(), 2, "{o:?}");
+    drop(waiter);
+    drop(holder);
+}
+
+#[test]
+fn list_watch_usage_errors_exit_64() {
+    let s = Store::new();
+    for args in [
+        vec!["--watch", "--interval", "0s"],
+        vec!["--watch", "--interval", "10ms"],
+        vec!["--watch", "--interval", "2h"],
+        vec!["--watch", "--interval", "banana"],
+        vec!["--watch", "--count", "0"],
+        vec!["--interval", "1s"],
+        vec!["--count", "3"],
+    ] {
+        let mut all = vec!["list", "--url", &s.url];
+        all.extend_from_slice(&args);
+        let o = exec(dlock(&all), s.dir.path(), Duration::from_secs(20));
+        assert_eq!(o.code, Some(64), "{args:?}: {o:?}");
+        assert!(!o.stderr.is_empty(), "{args:?}: says why");
+    }
+}
+
+#[test]
+fn list_watch_on_a_terminal_redraws_and_ends_cleanly_on_sigterm() {
+    use std::io::Read;
+    use std::os::fd::{AsFd, OwnedFd};
+    let s = Store::new();
+    let (holder, _, _) = hold(&s, "jobs/tty", &[]);
+    let pty = nix::pty::openpty(None, None).expect("openpty");
+    let slave: OwnedFd = pty.slave;
+    let mut cmd = dlock(&["list", "--url", &s.url, "--watch", "--interval", "200ms"]);
+    cmd.current_dir(s.dir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(
+            slave.as_fd().try_clone_to_owned().expect("dup"),
+        ))
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().expect("spawn dlock");
+    drop(cmd);
+    drop(slave);
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let mut master = std::fs::File::from(pty.master);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        // Ends with EIO once the child has exited and the last slave descriptor is closed.
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    const CLEAR: &str = "\x1b[H\x1b[2J";
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while String::from_utf8_lossy(&seen).matches(CLEAR).count() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "no three redraws: {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+        if let Ok(b) = rx.recv_timeout(Duration::from_millis(100)) {
+            seen.extend(b);
+        }
+    }
+    let mut watch = Proc {
+        child,
+        out: PathBuf::new(),
+        err: PathBuf::new(),
+        started: Instant::now(),
+    };
+    watch.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(
+        wait_child(&mut watch.child, Duration::from_secs(10)),
+        Some(0)
+    );
+    while let Ok(b) = rx.recv_timeout(Duration::from_millis(500)) {
+        seen.extend(b);
+    }
+    let text = String::from_utf8_lossy(&seen).to_string();
+    assert!(
+        text.starts_with("\x1b[?25l"),
+        "the cursor is hidden: {text:?}"
+    );
+    assert!(
+        text.ends_with("\x1b[?25h"),
+        "the cursor is shown again: {text:?}"
+    );
+    let round = text.split(CLEAR).nth(2).unwrap_or_default();
+    assert!(
+        round.contains("dlock list on ") && round.contains("round 2"),
+        "{round:?}"
+    );
+    assert!(round.contains(&holder.child.id().to_string()), "{round:?}");
+    drop(holder);
+}

@@ -348,3 +348,81 @@ async fn rediss_verifies_the_server_against_the_system_roots() {
     assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "token=1");
     drop(server);
 }
+
+/// `dlock list --watch` outlives a store that goes away: the rounds while it is down show the
+/// error, the next rounds show the locks again, and SIGTERM ends the watch with exit 0.
+#[test]
+fn list_watch_shows_a_store_that_went_away_and_tries_again() {
+    use std::io::BufRead;
+    let mut server = Server::start(&[]).unwrap();
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args([
+            "list",
+            "--url",
+            &server.url(),
+            "--watch",
+            "--interval",
+            "200ms",
+            "--count",
+            "200",
+        ])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let mut wait_for = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(l) => {
+                    let found = l.contains(what);
+                    seen.push(l);
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => panic!(
+                    "no {what:?} within 15 s; the view so far:\n{}",
+                    seen.join("\n")
+                ),
+            }
+        }
+    };
+    wait_for("no locks held");
+    server.stop();
+    wait_for("cannot list locks");
+    server.spawn().unwrap();
+    wait_for("no locks held");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(watch.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = watch.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the watch did not end on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    drop(server);
+}
