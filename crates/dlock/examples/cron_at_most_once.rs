@@ -13,7 +13,7 @@
 //! Runs on the embedded SQLite store in a temporary directory, no set-up:
 //!
 //! ```sh
-//! cargo run -p dlock --example cron_at_most_once
+//! cargo run -p dlock-rs --example cron_at_most_once
 //! ```
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -54,9 +54,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             "tick {tick}: host {host} runs the job (token {:?}, {skew:?} late)",
                             guard.token()
                         );
-                        tokio::time::sleep(Duration::from_millis(20)).await; // the job
-                                                                             // Keep others out until HOLD_AT_LEAST after the start, then the store
-                                                                             // ends the hold by itself.
+                        // The job.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        // Keep others out until HOLD_AT_LEAST after the start; then the store
+                        // ends the hold by itself.
                         let left = HOLD_AT_LEAST.saturating_sub(started.elapsed());
                         guard.expire_in(left).await?;
                         drop(guard);

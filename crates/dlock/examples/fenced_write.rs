@@ -19,8 +19,8 @@
 //! directory, so it runs with no set-up. The locks are on the embedded SQLite store.
 //!
 //! ```sh
-//! cargo run -p dlock --example fenced_write
-//! DLOCK_EXAMPLE_POSTGRES_URL=postgres://postgres@127.0.0.1/test cargo run -p dlock --example fenced_write
+//! cargo run -p dlock-rs --example fenced_write
+//! DLOCK_EXAMPLE_POSTGRES_URL=postgres://postgres@127.0.0.1/test cargo run -p dlock-rs --example fenced_write
 //! ```
 
 use sqlx::any::AnyPoolOptions;

@@ -11,7 +11,7 @@
 //! Runs on the embedded SQLite store in a temporary directory, no set-up:
 //!
 //! ```sh
-//! cargo run -p dlock --example leader_election
+//! cargo run -p dlock-rs --example leader_election
 //! ```
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -11,7 +11,7 @@
 //! Runs on the embedded SQLite store in a temporary directory, no set-up:
 //!
 //! ```sh
-//! cargo run -p dlock --example rwlock_cache
+//! cargo run -p dlock-rs --example rwlock_cache
 //! ```
 
 use std::path::{Path, PathBuf};

@@ -10,7 +10,7 @@
 //! Runs on the embedded SQLite store in a temporary directory, no set-up:
 //!
 //! ```sh
-//! cargo run -p dlock --example semaphore_rate_limit
+//! cargo run -p dlock-rs --example semaphore_rate_limit
 //! ```
 
 use std::sync::atomic::{AtomicUsize, Ordering};
