@@ -61,7 +61,7 @@ fn value(scrape: &str, metric: &str, with: &str) -> f64 {
 async fn prometheus_example_exports_every_documented_metric() {
     let doc = documented();
     assert!(
-        doc.len() >= 10,
+        doc.len() >= 5,
         "docs/METRICS.md lists too few metrics: {doc:?}"
     );
 

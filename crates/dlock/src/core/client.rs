@@ -275,6 +275,12 @@ impl Inner {
         }
         loop {
             if std::mem::take(&mut first_in_line) {
+                // Behind this client's other waiters of the name: waiting already.
+                let name = self.store.name_label.then_some(&spec.name);
+                waiting = Some(super::metrics::Waiting::new(
+                    self.store.backend.name(),
+                    name,
+                ));
                 if let Some(place) = line.as_ref() {
                     let mut until = Instant::now() + MAX_NATIVE_SLICE;
                     if let Wait::Until(d) = wait {
