@@ -121,3 +121,37 @@ async fn prometheus_example_exports_every_documented_metric() {
     assert_eq!(value(&scrape, "dlock_holds", "backend=\"sqlite\""), 1.0);
     assert_eq!(value(&scrape, "dlock_waiters", "backend=\"sqlite\""), 0.0);
 }
+
+/// The lock name is a label only for a client that opts in.
+#[test]
+fn metrics_name_label_is_opt_in() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // A thread-local recorder: everything runs on this thread's runtime.
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let plain = dlock::connect("mem://name-label").await.expect("client");
+            let named = dlock::connect_with(
+                "mem://name-label",
+                dlock::ClientOptions::default().metrics_name_label(true),
+            )
+            .await
+            .expect("client");
+            let g = plain.mutex("jobs/plain").expect("name").acquire().await;
+            g.expect("granted").release().await.expect("released");
+            let g = named.mutex("jobs/named").expect("name").acquire().await;
+            g.expect("granted").release().await.expect("released");
+        })
+    });
+    let scrape = handle.render();
+    assert!(
+        value(&scrape, "dlock_acquire_total", "name=\"jobs/named\"") >= 1.0,
+        "{scrape}"
+    );
+    assert!(value(&scrape, "dlock_hold_seconds_count", "name=\"jobs/named\"") >= 1.0);
+    assert!(!scrape.contains("jobs/plain"), "{scrape}");
+}
