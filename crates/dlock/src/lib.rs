@@ -27,6 +27,17 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the layers and the backend trait, and `docs/BACKENDS.md` for
 //! what each store guarantees.
+//!
+//! # Metrics
+//!
+//! Emitted through the [`metrics`](https://docs.rs/metrics) facade (install any recorder), every
+//! one labelled by `backend`: `dlock_acquire_total` (`result`), `dlock_acquire_wait_seconds`,
+//! `dlock_acquire_busy_total`, `dlock_waiters`, `dlock_holds`, `dlock_hold_seconds`,
+//! `dlock_lost_total`, `dlock_renew_batches_total`, `dlock_renew_failures_total` (`reason`) and
+//! `dlock_store_errors_total` (`kind`). The lock name is a label only with
+//! [`ClientOptions::metrics_name_label`]. Spans: `dlock.acquire`, `dlock.release`, `dlock.renew`,
+//! and `dlock.lost` around the warning of a loss. `docs/METRICS.md` says what each one counts;
+//! `examples/prometheus.rs` and `examples/tracing.rs` show them.
 
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -60,7 +60,13 @@ impl Client {
             None => Arc::new(NameSignals::default()),
         };
         let calls = Calls::new(backend.as_ref(), &url);
-        let store = Arc::new(Store::new(backend, caps, calls, local));
+        let store = Arc::new(Store::new(
+            backend,
+            caps,
+            calls,
+            local,
+            options.metrics_name_label,
+        ));
         let schedule = Arc::new(Schedule::new());
         rt.spawn(watchdog(Arc::downgrade(&store), schedule.clone()));
         let inner = Arc::new(Inner {
@@ -180,11 +186,28 @@ impl Inner {
     /// release, the store's wake-up, or the moment a blocking lease runs out; attempt again.
     pub(crate) async fn acquire(self: &Arc<Self>, spec: &Spec, wait: Wait) -> Result<Arc<Hold>> {
         use tracing::Instrument;
-        let span = tracing::debug_span!("dlock.acquire", name = %spec.name, kind = %spec.kind, mode = spec.mode.as_str());
-        self.acquire_inner(spec, wait).instrument(span).await
+        // `waited` and `token` are recorded at the grant.
+        let span = tracing::debug_span!(
+            "dlock.acquire",
+            name = %spec.name,
+            store = self.store.backend.name(),
+            kind = %spec.kind,
+            mode = spec.mode.as_str(),
+            waited = tracing::field::Empty,
+            token = tracing::field::Empty,
+        );
+        self.acquire_inner(spec, wait, &span)
+            .instrument(span.clone())
+            .await
     }
 
-    async fn acquire_inner(self: &Arc<Self>, spec: &Spec, wait: Wait) -> Result<Arc<Hold>> {
+    async fn acquire_inner(
+        self: &Arc<Self>,
+        spec: &Spec,
+        wait: Wait,
+        span: &tracing::Span,
+    ) -> Result<Arc<Hold>> {
+        use super::metrics::{ACQUIRE_BUSY_TOTAL, ACQUIRE_TOTAL, ACQUIRE_WAIT_SECONDS};
         check_lease(spec.lease)?;
         let owner = uuid::Uuid::new_v4().to_string();
         let valued;
@@ -231,6 +254,9 @@ impl Inner {
             settling: self.store.settling.clone(),
         };
         let mut line: Option<LinePlace> = None;
+        // Counted in `dlock_waiters` from the first busy answer of a waiting acquisition until
+        // it ends (a dropped future too).
+        let mut waiting: Option<super::metrics::Waiting> = None;
         // A waiting mutex request of a client that already has waiters of the name joins their
         // line before its first attempt: while a task of this client waits, that task's attempt
         // (made at once on this client's own release, and on the store's wake-up) is the
@@ -249,6 +275,12 @@ impl Inner {
         }
         loop {
             if std::mem::take(&mut first_in_line) {
+                // Behind this client's other waiters of the name: waiting already.
+                let name = self.store.name_label.then_some(&spec.name);
+                waiting = Some(super::metrics::Waiting::new(
+                    self.store.backend.name(),
+                    name,
+                ));
                 if let Some(place) = line.as_ref() {
                     let mut until = Instant::now() + MAX_NATIVE_SLICE;
                     if let Wait::Until(d) = wait {
@@ -297,15 +329,32 @@ impl Inner {
                     {
                         self.store.kick.notify_one();
                     }
-                    metrics::counter!("dlock_acquire_total", "backend" => self.store.backend.name(), "result" => "granted").increment(1);
-                    metrics::histogram!("dlock_acquire_wait_seconds", "backend" => self.store.backend.name())
-                        .record(started.elapsed().as_secs_f64());
-                    tracing::debug!(token = ?g.token, waited = ?started.elapsed(), "granted");
+                    let waited = started.elapsed();
+                    metrics::counter!(
+                        ACQUIRE_TOTAL,
+                        self.store.labels(&spec.name, Some(("result", "granted")))
+                    )
+                    .increment(1);
+                    metrics::histogram!(ACQUIRE_WAIT_SECONDS, self.store.labels(&spec.name, None))
+                        .record(waited.as_secs_f64());
+                    span.record("waited", tracing::field::debug(waited));
+                    if let Some(t) = g.token {
+                        span.record("token", t);
+                    }
+                    tracing::debug!(token = ?g.token, ?waited, "granted");
                     return Ok(hold);
                 }
-                Ok(Attempt::Busy(b)) => b,
+                Ok(Attempt::Busy(b)) => {
+                    metrics::counter!(ACQUIRE_BUSY_TOTAL, self.store.labels(&spec.name, None))
+                        .increment(1);
+                    b
+                }
                 Err(e) => {
-                    metrics::counter!("dlock_acquire_total", "backend" => self.store.backend.name(), "result" => "error").increment(1);
+                    metrics::counter!(
+                        ACQUIRE_TOTAL,
+                        self.store.labels(&spec.name, Some(("result", "error")))
+                    )
+                    .increment(1);
                     return Err(e);
                 }
             };
@@ -313,7 +362,11 @@ impl Inner {
             let give_up = match wait {
                 Wait::No => {
                     waiter.armed = false;
-                    metrics::counter!("dlock_acquire_total", "backend" => self.store.backend.name(), "result" => "busy").increment(1);
+                    metrics::counter!(
+                        ACQUIRE_TOTAL,
+                        self.store.labels(&spec.name, Some(("result", "busy")))
+                    )
+                    .increment(1);
                     return Err(Error::Busy {
                         name: spec.name.to_string(),
                     });
@@ -321,10 +374,21 @@ impl Inner {
                 Wait::Until(d) => Some(d),
                 Wait::Forever => None,
             };
+            if waiting.is_none() {
+                let name = self.store.name_label.then_some(&spec.name);
+                waiting = Some(super::metrics::Waiting::new(
+                    self.store.backend.name(),
+                    name,
+                ));
+            }
             if let Some(d) = give_up {
                 if now >= d {
                     self.give_up(&mut waiter, &req).await;
-                    metrics::counter!("dlock_acquire_total", "backend" => self.store.backend.name(), "result" => "timeout").increment(1);
+                    metrics::counter!(
+                        ACQUIRE_TOTAL,
+                        self.store.labels(&spec.name, Some(("result", "timeout")))
+                    )
+                    .increment(1);
                     return Err(Error::Timeout {
                         name: spec.name.to_string(),
                         waited: started.elapsed(),

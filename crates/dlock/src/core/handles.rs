@@ -622,7 +622,16 @@ async fn release_hold(hold: Arc<Hold>) -> Result<()> {
     }
     let before = hold.mark_released();
     hold.store.forget(&hold.owner);
-    let span = tracing::debug_span!("dlock.release", name = %hold.name, token = ?hold.token);
+    let span = tracing::debug_span!(
+        "dlock.release",
+        name = %hold.name,
+        store = hold.store.backend.name(),
+        token = tracing::field::Empty,
+        held = ?hold.granted_at.elapsed(),
+    );
+    if let Some(t) = hold.token {
+        span.record("token", t);
+    }
     let r = {
         use tracing::Instrument;
         hold.store

@@ -31,6 +31,8 @@ pub(crate) struct Store {
     pub(crate) kick: Arc<Notify>,
     /// Releases and cancels of this client still running in the background, per name.
     pub(crate) settling: Arc<Settling>,
+    /// Whether per-lock metrics carry the lock name ([`crate::ClientOptions::metrics_name_label`]).
+    pub(crate) name_label: bool,
 }
 
 impl Store {
@@ -39,7 +41,9 @@ impl Store {
         caps: Capabilities,
         calls: Calls,
         local: Arc<NameSignals>,
+        name_label: bool,
     ) -> Store {
+        super::metrics::register(backend.name(), name_label);
         Store {
             backend,
             caps,
@@ -48,7 +52,18 @@ impl Store {
             holds: StdMutex::new(HashMap::new()),
             kick: Arc::new(Notify::new()),
             settling: Arc::default(),
+            name_label,
         }
+    }
+
+    /// The labels of a per-lock metric of `name` (the name only if opted in).
+    pub(crate) fn labels(
+        &self,
+        name: &LockName,
+        extra: Option<(&'static str, &'static str)>,
+    ) -> Vec<metrics::Label> {
+        let name = self.name_label.then_some(name);
+        super::metrics::labels(self.backend.name(), name, extra)
     }
 
     fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Hold>>> {
@@ -76,6 +91,13 @@ impl Store {
     /// Wakes this process's tasks waiting on `name` (after a release in this process).
     pub(crate) fn wake_local(&self, name: &str) {
         self.local.wake(name);
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        // A hold whose guards let go without a release (`expire_in`) ends here.
+        self.ended();
     }
 }
 
@@ -109,6 +131,10 @@ pub(crate) struct Hold {
     pub(crate) token: Option<u64>,
     pub(crate) lease: Duration,
     pub(crate) acquired_at: SystemTime,
+    /// When it was granted (monotonic), for `dlock_hold_seconds` and the release span.
+    pub(crate) granted_at: Instant,
+    /// Set once the hold's end was counted (`dlock_holds`, `dlock_hold_seconds`).
+    ended: AtomicBool,
     /// Live guards of this hold (reentrancy count). 0 = the hold is being or has been released.
     pub(crate) guards: AtomicUsize,
     renew: AtomicBool,
@@ -131,6 +157,7 @@ impl Hold {
         renew_at: Instant,
     ) -> Arc<Hold> {
         let (state, _) = watch::channel(HoldState::Held { deadline, renew_at });
+        metrics::gauge!(super::metrics::HOLDS, store.labels(&spec.name, None)).increment(1.0);
         Arc::new(Hold {
             store,
             name: spec.name.clone(),
@@ -140,6 +167,8 @@ impl Hold {
             token,
             lease: spec.lease,
             acquired_at: SystemTime::now(),
+            granted_at: Instant::now(),
+            ended: AtomicBool::new(false),
             guards: AtomicUsize::new(1),
             renew: AtomicBool::new(spec.renew),
             detached: AtomicBool::new(false),
@@ -229,11 +258,39 @@ impl Hold {
             _ => false,
         });
         if changed {
-            metrics::counter!("dlock_lost_total", "backend" => self.store.backend.name())
-                .increment(1);
-            tracing::warn!(name = %self.name, token = ?self.token, reason, "lock lost");
+            self.ended();
+            metrics::counter!(
+                super::metrics::LOST_TOTAL,
+                self.store.labels(&self.name, None)
+            )
+            .increment(1);
+            let span = tracing::warn_span!(
+                "dlock.lost",
+                name = %self.name,
+                store = self.store.backend.name(),
+                token = tracing::field::Empty,
+                reason,
+            );
+            if let Some(t) = self.token {
+                span.record("token", t);
+            }
+            span.in_scope(|| tracing::warn!(name = %self.name, reason, "lock lost"));
         }
         changed
+    }
+
+    /// Counts the end of the hold once (released, lost, or dropped): `dlock_holds` down, its
+    /// time held into `dlock_hold_seconds`.
+    fn ended(&self) {
+        if self.ended.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        metrics::gauge!(super::metrics::HOLDS, self.store.labels(&self.name, None)).decrement(1.0);
+        metrics::histogram!(
+            super::metrics::HOLD_SECONDS,
+            self.store.labels(&self.name, None)
+        )
+        .record(self.granted_at.elapsed().as_secs_f64());
     }
 
     /// Marks the hold lost if its local deadline has passed. Returns the state after.
@@ -302,13 +359,16 @@ impl Hold {
 
     pub(crate) fn mark_released(&self) -> HoldState {
         let before = self.state();
-        self.state.send_if_modified(|s| match s {
+        let changed = self.state.send_if_modified(|s| match s {
             HoldState::Held { .. } => {
                 *s = HoldState::Released;
                 true
             }
             _ => false,
         });
+        if changed {
+            self.ended();
+        }
         before
     }
 

@@ -19,12 +19,16 @@ pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 pub struct ClientOptions {
     /// The lease of every hold unless a lock handle sets its own. Default 30 s.
     pub lease: Duration,
+    /// Whether the per-lock metrics carry the lock name as a `name` label. Default off: names
+    /// are unbounded, so each one is a new series (see docs/METRICS.md).
+    pub metrics_name_label: bool,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             lease: DEFAULT_LEASE,
+            metrics_name_label: false,
         }
     }
 }
@@ -33,6 +37,19 @@ impl ClientOptions {
     /// Sets the default lease.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// Labels the per-lock metrics (acquisitions, waits, holds, losses) with the lock name too.
+    /// Off by default: turn it on only where the set of names is small and fixed, since every
+    /// name is a new series in the metrics backend.
+    ///
+    /// ```
+    /// let options = dlock::ClientOptions::default().metrics_name_label(true);
+    /// assert!(options.metrics_name_label);
+    /// ```
+    pub fn metrics_name_label(mut self, on: bool) -> Self {
+        self.metrics_name_label = on;
         self
     }
 }

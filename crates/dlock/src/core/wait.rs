@@ -17,6 +17,8 @@ pub(crate) struct Calls {
     timeout: Option<Duration>,
     /// The store's URL, redacted, for the error message.
     shown: String,
+    /// The backend's name, the `backend` label of the store-error metric.
+    backend: &'static str,
 }
 
 impl Calls {
@@ -24,24 +26,35 @@ impl Calls {
         Calls {
             timeout: backend.call_timeout(),
             shown: shown.to_owned(),
+            backend: backend.name(),
         }
     }
 
     /// `fut`, or [`Error::Unavailable`] once the call timeout has passed.
     pub(crate) async fn timed<T>(&self, fut: impl Future<Output = Result<T>>) -> Result<T> {
-        match self.timeout {
+        let r = match self.timeout {
             Some(d) => bounded(d, &self.shown, fut).await,
             None => fut.await,
+        };
+        self.count(r)
+    }
+
+    /// Counts a failed call in `dlock_store_errors_total`.
+    pub(crate) fn count<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            super::metrics::store_error(self.backend, e);
         }
+        r
     }
 
     /// `fut` bounded by 20 call timeouts: a listing pages through many keys (Redis `SCAN`) in
     /// one call.
     pub(crate) async fn timed_listing<T>(&self, fut: impl Future<Output = Result<T>>) -> Result<T> {
-        match self.timeout {
+        let r = match self.timeout {
             Some(d) => bounded(d * 20, &self.shown, fut).await,
             None => fut.await,
-        }
+        };
+        self.count(r)
     }
 
     /// The call timeout, if the store has one.
@@ -75,7 +88,7 @@ pub(crate) async fn wait_for_turn(
     until: Instant,
 ) -> Result<()> {
     loop {
-        match acq.changed(busy, until).await? {
+        match calls.count(acq.changed(busy, until).await)? {
             Watch::Changed => return Ok(()),
             Watch::Recheck => {
                 if Instant::now() >= until {
@@ -285,6 +298,7 @@ mod tests {
         let calls = Calls {
             timeout: None,
             shown: "test".into(),
+            backend: "test",
         };
         let until = Instant::now() + window;
         wait_for_turn(&mut acq, &calls, &Busy::default(), until)
@@ -341,6 +355,7 @@ mod tests {
         let calls = Calls {
             timeout: None,
             shown: "test".into(),
+            backend: "test",
         };
         let looks = Arc::new(AtomicU64::new(0));
         let mut acq = Polled {
@@ -369,6 +384,7 @@ mod tests {
         let calls = Calls {
             timeout: Some(Duration::from_millis(20)),
             shown: "redis://h/".into(),
+            backend: "test",
         };
         let e = calls
             .timed(async {

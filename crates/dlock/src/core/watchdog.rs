@@ -3,6 +3,7 @@
 //! longer has or whose local deadline passed.
 
 use super::hold::{Hold, HoldState, Store};
+use super::metrics::{store_error, RENEW_BATCHES_TOTAL, RENEW_FAILURES_TOTAL};
 use super::rules::margin;
 use crate::backend::{Extended, HoldRef, Validity};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -146,7 +147,13 @@ async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
         })
         .min()
         .unwrap_or(now + Duration::from_secs(1));
-    let span = tracing::debug_span!("dlock.renew", holds = refs.len());
+    // `outcome`: `renewed` (every hold), `some_lost` (the store refused some), `failed`.
+    let span = tracing::debug_span!(
+        "dlock.renew",
+        store = inner.backend.name(),
+        holds = refs.len(),
+        outcome = tracing::field::Empty,
+    );
     let sent = Instant::now();
     let result = {
         use tracing::Instrument;
@@ -155,12 +162,25 @@ async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
             None => earliest,
         };
         tokio::time::timeout_at(bound.into(), inner.backend.extend(&refs, false))
-            .instrument(span)
+            .instrument(span.clone())
             .await
     };
-    metrics::counter!("dlock_renew_batches_total", "backend" => inner.backend.name()).increment(1);
+    let backend = inner.backend.name();
+    metrics::counter!(RENEW_BATCHES_TOTAL, "backend" => backend).increment(1);
+    let fail = |reason: &'static str| {
+        metrics::counter!(RENEW_FAILURES_TOTAL, "backend" => backend, "reason" => reason)
+            .increment(1);
+    };
     match result {
         Ok(Ok(answers)) if answers.len() == batch.len() => {
+            let refused = answers
+                .iter()
+                .filter(|a| !matches!(a, Extended::Held { .. }))
+                .count();
+            span.record(
+                "outcome",
+                if refused == 0 { "renewed" } else { "some_lost" },
+            );
             for (h, a) in batch.iter().zip(answers) {
                 match a {
                     Extended::Held { valid_for } => h.confirmed(
@@ -168,12 +188,14 @@ async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
                         sent + valid_for / 3,
                     ),
                     Extended::Gone => {
+                        fail("gone");
                         h.mark_lost(
                             "the store no longer has this hold (expired, removed or taken over)",
                         );
                         inner.forget(&h.owner);
                     }
                     Extended::Revoked => {
+                        fail("revoked");
                         // The store keeps others out until this hold is released: the guard's
                         // release (or drop) is the holder's acknowledgement. A lease store ends
                         // it at its lease anyway; a session store would keep it while the
@@ -197,14 +219,25 @@ async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
             }
         }
         other => {
-            let why = match other {
-                Ok(Ok(_)) => {
-                    "the store answered a renewal with the wrong number of results".to_string()
+            span.record("outcome", "failed");
+            let (reason, why) = match other {
+                Ok(Ok(_)) => (
+                    "bad_answer",
+                    "the store answered a renewal with the wrong number of results".to_string(),
+                ),
+                Ok(Err(e)) => {
+                    store_error(backend, &e);
+                    ("error", e.to_string())
                 }
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "renewal did not finish before the lease deadline".to_string(),
+                Err(_) => (
+                    "deadline",
+                    "renewal did not finish before the lease deadline".to_string(),
+                ),
             };
-            tracing::warn!(error = %why, holds = batch.len(), "renewal failed; retrying until the lease deadline");
+            fail(reason);
+            span.in_scope(|| {
+                tracing::warn!(error = %why, reason, holds = batch.len(), "renewal failed; retrying until the lease deadline");
+            });
             for h in batch {
                 // Retry soon, but never later than the deadline allows.
                 h.retry_renewal_at(Instant::now() + (h.lease / 10).min(Duration::from_secs(1)));
