@@ -74,7 +74,9 @@ struct LockArgs {
     /// dlock's lock ends at once and one whose machine is gone after this long
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_ttl, allow_hyphen_values = true)]
     ttl: Duration,
-    /// Wait at most DUR for the lock, then exit 75 [default: wait forever]
+    /// Wait at most DUR for the lock, then exit 75 [default: wait forever]. A store that turns
+    /// dlock away for now (too many clients, a restart) is tried again within DUR (30 s when
+    /// waiting forever) before dlock exits 69
     #[arg(long, short = 'w', value_name = "DUR", value_parser = parse_duration, conflicts_with = "no_wait", allow_hyphen_values = true)]
     wait: Option<Duration>,
     /// Do not wait: exit 75 at once if the lock is held

@@ -3,6 +3,7 @@
 
 use crate::exit::Failure;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// The environment variable naming the default store.
 pub const URL_ENV: &str = "DLOCK_URL";
@@ -80,15 +81,37 @@ pub fn resolve(flag: Option<&str>) -> Result<String, Failure> {
 /// Connects to `url`, mapping errors to exit codes (bad URL → 64, store trouble → 69). The
 /// message names the store by its redacted URL.
 pub async fn connect(url: &str) -> Result<dlock::Client, Failure> {
-    dlock::connect(url).await.map_err(|e| {
-        let code = crate::exit::for_error(&e);
-        let what = if code == crate::exit::USAGE {
-            "bad store URL"
-        } else {
-            "cannot open store"
-        };
-        Failure::new(code, format!("{what} {}: {e}", dlock::redact_url(url)))
-    })
+    dlock::connect(url).await.map_err(|e| open_failure(url, e))
+}
+
+/// Connects as [`connect`] does, for a caller that waits until `until`: a passing refusal of
+/// the store ([`dlock::Error::Unavailable`]: too many clients, a server restarting) is tried
+/// again with back-off (50 ms doubling to 2 s) and reported only when another try would end
+/// after `until`. A permanent one (a bad password, an unknown database) fails at once.
+pub async fn connect_until(url: &str, until: Instant) -> Result<dlock::Client, Failure> {
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match dlock::connect(url).await {
+            Ok(c) => return Ok(c),
+            Err(e @ dlock::Error::Unavailable(_)) if Instant::now() + pause < until => {
+                tracing::debug!(error = %e, ?pause, "store unavailable; trying again");
+                let jittered = pause.mul_f64(rand::random::<f64>() * 0.5 + 0.5);
+                tokio::time::sleep(jittered).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(open_failure(url, e)),
+        }
+    }
+}
+
+fn open_failure(url: &str, e: dlock::Error) -> Failure {
+    let code = crate::exit::for_error(&e);
+    let what = if code == crate::exit::USAGE {
+        "bad store URL"
+    } else {
+        "cannot open store"
+    };
+    Failure::new(code, format!("{what} {}: {e}", dlock::redact_url(url)))
 }
 
 #[cfg(test)]

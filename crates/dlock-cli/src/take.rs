@@ -101,7 +101,16 @@ async fn holder_of(client: &dlock::Client, name: &str) -> String {
 /// store is touched by the caller.
 pub async fn take(o: &TakeOpts, url: &str) -> Result<Taken, Failure> {
     let started = Instant::now();
-    let client = store::connect(&url_for(url, o.ttl)).await?;
+    // A caller that waits for the lock also waits out a store that turns it away for now (a
+    // crowd beyond its connection limit, a restart): within --wait, or without one for
+    // dlock::UNAVAILABLE_PATIENCE, as the acquisition itself does.
+    let url = url_for(url, o.ttl);
+    let client = if o.no_wait {
+        store::connect(&url).await?
+    } else {
+        let until = started + o.wait.unwrap_or(dlock::UNAVAILABLE_PATIENCE);
+        store::connect_until(&url, until).await?
+    };
     if let Some(granted) = client.session_timeout() {
         let off = granted.max(o.ttl) - granted.min(o.ttl);
         if off > o.ttl / 10 {
@@ -115,6 +124,8 @@ pub async fn take(o: &TakeOpts, url: &str) -> Result<Taken, Failure> {
         }
     }
     let name = o.name.as_str();
+    // --wait counts from the start, connecting included.
+    let left = |w: Duration| w.saturating_sub(started.elapsed());
     let r = async {
         match o.kind {
             Kind::Mutex => {
@@ -122,7 +133,7 @@ pub async fn take(o: &TakeOpts, url: &str) -> Result<Taken, Failure> {
                 if o.no_wait {
                     m.try_acquire().await
                 } else if let Some(w) = o.wait {
-                    m.acquire_timeout(w).await
+                    m.acquire_timeout(left(w)).await
                 } else {
                     m.acquire().await
                 }
@@ -131,10 +142,10 @@ pub async fn take(o: &TakeOpts, url: &str) -> Result<Taken, Failure> {
                 let l = client.rwlock(name)?.lease(o.ttl).fair(o.fair);
                 match (o.kind == Kind::Read, o.no_wait, o.wait) {
                     (true, true, _) => l.try_read().await,
-                    (true, false, Some(w)) => l.read_timeout(w).await,
+                    (true, false, Some(w)) => l.read_timeout(left(w)).await,
                     (true, false, None) => l.read().await,
                     (false, true, _) => l.try_write().await,
-                    (false, false, Some(w)) => l.write_timeout(w).await,
+                    (false, false, Some(w)) => l.write_timeout(left(w)).await,
                     (false, false, None) => l.write().await,
                 }
             }
@@ -143,7 +154,7 @@ pub async fn take(o: &TakeOpts, url: &str) -> Result<Taken, Failure> {
                 if o.no_wait {
                     s.try_acquire().await
                 } else if let Some(w) = o.wait {
-                    s.acquire_timeout(w).await
+                    s.acquire_timeout(left(w)).await
                 } else {
                     s.acquire().await
                 }
@@ -177,13 +188,13 @@ pub async fn take(o: &TakeOpts, url: &str) -> Result<Taken, Failure> {
                 format!("lock {name:?} is busy{who}; command not run"),
             ))
         }
-        Err(dlock::Error::Timeout { waited, .. }) => {
+        Err(dlock::Error::Timeout { .. }) => {
             let who = holder_of(&client, name).await;
             Err(Failure::new(
                 o.conflict_exit,
                 format!(
                     "gave up waiting for lock {name:?} after {}{who}; command not run",
-                    fmt_dur(waited)
+                    fmt_dur(started.elapsed())
                 ),
             ))
         }

@@ -40,7 +40,11 @@ pub enum Error {
         /// The lock name.
         name: String,
     },
-    /// The store could not be reached or did not answer in time.
+    /// The store could not be reached, did not answer in time, or turned the request away for a
+    /// passing reason (too many clients, a restart, a lost connection). An acquisition that
+    /// waits tries again until its deadline ([`UNAVAILABLE_PATIENCE`](crate::UNAVAILABLE_PATIENCE)
+    /// without one) and reports this only then. A permanent refusal (wrong credentials, an
+    /// unknown database) is [`Error::InvalidConfig`] or [`Error::Backend`] and is reported at once.
     #[error("store unavailable: {0}")]
     Unavailable(String),
     /// The lock name is not acceptable (empty, over 255 bytes, contains NUL).

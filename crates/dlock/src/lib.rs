@@ -60,7 +60,9 @@ pub use crate::core::election::{
 };
 pub use crate::core::handles::{Guard, Mutex, RwLock, Semaphore};
 pub use crate::core::multi::{MultiGuard, MultiLock, Striped, MAX_STRIPES};
-pub use crate::core::rules::{ClientOptions, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
+pub use crate::core::rules::{
+    ClientOptions, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE, UNAVAILABLE_PATIENCE,
+};
 pub use backend::{
     Capabilities, Force, Forced, HoldStatus, HolderInfo, HolderMeta, LockInfo, LockKind, Mode,
     Validity, WaiterInfo, Wakeups, MAX_VALUE_LEN, QUEUE_PLACE_TTL,

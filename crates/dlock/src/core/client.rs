@@ -3,7 +3,7 @@
 
 use super::hold::{Hold, Store};
 use super::line::{wait_in_line, LinePlace, Lines};
-use super::rules::{check_lease, margin, ClientOptions, Spec, Wait};
+use super::rules::{check_lease, margin, ClientOptions, Spec, Wait, UNAVAILABLE_PATIENCE};
 use super::wait::{wait_for_turn, Calls, Waiter};
 use super::watchdog::{watchdog, Schedule};
 use crate::backend::{
@@ -264,6 +264,7 @@ impl Inner {
         // work, and the loser's round trip spent beside the winner's. (Readers and permits
         // share, so they attempt at once.)
         let mut first_in_line = false;
+        let mut outage = Outage::default();
         if spec.kind == LockKind::Mutex
             && !matches!(wait, Wait::No)
             && !req.takes_queue_place()
@@ -350,6 +351,13 @@ impl Inner {
                     b
                 }
                 Err(e) => {
+                    // A passing refusal while the caller waits: tried again after a pause,
+                    // reported only when the caller's patience is spent.
+                    if let Some(pause) = outage.pause(&e, wait) {
+                        tracing::debug!(error = %e, ?pause, "store unavailable; trying again");
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
                     metrics::counter!(
                         ACQUIRE_TOTAL,
                         self.store.labels(&spec.name, Some(("result", "error")))
@@ -358,6 +366,7 @@ impl Inner {
                     return Err(e);
                 }
             };
+            outage = Outage::default();
             let now = Instant::now();
             let give_up = match wait {
                 Wait::No => {
@@ -456,5 +465,39 @@ impl Inner {
         if req.takes_queue_place() {
             self.store.wake_local(req.name.as_str());
         }
+    }
+}
+
+/// The store's passing refusals ([`Error::Unavailable`]) of one waiting acquisition in a row:
+/// when it began, and the pause before the next attempt (doubled each time, from 50 ms to 2 s).
+#[derive(Debug, Default)]
+struct Outage {
+    since: Option<Instant>,
+    pause: Duration,
+}
+
+impl Outage {
+    const FIRST: Duration = Duration::from_millis(50);
+    const MOST: Duration = Duration::from_secs(2);
+
+    /// How long to pause before trying again after `e`, or `None` to report it: a permanent
+    /// error, an acquisition that does not wait, a deadline too near for another attempt, or
+    /// (without a deadline) refusals for [`UNAVAILABLE_PATIENCE`] already.
+    fn pause(&mut self, e: &Error, wait: Wait) -> Option<Duration> {
+        if !matches!(e, Error::Unavailable(_)) {
+            return None;
+        }
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        let until = match wait {
+            Wait::No => return None,
+            Wait::Until(d) => d,
+            Wait::Forever => since + UNAVAILABLE_PATIENCE,
+        };
+        self.pause = (self.pause * 2).clamp(Self::FIRST, Self::MOST);
+        let jittered = self.pause.mul_f64(rand::thread_rng().gen_range(0.5..=1.0));
+        let left = until.checked_duration_since(now)?;
+        // The last attempt goes out before the deadline, not after it.
+        (left > Self::FIRST).then(|| jittered.min(left - Self::FIRST / 2))
     }
 }

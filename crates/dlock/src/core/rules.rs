@@ -13,6 +13,13 @@ pub const MIN_LEASE: Duration = Duration::from_millis(100);
 /// The longest lease dlock accepts (a year).
 pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// How long an acquisition that waits without a deadline (`acquire()`) tries again while the
+/// store refuses it for a passing reason ([`Error::Unavailable`](crate::Error::Unavailable):
+/// too many clients, a server restarting, a lost connection) before it reports the refusal. An
+/// acquisition with a deadline tries again until its deadline; one that does not wait
+/// (`try_acquire`) reports the refusal at once.
+pub const UNAVAILABLE_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Options for [`crate::connect_with`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]

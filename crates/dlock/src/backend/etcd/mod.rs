@@ -632,8 +632,9 @@ pub fn unescape_name(s: &str) -> Option<String> {
 
 fn unavailable(e: ec::Error) -> Error {
     match (&e, grpc_code(&e)) {
+        // Permanent: the credentials or roles must change first (not tried again by a waiter).
         (ec::Error::GRpcStatus(st), Some(GRPC_PERMISSION_DENIED | GRPC_UNAUTHENTICATED)) => {
-            Error::Unavailable(format!("etcd refused access: {}", st.message()))
+            Error::InvalidConfig(format!("etcd refused access: {}", st.message()))
         }
         (ec::Error::InvalidArgs(_), _) => Error::backend(e),
         _ => Error::Unavailable(format!("etcd: {e}")),

@@ -390,6 +390,8 @@ fn map_err(target: &RedisTarget, e: RedisError) -> Error {
                 | ErrorKind::Ask
         )
         || matches!(code, "BUSY" | "LOADING" | "MASTERDOWN")
+        // `maxclients` reached: the server turns connections away until others close.
+        || e.to_string().contains("max number of clients reached")
     {
         return Error::Unavailable(scrub(format!("redis at {shown}: {e}")));
     }

@@ -423,6 +423,13 @@ fn map_err(shown: &str, e: sqlx::Error) -> Error {
                 || code.starts_with("53")
                 || code == "55P03"
                 || code == "70100"
+                // MySQL/MariaDB errors by number (the handshake's carry no SQLSTATE, and the
+                // driver shows the number first): too many connections (1040), the user's
+                // connection limit (1203), shutting down (1053).
+                || ["1040", "1203", "1053"].iter().any(|n| {
+                    let shown = db.to_string();
+                    shown.starts_with(&format!("{n}:")) || shown.starts_with(&format!("{n} ("))
+                })
                 || db.message().contains("Lock wait timeout")
                 || db.message().contains("max_statement_time")
                 || db.message().contains("maximum statement execution time");

@@ -426,8 +426,9 @@ pub fn unescape_name(s: &str) -> Option<String> {
 fn unavailable(e: zk::Error) -> Error {
     match e {
         zk::Error::BadArguments(_) | zk::Error::InvalidAcl => Error::backend(e),
+        // Permanent: the credentials or ACLs must change first (not tried again by a waiter).
         zk::Error::NoAuth | zk::Error::AuthFailed => {
-            Error::Unavailable(format!("ZooKeeper refused access: {e}"))
+            Error::InvalidConfig(format!("ZooKeeper refused access: {e}"))
         }
         _ => Error::Unavailable(format!("ZooKeeper: {e}")),
     }
