@@ -270,10 +270,11 @@ impl SqliteBackend {
 
     /// Opens (creating if missing) the database file at `path` and brings its schema up to date.
     ///
-    /// Errors: [`Error::Unavailable`] (naming the path) if the directory does not exist, the path
-    /// is a directory, the file is not a SQLite database or was written by a newer dlock, it
-    /// cannot be opened or written (permissions, I/O), or it stays busy longer than
-    /// [`BUSY_TIMEOUT`]. A URL that names no file at all is [`Error::InvalidConfig`].
+    /// Errors (each naming the path): [`Error::Backend`] if the directory does not exist, the
+    /// path is a directory, the file is not a SQLite database or was written by a newer dlock,
+    /// or it cannot be opened or written (permissions): permanent, so a waiting acquisition does
+    /// not try again; [`Error::Unavailable`] for an I/O error or a file that stays busy longer
+    /// than [`BUSY_TIMEOUT`]. A URL that names no file at all is [`Error::InvalidConfig`].
     pub async fn open(path: &Path) -> Result<SqliteBackend> {
         let shown = path.display();
         if path.as_os_str().is_empty() {
@@ -281,14 +282,14 @@ impl SqliteBackend {
         }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             if !dir.is_dir() {
-                return Err(Error::Unavailable(format!(
+                return Err(Error::backend(format!(
                     "cannot open sqlite database {shown}: directory {} does not exist",
                     dir.display()
                 )));
             }
         }
         if path.is_dir() {
-            return Err(Error::Unavailable(format!(
+            return Err(Error::backend(format!(
                 "cannot open sqlite database {shown}: it is a directory"
             )));
         }
@@ -374,7 +375,7 @@ impl SqliteBackend {
                 .await
                 .map_err(|e| match sqlite_code(&e) {
                     // SQLITE_ERROR: a `dlock_meta` table of another shape
-                    Some(1) => Error::Unavailable(format!(
+                    Some(1) => Error::backend(format!(
                         "sqlite database {} has a dlock_meta table this dlock does not \
                          understand ({e}); use another file",
                         self.path.display()
@@ -419,7 +420,7 @@ impl SqliteBackend {
             }
             Some((v,)) if v == SCHEMA_VERSION => {}
             Some((v,)) => {
-                return Err(Error::Unavailable(format!(
+                return Err(Error::backend(format!(
                     "sqlite database {} has dlock schema version {v}; this dlock understands \
                      version {SCHEMA_VERSION} (upgrade dlock or use another file)",
                     self.path.display()
@@ -727,23 +728,24 @@ fn map_err(path: &Path, e: sqlx::Error) -> Error {
                     "sqlite database {shown} {BUSY_MARK}: another connection holds its lock \
                      ({db}; busy timeout {BUSY_TIMEOUT:?})"
                 )),
-                // SQLITE_CANTOPEN
-                14 => Error::Unavailable(format!(
+                // Permanent until someone changes the file or its directory: not tried again
+                // by a waiter. SQLITE_CANTOPEN
+                14 => Error::backend(format!(
                     "cannot open sqlite database {shown}: {db} (check that its directory exists \
                      and that this user may read and write the file and its directory)"
                 )),
                 // SQLITE_NOTADB
-                26 => Error::Unavailable(format!(
+                26 => Error::backend(format!(
                     "{shown} is not a SQLite database ({db}); point the store URL at a dlock \
                      database file or a path that does not exist yet"
                 )),
                 // SQLITE_PERM, SQLITE_READONLY, SQLITE_AUTH
-                3 | 8 | 23 => Error::Unavailable(format!(
+                3 | 8 | 23 => Error::backend(format!(
                     "sqlite database {shown} cannot be written: {db} (permission denied or \
                      read-only filesystem; the file and its directory must be writable)"
                 )),
                 // SQLITE_CORRUPT
-                11 => Error::Unavailable(format!("sqlite database {shown} is corrupt: {db}")),
+                11 => Error::backend(format!("sqlite database {shown} is corrupt: {db}")),
                 // SQLITE_IOERR, SQLITE_FULL, SQLITE_PROTOCOL
                 10 | 13 | 15 => {
                     Error::Unavailable(format!("I/O error on sqlite database {shown}: {db}"))
@@ -1565,7 +1567,7 @@ mod tests {
         let path = dir.path().join("notes.txt");
         std::fs::write(&path, "these are my notes, not a database\n".repeat(200)).unwrap();
         let e = SqliteBackend::open(&path).await.unwrap_err();
-        assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+        assert!(matches!(e, Error::Backend(_)), "{e:?}");
         let msg = e.to_string();
         assert!(
             msg.contains("notes.txt") && msg.contains("not a SQLite database"),
@@ -1582,7 +1584,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("no-such-dir").join("locks.db");
         let e = SqliteBackend::open(&path).await.unwrap_err();
-        assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+        assert!(matches!(e, Error::Backend(_)), "{e:?}");
         assert!(e.to_string().contains("no-such-dir"), "{e}");
         let e = SqliteBackend::open(dir.path()).await.unwrap_err();
         assert!(e.to_string().contains("directory"), "{e}");
@@ -1693,7 +1695,7 @@ mod tests {
             .unwrap();
         b.pool.close().await;
         let e = SqliteBackend::open(&path).await.unwrap_err();
-        assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+        assert!(matches!(e, Error::Backend(_)), "{e:?}");
         assert!(e.to_string().contains("99"), "{e}");
     }
 
