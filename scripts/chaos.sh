@@ -4,7 +4,9 @@
 # private servers it starts itself (installing what is missing). Prints the figures table and
 # writes it to target-independent files:
 #
-#   scripts/chaos.sh                         # everything: chaos-report.md and chaos-report.json
+#   scripts/chaos.sh                         # everything: chaos-report.md and chaos-report.json,
+#                                            # the raw records in chaos-events/, and the
+#                                            # independent check's tables in chaos-check.md
 #   scripts/chaos.sh --backend redis --fault pause     # extra arguments go to dlock-chaos
 #
 # Exits 1 if a property a store promises did not hold.
@@ -18,4 +20,14 @@ need_private_servers
 log "building dlock-chaos (release)"
 cargo build --release --locked -p dlock-chaos
 log "running (about 30 minutes for every backend, half of it the Redis Sentinel and Cluster fail-overs)"
-exec "$CARGO_TARGET_DIR/release/dlock-chaos" --json chaos-report.json --markdown chaos-report.md "$@"
+rm -rf chaos-events
+rc=0
+"$CARGO_TARGET_DIR/release/dlock-chaos" --json chaos-report.json --markdown chaos-report.md \
+  --events chaos-events "$@" || rc=$?
+# The independent check of the raw records (docs/RELIABILITY.md, "An independent check"): its
+# table goes to chaos-check.md; it exits 1 if it disagrees with the harness or a promised
+# property failed.
+log "checking the records independently (scripts/check-history.py > chaos-check.md)"
+python3 scripts/check-history.py --report chaos-report.json --out chaos-check.md chaos-events > /dev/null || rc=1
+log "check-history.py: $(tail -n1 chaos-check.md)"
+exit "$rc"
