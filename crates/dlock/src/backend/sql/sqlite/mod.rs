@@ -576,6 +576,12 @@ impl SqliteBackend {
             match statement().execute(&self.pool).await {
                 Ok(done) => break done.rows_affected(),
                 Err(e) if is_busy(&e) && tries < RELEASE_TRIES => continue,
+                // A new connection the pool could not open (out of file descriptors): the
+                // connection the previous statement used is on its way back to the pool, and
+                // the next try takes it.
+                Err(e) if sqlite_code(&e) == Some(14) && tries < RELEASE_TRIES => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
                 Err(e) => return Err(self.err(e)),
             }
         };
@@ -1697,6 +1703,39 @@ mod tests {
         let e = SqliteBackend::open(&path).await.unwrap_err();
         assert!(matches!(e, Error::Backend(_)), "{e:?}");
         assert!(e.to_string().contains("99"), "{e}");
+    }
+
+    /// Out of file descriptors, a release whose statement's connection is still on its way
+    /// back to the pool (it would open a new one and cannot) waits for that connection instead
+    /// of leaving the lock held. (nextest runs each test in a process of its own: the lowered
+    /// limit stays in this one.)
+    #[tokio::test(flavor = "multi_thread")]
+    async fn release_short_of_file_descriptors_takes_the_returning_connection() {
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let b = open(&path).await;
+        let n = name("fd/job");
+        let m = meta("m");
+        let r = rq(&n, "o", &m);
+        token(b.acquire(&r).await.unwrap());
+        // Every idle connection out of the pool; one comes back 10 ms from now.
+        let mut out = Vec::new();
+        while let Some(c) = b.pool.try_acquire() {
+            out.push(c);
+        }
+        let back = out.pop().expect("a pooled connection");
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        let open_now = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+        setrlimit(Resource::RLIMIT_NOFILE, open_now, hard).unwrap();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(back);
+        });
+        let released = b.release(&hr(&r)).await;
+        setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
+        assert_eq!(released.unwrap(), Released::Released);
+        drop(out);
     }
 
     #[tokio::test(flavor = "multi_thread")]
