@@ -43,7 +43,8 @@ pub async fn elect(o: ElectOpts) -> CliResult {
     let mut sigs = catch_signals()?;
     let url = url_for(&url, o.ttl);
     let client = tokio::select! {
-        c = store::connect(&url) => c?,
+        // A standby waits for its term: a store that turns it away for now is tried again.
+        c = store::connect_until(&url, Instant::now() + dlock::UNAVAILABLE_PATIENCE) => c?,
         r = next_signal(&mut sigs) => return Ok(exit::for_signal(r.signal as i32)),
     };
     let election = client

@@ -3,7 +3,7 @@
 
 use crate::exit::Failure;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The environment variable naming the default store.
 pub const URL_ENV: &str = "DLOCK_URL";
@@ -85,23 +85,11 @@ pub async fn connect(url: &str) -> Result<dlock::Client, Failure> {
 }
 
 /// Connects as [`connect`] does, for a caller that waits until `until`: a passing refusal of
-/// the store ([`dlock::Error::Unavailable`]: too many clients, a server restarting) is tried
-/// again with back-off (50 ms doubling to 2 s) and reported only when another try would end
-/// after `until`. A permanent one (a bad password, an unknown database) fails at once.
+/// the store is tried again until then ([`dlock::connect_until`]).
 pub async fn connect_until(url: &str, until: Instant) -> Result<dlock::Client, Failure> {
-    let mut pause = Duration::from_millis(50);
-    loop {
-        match dlock::connect(url).await {
-            Ok(c) => return Ok(c),
-            Err(e @ dlock::Error::Unavailable(_)) if Instant::now() + pause < until => {
-                tracing::debug!(error = %e, ?pause, "store unavailable; trying again");
-                let jittered = pause.mul_f64(rand::random::<f64>() * 0.5 + 0.5);
-                tokio::time::sleep(jittered).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
-            }
-            Err(e) => return Err(open_failure(url, e)),
-        }
-    }
+    dlock::connect_until(url, dlock::ClientOptions::default(), until)
+        .await
+        .map_err(|e| open_failure(url, e))
 }
 
 fn open_failure(url: &str, e: dlock::Error) -> Failure {

@@ -69,7 +69,7 @@ pub use backend::{
 };
 pub use error::{Error, Result};
 pub use name::{LockName, MAX_NAME_LEN};
-pub use stores::{connect, connect_with, enabled_backends, validate_url};
+pub use stores::{connect, connect_until, connect_with, enabled_backends, validate_url};
 pub use url::redact_url;
 
 /// The README's code blocks run as doctests, so what it shows keeps working.

@@ -5,7 +5,7 @@
 use crate::backend::Backend;
 use crate::core::client::Client;
 use crate::core::rules::check_lease;
-use crate::core::rules::ClientOptions;
+use crate::core::rules::{ClientOptions, Outage, Wait};
 use crate::error::{Error, Result};
 use crate::url::{clip, redact_url};
 use std::future::Future;
@@ -224,6 +224,41 @@ pub fn validate_url(url: &str) -> Result<()> {
 /// ```
 pub async fn connect(url: &str) -> Result<Client> {
     connect_with(url, ClientOptions::default()).await
+}
+
+/// Connects as [`connect_with`] does, for a caller that will wait for its lock until `until`:
+/// a passing refusal of the store ([`Error::Unavailable`]: too many clients, a server
+/// restarting) is tried again with the back-off a waiting acquisition uses (50 ms doubling to
+/// 2 s, jittered) and reported only when another try would end after `until`. A permanent error
+/// (a bad URL, wrong credentials, an unknown database) is reported at once.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
+/// use std::time::{Duration, Instant};
+/// let until = Instant::now() + Duration::from_secs(60);
+/// let client = dlock::connect_until("mem://", dlock::ClientOptions::default(), until).await?;
+/// let left = until.saturating_duration_since(Instant::now());
+/// let _guard = client.mutex("jobs/nightly")?.acquire_timeout(left).await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect_until(
+    url: &str,
+    options: ClientOptions,
+    until: std::time::Instant,
+) -> Result<Client> {
+    let mut outage = Outage::default();
+    loop {
+        match connect_with(url, options.clone()).await {
+            Err(e) => match outage.pause(&e, Wait::Until(until)) {
+                Some(pause) => {
+                    tracing::debug!(error = %e, ?pause, "store unavailable; connecting again");
+                    tokio::time::sleep(pause).await;
+                }
+                None => return Err(e),
+            },
+            ok => return ok,
+        }
+    }
 }
 
 /// Connects to the store named by `url` with `options`. See [`connect`].

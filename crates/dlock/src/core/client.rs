@@ -3,7 +3,7 @@
 
 use super::hold::{Hold, Store};
 use super::line::{wait_in_line, LinePlace, Lines};
-use super::rules::{check_lease, margin, ClientOptions, Spec, Wait, UNAVAILABLE_PATIENCE};
+use super::rules::{check_lease, margin, ClientOptions, Outage, Spec, Wait};
 use super::wait::{wait_for_turn, Calls, Waiter};
 use super::watchdog::{watchdog, Schedule};
 use crate::backend::{
@@ -277,11 +277,7 @@ impl Inner {
         loop {
             if std::mem::take(&mut first_in_line) {
                 // Behind this client's other waiters of the name: waiting already.
-                let name = self.store.name_label.then_some(&spec.name);
-                waiting = Some(super::metrics::Waiting::new(
-                    self.store.backend.name(),
-                    name,
-                ));
+                waiting = Some(self.store.waiting(&spec.name));
                 if let Some(place) = line.as_ref() {
                     let mut until = Instant::now() + MAX_NATIVE_SLICE;
                     if let Wait::Until(d) = wait {
@@ -384,11 +380,7 @@ impl Inner {
                 Wait::Forever => None,
             };
             if waiting.is_none() {
-                let name = self.store.name_label.then_some(&spec.name);
-                waiting = Some(super::metrics::Waiting::new(
-                    self.store.backend.name(),
-                    name,
-                ));
+                waiting = Some(self.store.waiting(&spec.name));
             }
             if let Some(d) = give_up {
                 if now >= d {
@@ -465,39 +457,5 @@ impl Inner {
         if req.takes_queue_place() {
             self.store.wake_local(req.name.as_str());
         }
-    }
-}
-
-/// The store's passing refusals ([`Error::Unavailable`]) of one waiting acquisition in a row:
-/// when it began, and the pause before the next attempt (doubled each time, from 50 ms to 2 s).
-#[derive(Debug, Default)]
-struct Outage {
-    since: Option<Instant>,
-    pause: Duration,
-}
-
-impl Outage {
-    const FIRST: Duration = Duration::from_millis(50);
-    const MOST: Duration = Duration::from_secs(2);
-
-    /// How long to pause before trying again after `e`, or `None` to report it: a permanent
-    /// error, an acquisition that does not wait, a deadline too near for another attempt, or
-    /// (without a deadline) refusals for [`UNAVAILABLE_PATIENCE`] already.
-    fn pause(&mut self, e: &Error, wait: Wait) -> Option<Duration> {
-        if !matches!(e, Error::Unavailable(_)) {
-            return None;
-        }
-        let now = Instant::now();
-        let since = *self.since.get_or_insert(now);
-        let until = match wait {
-            Wait::No => return None,
-            Wait::Until(d) => d,
-            Wait::Forever => since + UNAVAILABLE_PATIENCE,
-        };
-        self.pause = (self.pause * 2).clamp(Self::FIRST, Self::MOST);
-        let jittered = self.pause.mul_f64(rand::thread_rng().gen_range(0.5..=1.0));
-        let left = until.checked_duration_since(now)?;
-        // The last attempt goes out before the deadline, not after it.
-        (left > Self::FIRST).then(|| jittered.min(left - Self::FIRST / 2))
     }
 }

@@ -66,6 +66,11 @@ impl Store {
         super::metrics::labels(self.backend.name(), name, extra)
     }
 
+    /// One acquisition of `name` waiting, counted in `dlock_waiters` while it lives.
+    pub(crate) fn waiting(&self, name: &LockName) -> super::metrics::Waiting {
+        super::metrics::Waiting::new(self.backend.name(), self.name_label.then_some(name))
+    }
+
     fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Hold>>> {
         // The map stays consistent even if a holder panicked.
         self.holds.lock().unwrap_or_else(|p| p.into_inner())

@@ -4,6 +4,7 @@
 use crate::backend::{LockKind, Mode};
 use crate::error::{Error, Result};
 use crate::name::LockName;
+use rand::Rng;
 use std::time::{Duration, Instant};
 
 /// The default lease of a hold: 30 s, renewed every 10 s while the guard lives.
@@ -97,4 +98,81 @@ pub(crate) enum Wait {
     No,
     Until(Instant),
     Forever,
+}
+
+/// The store's passing refusals ([`Error::Unavailable`]) of one waiting acquisition in a row:
+/// when it began, and the pause before the next attempt (doubled each time, from 50 ms to 2 s).
+#[derive(Debug, Default)]
+pub(crate) struct Outage {
+    since: Option<Instant>,
+    pause: Duration,
+}
+
+impl Outage {
+    const FIRST: Duration = Duration::from_millis(50);
+    const MOST: Duration = Duration::from_secs(2);
+
+    /// How long to pause before trying again after `e`, or `None` to report it: a permanent
+    /// error, an acquisition that does not wait, a deadline too near for another attempt, or
+    /// (without a deadline) refusals for [`UNAVAILABLE_PATIENCE`] already.
+    pub(crate) fn pause(&mut self, e: &Error, wait: Wait) -> Option<Duration> {
+        if !matches!(e, Error::Unavailable(_)) {
+            return None;
+        }
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        let until = match wait {
+            Wait::No => return None,
+            Wait::Until(d) => d,
+            Wait::Forever => since + UNAVAILABLE_PATIENCE,
+        };
+        self.pause = (self.pause * 2).clamp(Self::FIRST, Self::MOST);
+        let jittered = self.pause.mul_f64(rand::thread_rng().gen_range(0.5..=1.0));
+        let left = until.checked_duration_since(now)?;
+        // The last attempt goes out before the deadline, not after it.
+        (left > Self::FIRST).then(|| jittered.min(left - Self::FIRST / 2))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn down() -> Error {
+        Error::Unavailable("too many clients".into())
+    }
+
+    #[test]
+    fn an_outage_is_waited_out_only_by_a_waiter_and_only_while_it_may() {
+        let mut o = Outage::default();
+        // Permanent errors and callers that do not wait: reported at once.
+        assert_eq!(
+            o.pause(&Error::InvalidConfig("bad".into()), Wait::Forever),
+            None
+        );
+        assert_eq!(o.pause(&down(), Wait::No), None);
+        // A deadline too near for another attempt: reported.
+        let soon = Instant::now() + Outage::FIRST / 2;
+        assert_eq!(Outage::default().pause(&down(), Wait::Until(soon)), None);
+        // Pauses double up to the most, jittered to [b/2, b], never past the deadline.
+        let far = Instant::now() + Duration::from_secs(60);
+        let mut o = Outage::default();
+        let mut bound = Outage::FIRST;
+        for _ in 0..8 {
+            let p = o.pause(&down(), Wait::Until(far)).unwrap();
+            assert!(p >= bound / 2 && p <= bound, "{p:?} of {bound:?}");
+            bound = (bound * 2).min(Outage::MOST);
+        }
+        let near = Instant::now() + Duration::from_millis(200);
+        let p = o.pause(&down(), Wait::Until(near)).unwrap();
+        assert!(p < Duration::from_millis(200), "{p:?}");
+        // Without a deadline: for UNAVAILABLE_PATIENCE from the first refusal.
+        let mut o = Outage {
+            since: Some(Instant::now() - UNAVAILABLE_PATIENCE),
+            pause: Duration::ZERO,
+        };
+        assert_eq!(o.pause(&down(), Wait::Forever), None);
+        let mut o = Outage::default();
+        assert!(o.pause(&down(), Wait::Forever).is_some());
+    }
 }

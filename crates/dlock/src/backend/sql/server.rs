@@ -426,10 +426,10 @@ fn map_err(shown: &str, e: sqlx::Error) -> Error {
                 // MySQL/MariaDB errors by number (the handshake's carry no SQLSTATE, and the
                 // driver shows the number first): too many connections (1040), the user's
                 // connection limit (1203), shutting down (1053).
-                || ["1040", "1203", "1053"].iter().any(|n| {
-                    let shown = db.to_string();
-                    shown.starts_with(&format!("{n}:")) || shown.starts_with(&format!("{n} ("))
-                })
+                || matches!(
+                    db.to_string().split([':', ' ']).next(),
+                    Some("1040" | "1203" | "1053")
+                )
                 || db.message().contains("Lock wait timeout")
                 || db.message().contains("max_statement_time")
                 || db.message().contains("maximum statement execution time");
