@@ -162,15 +162,16 @@ cargo nextest run --workspace --locked --no-fail-fast "$@"
 
 # Every example of the library, run to its end: each asserts what it shows and finishes by itself
 # within seconds on the embedded SQLite store (one that would serve forever takes its run time
-# from DLOCK_EXAMPLE_SECONDS). The binaries are named after the files, whatever the package is
-# called, so no `-p` here. fenced_write also runs against PostgreSQL as its fenced resource.
+# from DLOCK_EXAMPLE_SECONDS; the metrics one serves on a free port). The binaries are named after
+# the files, whatever the package is called, so no `-p` here. fenced_write also runs against
+# PostgreSQL as its fenced resource.
 log "examples"
 cargo build --workspace --examples --locked
 EXAMPLES_FAILED=()
 run_example() { # name, then extra environment assignments
   local name=$1; shift
   local out="$SCRATCH/example-$name.log"
-  if env DLOCK_EXAMPLE_SECONDS=1 "$@" timeout 20 "$CARGO_TARGET_DIR/debug/examples/$name" >"$out" 2>&1; then
+  if env DLOCK_EXAMPLE_SECONDS=1 DLOCK_METRICS_ADDR=127.0.0.1:0 "$@" timeout 20 "$CARGO_TARGET_DIR/debug/examples/$name" >"$out" 2>&1; then
     log "example $name: ok ($(tail -n1 "$out"))"
   else
     log "example $name FAILED (exit $?):"; tail -n 30 "$out" >&2

@@ -264,7 +264,9 @@ struct ReapArgs {
 /// List the locks held now, with their holders and waiters.
 ///
 /// Shows name, kind, mode, owner, host, pid, fencing token, lease left and when each hold was
-/// acquired, as a table, or the full records as one JSON array with --json.
+/// acquired, as a table, or the full records as one JSON array with --json. Waiters are those
+/// the store keeps in a queue: --fair waiters, and every waiter on ZooKeeper and etcd (a plain
+/// waiter of the other stores is not in the store until it is granted).
 ///
 /// --watch lists again every --interval, like watch(1), until Ctrl-C or SIGTERM (exit 0) or
 /// --count rounds. On a terminal each round clears the screen and redraws a header line (store,
