@@ -1719,6 +1719,15 @@ mod tests {
         let m = meta("m");
         let r = rq(&n, "o", &m);
         token(b.acquire(&r).await.unwrap());
+        // The acquire's connections go back to the pool by a spawned task: wait for all.
+        let back_by = std::time::Instant::now() + Duration::from_secs(5);
+        while b.pool.num_idle() == 0 || b.pool.num_idle() as u32 != b.pool.size() {
+            assert!(
+                std::time::Instant::now() < back_by,
+                "no connection came back"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         // Every idle connection out of the pool; one comes back 10 ms from now.
         let mut out = Vec::new();
         while let Some(c) = b.pool.try_acquire() {
@@ -1726,8 +1735,12 @@ mod tests {
         }
         let back = out.pop().expect("a pooled connection");
         let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-        let open_now = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
-        setrlimit(Resource::RLIMIT_NOFILE, open_now, hard).unwrap();
+        // The lowest free descriptor number becomes the limit: no file can be opened.
+        let lowest_free = {
+            use std::os::fd::AsRawFd;
+            std::fs::File::open("/dev/null").unwrap().as_raw_fd() as u64
+        };
+        setrlimit(Resource::RLIMIT_NOFILE, lowest_free, hard).unwrap();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(10)).await;
             drop(back);
