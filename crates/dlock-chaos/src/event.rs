@@ -2,15 +2,23 @@
 //! records, and the clock they share.
 
 use serde::{Deserialize, Serialize};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-/// Wall-clock time in microseconds since the Unix epoch. Every process of a run is on the same
-/// machine, so these times order events across processes.
+/// Wall-clock time in microseconds since the Unix epoch, read once per process and carried on by
+/// the monotonic clock: every process of a run is on the same machine, so these times order
+/// events across processes, and a worker whose wall clock is stepped on purpose (the clock-step
+/// fault fakes only the wall clock) still reports true times.
 pub fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
+    static ANCHOR: OnceLock<(i64, Instant)> = OnceLock::new();
+    let (wall, mono) = ANCHOR.get_or_init(|| {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        (wall, Instant::now())
+    });
+    wall + mono.elapsed().as_micros() as i64
 }
 
 /// One thing that happened in a client process.

@@ -51,6 +51,14 @@ pub enum Fault {
     MasterPause,
     /// Redis Cluster: migrate the lock's slot and its keys to another master while it is held.
     SlotMigrate,
+    /// SIGSTOP the store process for two leases, then SIGCONT: Redis, PostgreSQL (the server and
+    /// every backend process), MariaDB, and ZooKeeper's leader (etcd's is `MemberPause`).
+    StorePause,
+    /// Step the holder's wall clock (libfaketime, the monotonic clocks left true): forward by ten
+    /// leases, or back by an hour, in turn.
+    ClockStep,
+    /// Fill the file system of the SQLite file (a tmpfs of its own) for two leases, then free it.
+    DiskFull,
     /// Leader election: the workers campaign for the name (each term one hold, the term its
     /// token); SIGKILL the leader.
     ElectKill,
@@ -76,6 +84,9 @@ impl Fault {
             Fault::MasterKill => "master-kill",
             Fault::MasterPause => "master-pause",
             Fault::SlotMigrate => "slot-migrate",
+            Fault::StorePause => "store-pause",
+            Fault::ClockStep => "clock-step",
+            Fault::DiskFull => "disk-full",
             Fault::ElectKill => "elect-kill",
             Fault::ElectPause => "elect-pause",
         }
@@ -93,6 +104,14 @@ impl Fault {
             Fault::ElectPause => Fault::Pause,
             f => f,
         }
+    }
+
+    /// Only in the full run: CI's bounded run keeps its length.
+    pub fn full_only(self) -> bool {
+        matches!(
+            self,
+            Fault::ElectPause | Fault::StorePause | Fault::ClockStep | Fault::DiskFull
+        )
     }
 
     /// A fault of a Redis Sentinel or Cluster deployment (its figures include the fail-over).
@@ -124,7 +143,15 @@ pub fn scenarios(b: Backend, quick: bool) -> Vec<(Fault, Mode)> {
         if b.cluster() {
             v.push((SlotMigrate, Mode::Enforcing));
         }
+        v.push((ClockStep, Mode::Enforcing));
         return v;
+    }
+    if b == Backend::SqliteTmpfs {
+        return if quick {
+            vec![]
+        } else {
+            vec![(DiskFull, Mode::Enforcing)]
+        };
     }
     // RunKill in log-only mode: an orphaned command's late write would be accepted and show as
     // an overlap, which is what the scenario counts.
@@ -135,35 +162,39 @@ pub fn scenarios(b: Backend, quick: bool) -> Vec<(Fault, Mode)> {
         (Pause, Mode::Enforcing),
     ];
     let extra: &[Fault] = match b {
-        Backend::Sqlite => &[],
+        Backend::Sqlite => &[ClockStep],
         Backend::Redis | Backend::Postgres | Backend::Mysql => {
-            &[Restart, ConnKill, Delay, BlackHole]
+            &[Restart, ConnKill, Delay, BlackHole, StorePause, ClockStep]
         }
-        Backend::PostgresSession | Backend::MysqlSession => &[Restart, ConnKill],
+        Backend::PostgresSession | Backend::MysqlSession => {
+            &[Restart, ConnKill, StorePause, ClockStep]
+        }
         Backend::RedisAof => {
             v.clear();
-            &[Restart]
+            &[Restart, StorePause]
         }
-        Backend::Zookeeper => &[Restart, Delay, BlackHole],
+        Backend::Zookeeper => &[Restart, Delay, BlackHole, StorePause, ClockStep],
         // ZooKeeper's list, and two faults of a cluster member that only etcd runs so far: every
         // client's connections reset at once (etcd has no command that ends client connections,
         // so the harness resets them at the clients' proxies), and the leader paused (SIGSTOP:
         // its sockets stay open and it answers nothing).
-        Backend::Etcd => &[Restart, Delay, BlackHole, ConnKill, MemberPause],
-        Backend::Redlock => &[Redlock2Down, Redlock3Down],
-        Backend::RedisSentinel
+        Backend::Etcd => &[Restart, Delay, BlackHole, ConnKill, MemberPause, ClockStep],
+        Backend::Redlock => &[Redlock2Down, Redlock3Down, ClockStep],
+        Backend::SqliteTmpfs
+        | Backend::RedisSentinel
         | Backend::RedisSentinelWait
         | Backend::RedisCluster
         | Backend::RedisClusterWait => &[],
     };
     v.extend(extra.iter().map(|f| (*f, Mode::Enforcing)));
     // The election over every store whose holders the harness can kill (not the AOF restart
-    // line); the bounded run takes the killed leader only.
+    // line).
     if b != Backend::RedisAof {
         v.push((ElectKill, Mode::Enforcing));
-        if !quick {
-            v.push((ElectPause, Mode::Enforcing));
-        }
+        v.push((ElectPause, Mode::Enforcing));
+    }
+    if quick {
+        v.retain(|(f, _)| !f.full_only());
     }
     v
 }
@@ -414,6 +445,14 @@ pub fn judge(b: Backend, f: Fault, mode: Mode, x: &Figures, s: &Settings) -> Vec
             ),
         );
     }
+    if f == Fault::ClockStep {
+        check(
+            "a wall-clock step loses no hold",
+            x.lost == 0,
+            true,
+            format!("{} holds lost", x.lost),
+        );
+    }
     if f.failover() {
         check(
             "grants resume after each fault",
@@ -494,6 +533,52 @@ struct Harness<'a> {
     holding: Holding,
     workers: HashMap<u32, Worker>,
     next_index: u32,
+    /// The clock-step scenario: each worker's libfaketime offset file is `DIR/clock-INDEX`.
+    clocks: Option<Clocks>,
+}
+
+/// The wall clocks of the clock-step scenario's workers (libfaketime, the monotonic clocks left
+/// true) and how many steps were made.
+struct Clocks {
+    dir: tempfile::TempDir,
+    lib: PathBuf,
+    steps: u32,
+}
+
+impl Clocks {
+    fn new() -> io::Result<Clocks> {
+        Ok(Clocks {
+            dir: tempfile::Builder::new()
+                .prefix("dlock-chaos-clock-")
+                .tempdir()?,
+            lib: libfaketime()?,
+            steps: 0,
+        })
+    }
+
+    fn file(&self, worker: u32) -> PathBuf {
+        self.dir.path().join(format!("clock-{worker}"))
+    }
+}
+
+/// The multi-threaded libfaketime preload library (Debian's package `libfaketime`).
+fn libfaketime() -> io::Result<PathBuf> {
+    let found = ["/usr/lib", "/usr/local/lib", "/usr/lib64"]
+        .iter()
+        .flat_map(|root| {
+            let direct = std::path::Path::new(root).join("faketime");
+            let multiarch = std::fs::read_dir(root)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path().join("faketime"));
+            std::iter::once(direct).chain(multiarch).collect::<Vec<_>>()
+        })
+        .map(|d| d.join("libfaketimeMT.so.1"))
+        .find(|p| p.is_file());
+    found.ok_or_else(|| {
+        io::Error::other("libfaketimeMT.so.1 not found (Debian: apt-get install faketime)")
+    })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -513,7 +598,17 @@ impl Harness<'_> {
         let url = self
             .env
             .url(&proxies.as_ref().map(|p| p.addrs()).unwrap_or_default());
-        let mut child = Command::new(&self.exe)
+        let mut cmd = Command::new(&self.exe);
+        if let Some(c) = &self.clocks {
+            let file = c.file(index);
+            std::fs::write(&file, "+0")?;
+            // Only the wall clock is faked; the offset is read from the file at every call.
+            cmd.env("LD_PRELOAD", &c.lib)
+                .env("FAKETIME_TIMESTAMP_FILE", &file)
+                .env("FAKETIME_NO_CACHE", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let mut child = cmd
             .arg("worker")
             .args(["--url", &url, "--name", &self.name])
             .args(["--resource", &self.resource.to_string()])
@@ -734,11 +829,32 @@ impl Harness<'_> {
                     format!("{detail} for {dur:?}"),
                 )
             }
-            Fault::MemberPause => {
+            Fault::MemberPause | Fault::StorePause | Fault::DiskFull => {
                 let at = now_us();
                 let env: &StoreEnv = self.env;
-                let detail = tokio::task::block_in_place(|| env.pause_leader(lease * 2))?;
+                let detail = tokio::task::block_in_place(|| match fault {
+                    Fault::MemberPause => env.pause_leader(lease * 2),
+                    Fault::StorePause => env.pause_store(lease * 2),
+                    _ => env.fill_disk(lease * 2),
+                })?;
                 rec(fault, holder, at, Some(now_us()), detail)
+            }
+            Fault::ClockStep => {
+                let w = need(holder)?;
+                let c = self
+                    .clocks
+                    .as_mut()
+                    .ok_or_else(|| io::Error::other("the workers' clocks are not faked"))?;
+                // Forward past the lease, then back by an hour, in turn (each from the true time).
+                let step = if c.steps % 2 == 0 {
+                    format!("+{}s", (lease * 10).as_secs().max(1))
+                } else {
+                    "-1h".to_string()
+                };
+                c.steps += 1;
+                let at = now_us();
+                std::fs::write(c.file(w), &step)?;
+                rec(fault, Some(w), at, None, format!("wall clock {step}"))
             }
             Fault::Redlock2Down | Fault::Redlock3Down => {
                 let (n, down) = if fault == Fault::Redlock2Down {
@@ -875,7 +991,14 @@ pub async fn run(
         holding: Arc::default(),
         workers: HashMap::new(),
         next_index: 1,
+        clocks: None,
     };
+    if fault == Fault::ClockStep {
+        match Clocks::new() {
+            Ok(c) => h.clocks = Some(c),
+            Err(e) => harness_errors.push(format!("clock-step: {e}")),
+        }
+    }
     for _ in 0..settings.workers {
         if let Err(e) = h.spawn_worker().await {
             harness_errors.push(format!("starting a client process: {e}"));
@@ -953,7 +1076,13 @@ mod tests {
     #[test]
     fn etcd_runs_every_zookeeper_scenario() {
         let etcd = scenarios(Backend::Etcd, false);
+        // ZooKeeper's paused leader is etcd's member-pause.
         for s in scenarios(Backend::Zookeeper, false) {
+            let s = if s.0 == Fault::StorePause {
+                (Fault::MemberPause, s.1)
+            } else {
+                s
+            };
             assert!(etcd.contains(&s), "etcd lacks {s:?}");
         }
         for f in [Fault::ConnKill, Fault::MemberPause] {
@@ -980,10 +1109,10 @@ mod tests {
                 assert!(quick.len() <= 1 && quick.iter().all(|s| full.contains(s)));
                 assert_eq!(quick.is_empty(), !b.waits(), "{b:?}");
             } else {
-                // The bounded run leaves out only the paused leader.
+                // The bounded run leaves out only the full run's own faults.
                 let without: Vec<_> = full
                     .iter()
-                    .filter(|(f, _)| *f != Fault::ElectPause)
+                    .filter(|(f, _)| !f.full_only())
                     .copied()
                     .collect();
                 assert_eq!(quick, without, "{b:?}");

@@ -6,6 +6,7 @@ use crate::event::now_us;
 use dlock_testkit::{
     Db, EtcdCluster, RedisCluster, RedisSentinel, RedisServer, SqlServer, TcpProxy, ZkEnsemble,
 };
+use nix::sys::signal::Signal;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,6 +19,9 @@ use std::time::Duration;
 pub enum Backend {
     /// The embedded SQLite file (processes of one machine).
     Sqlite,
+    /// The SQLite file on a small tmpfs of its own that the harness mounts (root only), for
+    /// the full-filesystem fault.
+    SqliteTmpfs,
     /// One Redis server without persistence (the common deployment).
     Redis,
     /// One Redis server with AOF and `appendfsync always`.
@@ -48,8 +52,9 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, in report order.
-    pub const ALL: [Backend; 14] = [
+    pub const ALL: [Backend; 15] = [
         Backend::Sqlite,
+        Backend::SqliteTmpfs,
         Backend::Redis,
         Backend::RedisAof,
         Backend::Postgres,
@@ -69,6 +74,7 @@ impl Backend {
     pub fn label(self) -> &'static str {
         match self {
             Backend::Sqlite => "sqlite",
+            Backend::SqliteTmpfs => "sqlite-tmpfs",
             Backend::Redis => "redis",
             Backend::RedisAof => "redis-aof",
             Backend::Postgres => "postgres",
@@ -115,6 +121,7 @@ type Shared<T> = Arc<Mutex<T>>;
 
 enum Servers {
     Sqlite(PathBuf),
+    SqliteTmpfs(Tmpfs),
     Redis(Shared<RedisServer>),
     Sql(Shared<SqlServer>),
     Zk(Shared<ZkEnsemble>),
@@ -149,6 +156,7 @@ impl StoreEnv {
         let no_persistence = ["--save", "", "--appendonly", "no"];
         let servers = match backend {
             Backend::Sqlite => Servers::Sqlite(dir.path().join("chaos.db")),
+            Backend::SqliteTmpfs => Servers::SqliteTmpfs(Tmpfs::mount(&dir.path().join("fs"))?),
             Backend::Redis => {
                 Servers::Redis(Arc::new(Mutex::new(RedisServer::start(&no_persistence)?)))
             }
@@ -193,7 +201,10 @@ impl StoreEnv {
     /// the addresses in the URL would not carry their traffic).
     pub fn endpoints(&self) -> Vec<SocketAddr> {
         match &self.servers {
-            Servers::Sqlite(_) | Servers::Sentinel(_) | Servers::Cluster(_) => vec![],
+            Servers::Sqlite(_)
+            | Servers::SqliteTmpfs(_)
+            | Servers::Sentinel(_)
+            | Servers::Cluster(_) => vec![],
             Servers::Redis(s) => vec![loopback(lock(s).port)],
             Servers::Sql(s) => vec![loopback(lock(s).port)],
             Servers::Zk(z) => lock(z).client_ports().into_iter().map(loopback).collect(),
@@ -212,6 +223,9 @@ impl StoreEnv {
             .join(",");
         match (&self.servers, self.backend) {
             (Servers::Sqlite(p), _) => format!("sqlite://{}", p.display()),
+            (Servers::SqliteTmpfs(t), _) => {
+                format!("sqlite://{}", t.dir.join("chaos.db").display())
+            }
             (Servers::Redis(_), _) => format!("redis://{hosts}/"),
             (Servers::Sql(_), Backend::Postgres) => {
                 format!("postgres://postgres@{hosts}/postgres?table=dlock_chaos")
@@ -431,6 +445,63 @@ impl StoreEnv {
         }
     }
 
+    /// SIGSTOP the store for `down`, then SIGCONT: the Redis server, the SQL server with every
+    /// process it forked (a PostgreSQL backend serves its connection by itself), ZooKeeper's
+    /// leader. Returns a description.
+    pub fn pause_store(&self, down: Duration) -> io::Result<String> {
+        let (pids, what) = match &self.servers {
+            Servers::Redis(s) => (lock(s).pid().into_iter().collect(), "redis-server".into()),
+            Servers::Sql(s) => {
+                let s = lock(s);
+                let root = s
+                    .pid()
+                    .ok_or_else(|| io::Error::other("the SQL server is not running"))?;
+                let pids = with_descendants(root);
+                let what = format!("{:?} ({} processes)", s.db, pids.len());
+                (pids, what)
+            }
+            Servers::Zk(z) => {
+                let z = lock(z);
+                let leader = z.leader()?;
+                (
+                    z.pid(leader).into_iter().collect(),
+                    format!("leader (server {leader})"),
+                )
+            }
+            _ => return Err(io::Error::other("no store-pause fault for this store")),
+        };
+        if pids.is_empty() {
+            return Err(io::Error::other(format!("{what} is not running")));
+        }
+        // The parent first, so it forks nothing new while its children stop.
+        for p in &pids {
+            dlock_testkit::signal(*p, Signal::SIGSTOP)?;
+        }
+        std::thread::sleep(down);
+        let mut resumed = Ok(());
+        for p in pids.iter().rev() {
+            if let Err(e) = dlock_testkit::signal(*p, Signal::SIGCONT) {
+                resumed = Err(e);
+            }
+        }
+        resumed?;
+        Ok(format!("{what} SIGSTOP {down:?}, SIGCONT"))
+    }
+
+    /// SQLite on its tmpfs: fill the file system, wait `down`, free it again.
+    pub fn fill_disk(&self, down: Duration) -> io::Result<String> {
+        let Servers::SqliteTmpfs(t) = &self.servers else {
+            return Err(io::Error::other("no disk-full fault for this store"));
+        };
+        let filled = t.fill()?;
+        std::thread::sleep(down);
+        t.free()?;
+        Ok(format!(
+            "{} filled ({filled} bytes more) for {down:?}, then freed",
+            t.dir.display()
+        ))
+    }
+
     /// etcd: SIGSTOP the leader (a member that keeps its sockets open and answers nothing, to its
     /// peers or its clients), wait `down`, SIGCONT it.
     pub fn pause_leader(&self, down: Duration) -> io::Result<String> {
@@ -510,5 +581,98 @@ impl ClientProxies {
     /// Closes every connection of the client now (it sees a reset); returns how many there were.
     pub fn reset(&self) -> usize {
         self.0.iter().map(TcpProxy::reset).sum()
+    }
+}
+
+/// `root` and every process it forked, transitively, parents before children (from /proc).
+fn with_descendants(root: u32) -> Vec<u32> {
+    let mut parent_of: Vec<(u32, u32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            // Field 4 of /proc/PID/stat, after the command name in parentheses.
+            let ppid = std::fs::read_to_string(e.path().join("stat"))
+                .ok()
+                .and_then(|st| {
+                    let rest = st.rsplit_once(')')?.1.to_owned();
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                });
+            if let Some(ppid) = ppid {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        out.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    out
+}
+
+/// A tmpfs the harness mounted (root only), unmounted when dropped.
+pub struct Tmpfs {
+    dir: PathBuf,
+}
+
+/// The size of the SQLite file system: room for the lock table and its WAL, small enough to
+/// fill in a moment.
+const TMPFS_SIZE: &str = "16m";
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path) -> io::Result<Tmpfs> {
+        std::fs::create_dir_all(dir)?;
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={TMPFS_SIZE}"), "tmpfs"])
+            .arg(dir)
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "cannot mount a tmpfs on {} for the full-filesystem fault (it needs root): {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(Tmpfs {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    fn filler(&self) -> PathBuf {
+        self.dir.join("filler")
+    }
+
+    /// Writes a filler file until the file system is full; returns the bytes written.
+    fn fill(&self) -> io::Result<u64> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.filler())?;
+        let chunk = vec![0u8; 64 * 1024];
+        let mut n = 0u64;
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => return Ok(n),
+                Ok(k) => n += k as u64,
+                // ENOSPC (io::ErrorKind::StorageFull is newer than the MSRV).
+                Err(e) if e.raw_os_error() == Some(28) => return Ok(n),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn free(&self) -> io::Result<()> {
+        std::fs::remove_file(self.filler())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("--lazy")
+            .arg(&self.dir)
+            .status();
     }
 }

@@ -443,17 +443,54 @@ fn init_logging() {
         .try_init();
 }
 
-fn runtime(multi: bool) -> std::io::Result<tokio::runtime::Runtime> {
-    if multi {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
+/// Worker threads of the multi-threaded runtime.
+const WORKERS: usize = 2;
+
+/// Whether `n` more threads (with the default stack, as tokio's workers) can run at once now.
+fn threads_available(n: usize) -> bool {
+    let mut held = Vec::new();
+    let mut all = true;
+    for _ in 0..n {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        match std::thread::Builder::new().spawn(move || {
+            let _ = rx.recv();
+        }) {
+            Ok(h) => held.push((tx, h)),
+            Err(_) => {
+                all = false;
+                break;
+            }
+        }
     }
+    for (tx, h) in held {
+        drop(tx);
+        let _ = h.join();
+    }
+    all
+}
+
+fn runtime(multi: bool) -> std::io::Result<tokio::runtime::Runtime> {
+    // Short of memory, or at the process's or the cgroup's thread limit, tokio either panics
+    // (no worker thread starts) or hangs (a worker that did not start keeps its queue): then the
+    // work goes on a runtime on this thread.
+    if multi && threads_available(WORKERS) {
+        // Only this thread runs yet, so the quiet panic hook meanwhile hides nothing.
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let built = std::panic::catch_unwind(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(WORKERS)
+                .enable_all()
+                .build()
+        });
+        std::panic::set_hook(hook);
+        if let Ok(Ok(rt)) = built {
+            return Ok(rt);
+        }
+    }
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
 }
 
 fn real_main() -> i32 {

@@ -752,6 +752,10 @@ fn map_err(path: &Path, e: sqlx::Error) -> Error {
                 )),
                 // SQLITE_CORRUPT
                 11 => Error::backend(format!("sqlite database {shown} is corrupt: {db}")),
+                // SQLITE_NOMEM: this process is short of memory, perhaps for a moment.
+                7 => Error::Unavailable(format!(
+                    "sqlite database {shown}: this process is out of memory ({db})"
+                )),
                 // SQLITE_IOERR, SQLITE_FULL, SQLITE_PROTOCOL
                 10 | 13 | 15 => {
                     Error::Unavailable(format!("I/O error on sqlite database {shown}: {db}"))
@@ -763,6 +767,19 @@ fn map_err(path: &Path, e: sqlx::Error) -> Error {
             "sqlite database {shown} {BUSY_MARK}: no connection became free within \
              {POOL_ACQUIRE_TIMEOUT:?}"
         )),
+        // sqlx runs each connection on a thread of its own: EAGAIN or ENOMEM here is a thread
+        // that could not start.
+        sqlx::Error::Io(io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::OutOfMemory
+            ) =>
+        {
+            Error::Unavailable(format!(
+                "sqlite database {shown}: cannot start a connection's thread ({io}; out of memory \
+                 or at the process's thread limit)"
+            ))
+        }
         sqlx::Error::Io(io) => {
             Error::Unavailable(format!("I/O error on sqlite database {shown}: {io}"))
         }

@@ -88,7 +88,25 @@ impl FileWatch {
     }
 }
 
+/// notify's inotify watcher panics instead of failing when its event thread could not start
+/// (out of memory, or the process or cgroup at its thread limit), and panics again while that
+/// panic unwinds (an abort). A thread like its own (the default stack) is tried first, so that
+/// case falls back to polling.
 fn watch_dir(db: &Path, changed: Arc<watch::Sender<bool>>) -> notify::Result<RecommendedWatcher> {
+    let probe = std::thread::Builder::new()
+        .name("dlock-sqlite-probe".into())
+        .spawn(|| {})
+        .and_then(|t| {
+            t.join()
+                .map_err(|_| std::io::Error::other("probe thread panicked"))
+        });
+    if let Err(e) = probe {
+        return Err(notify::Error::io(e));
+    }
+    start_watch(db, changed)
+}
+
+fn start_watch(db: &Path, changed: Arc<watch::Sender<bool>>) -> notify::Result<RecommendedWatcher> {
     let dir = db
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
