@@ -17,6 +17,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/dlock-target}"
 . scripts/lib.sh
 
 need_private_servers
+# The clock-step fault runs the workers under libfaketime.
+need_pkg faketime faketime
 log "building dlock-chaos (release)"
 cargo build --release --locked -p dlock-chaos
 log "running (about 30 minutes for every backend, half of it the Redis Sentinel and Cluster fail-overs)"
