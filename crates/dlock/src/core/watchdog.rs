@@ -193,7 +193,7 @@ async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
                         h.mark_lost(
                             "the store no longer has this hold (expired, removed or taken over)",
                         );
-                        inner.forget(&h);
+                        inner.forget(h);
                     }
                     Extended::Revoked => {
                         fail("revoked");
@@ -213,7 +213,7 @@ async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
                             Some(d) if inner.caps.validity == Validity::Session => {
                                 h.end_at_latest(d + margin(h.lease));
                             }
-                            _ => inner.forget(&h),
+                            _ => inner.forget(h),
                         }
                     }
                 }
