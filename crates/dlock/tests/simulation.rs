@@ -54,12 +54,21 @@ fn env_u64(name: &str) -> Option<u64> {
     })
 }
 
+/// What a lock name is used as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Mutex,
+    RwLock,
+    Semaphore(u32),
+}
+
 /// What one seed runs: drawn from the seed.
 #[derive(Debug, Clone)]
 struct Config {
     clients: usize,
     tasks: usize,
-    names: usize,
+    /// Each name's primitive and whether its handles are fair (FIFO).
+    names: Vec<(Kind, bool)>,
     lease: Duration,
     call_timeout: Duration,
     /// Whether the clients share in-process wake-ups (one process) or not (separate processes).
@@ -77,7 +86,16 @@ impl Config {
         Config {
             clients: rng.gen_range(2..=6),
             tasks: rng.gen_range(1..=3),
-            names: rng.gen_range(1..=3),
+            names: (0..rng.gen_range(1..=3))
+                .map(|_| {
+                    let kind = match rng.gen_range(0..4) {
+                        0 | 1 => Kind::Mutex,
+                        2 => Kind::RwLock,
+                        _ => Kind::Semaphore(rng.gen_range(2..=3)),
+                    };
+                    (kind, rng.gen_bool(0.25))
+                })
+                .collect(),
             lease,
             call_timeout: lease.mul_f64(rng.gen_range(0.2..=1.5)),
             shared_wakeups: rng.gen_bool(0.5),
@@ -149,6 +167,7 @@ impl Stats {
 /// A guard a task holds, as the oracle sees it.
 struct Held {
     name: String,
+    mode: Mode,
     token: u64,
     client: usize,
     guard: Arc<Guard>,
@@ -170,9 +189,13 @@ struct World {
 
 #[derive(Default)]
 struct State {
+    /// Each name's primitive.
+    kinds: BTreeMap<String, Kind>,
     held: BTreeMap<u64, Held>,
-    /// Per name: the last token the store granted and to which owner.
-    last_grant: BTreeMap<String, (u64, String)>,
+    /// Per name: the highest token the store granted.
+    last_grant: BTreeMap<String, u64>,
+    /// Every owner the store granted, with its token (a repeated attempt is granted again).
+    owners: BTreeMap<String, u64>,
     /// The fenced resource: per name, the highest token written.
     resource: BTreeMap<String, u64>,
     stats: Stats,
@@ -240,49 +263,76 @@ impl World {
         panic!("{report}");
     }
 
-    /// The store granted `token` of `name` to `owner` (its reply may yet be lost).
-    fn on_grant(&self, name: &str, token: u64, owner: &str, client: usize) {
-        let mut st = self.lock();
-        let regrant = st
-            .last_grant
-            .get(name)
-            .is_some_and(|(t, o)| *t == token && o == owner);
-        if regrant {
-            st.stats.regrants += 1;
-        } else {
-            if let Some((t, _)) = st.last_grant.get(name) {
-                if token <= *t {
-                    let t = *t;
-                    self.violation(
-                        &mut st,
-                        format!("token of {name} did not rise: {token} granted after {t}"),
-                    );
-                }
+    /// The first guard that says `is_held()` and excludes a hold of `name` in `mode` with
+    /// `token` (for a semaphore: one of the guards that use up its permits), if any.
+    fn in_the_way<'a>(
+        st: &'a State,
+        name: &str,
+        mode: Mode,
+        token: u64,
+    ) -> Option<(u64, &'a Held)> {
+        let others = || {
+            st.held
+                .iter()
+                .filter(move |(_, h)| h.name == name && h.token != token)
+        };
+        match kind_of(name, st) {
+            Kind::Semaphore(n) => {
+                let held: Vec<(&u64, &Held)> =
+                    others().filter(|(_, h)| h.guard.is_held()).collect();
+                (held.len() >= n as usize).then(|| (*held[0].0, held[0].1))
             }
-            st.last_grant
-                .insert(name.to_owned(), (token, owner.to_owned()));
-            st.stats.store_grants += 1;
+            _ => others()
+                .find(|(_, h)| {
+                    (mode == Mode::Exclusive || h.mode == Mode::Exclusive) && h.guard.is_held()
+                })
+                .map(|(id, h)| (*id, h)),
+        }
+    }
+
+    /// The store granted `token` of `name` to `owner` (its reply may yet be lost).
+    fn on_grant(&self, name: &str, mode: Mode, token: u64, owner: &str, client: usize) {
+        let mut st = self.lock();
+        // A repeated attempt of an owner that still holds gets its token back; one whose hold
+        // ran out meanwhile (its first grant's reply lost) gets a new hold, with a new token.
+        match st.owners.get(owner) {
+            Some(&t) if t == token => st.stats.regrants += 1,
+            _ => {
+                if let Some(&t) = st.last_grant.get(name) {
+                    if token <= t {
+                        self.violation(
+                            &mut st,
+                            format!("token of {name} did not rise: {token} granted after {t}"),
+                        );
+                    }
+                }
+                st.last_grant.insert(name.to_owned(), token);
+                st.owners.insert(owner.to_owned(), token);
+                st.stats.store_grants += 1;
+            }
         }
         self.step(
             &mut st,
             format_args!("store grants {name} token {token} to client {client}"),
         );
         let mut bad = None;
+        if let Some((id, h)) = Self::in_the_way(&st, name, mode, token) {
+            bad = Some(format!(
+                "the store granted {name} ({mode:?}) token {token} to client {client} while client \
+                 {}'s guard {id} ({:?}) of token {} still says is_held() (valid for {:?} more)",
+                h.client,
+                h.mode,
+                h.token,
+                h.guard.valid_for()
+            ));
+        }
+        let counted = matches!(kind_of(name, &st), Kind::Semaphore(_));
         for (id, h) in &st.held {
-            if h.name != name || h.token == token {
+            if bad.is_some() || counted || h.name != name || h.token == token {
                 continue;
             }
-            if h.guard.is_held() {
-                bad = Some(format!(
-                    "the store granted {name} token {token} to client {client} while client {}'s \
-                     guard {id} of token {} still says is_held() (valid for {:?} more)",
-                    h.client,
-                    h.token,
-                    h.guard.valid_for()
-                ));
-                break;
-            }
-            if h.guard.lost().now_or_never().is_none() {
+            let excludes = mode == Mode::Exclusive || h.mode == Mode::Exclusive;
+            if excludes && h.guard.lost().now_or_never().is_none() {
                 bad = Some(format!(
                     "the store granted {name} token {token} to client {client} before client \
                      {}'s guard {id} of token {} fired lost()",
@@ -319,16 +369,17 @@ impl World {
                 }
             ),
         );
-        let overlap = st
-            .held
-            .values()
-            .find(|h| held && h.name == name && h.token != token && h.guard.is_held())
-            .map(|h| (h.client, h.token));
-        if let Some((c, t)) = overlap {
+        let mode = guard.mode();
+        let overlap = held
+            .then(|| Self::in_the_way(&st, &name, mode, token))
+            .flatten()
+            .map(|(_, h)| (h.client, h.token, h.mode));
+        if let Some((c, t, m)) = overlap {
             self.violation(
                 &mut st,
                 format!(
-                    "client {client} holds {name} token {token} while client {c} holds token {t}"
+                    "client {client} holds {name} ({mode:?}) token {token} while client {c} \
+                     holds token {t} ({m:?})"
                 ),
             );
         }
@@ -336,6 +387,7 @@ impl World {
             id,
             Held {
                 name,
+                mode,
                 token,
                 client,
                 guard,
@@ -381,6 +433,11 @@ impl World {
             format_args!("client {client} writes {name} token {token}"),
         );
     }
+}
+
+/// The primitive `name` is used as.
+fn kind_of(name: &str, st: &State) -> Kind {
+    st.kinds.get(name).copied().unwrap_or(Kind::Mutex)
 }
 
 /// What the fault injector does to one client: pauses and failing renewals.
@@ -531,6 +588,7 @@ impl Backend for Faulty {
         Box::new(FaultyAcq {
             inner: Arc::new(tokio::sync::Mutex::new(self.inner.begin(&drifted))),
             promised: req.lease,
+            mode: req.mode,
             net: self.net.clone(),
             name: req.name.as_str().to_owned(),
             owner: req.owner.to_owned(),
@@ -588,6 +646,7 @@ struct FaultyAcq {
     inner: Arc<tokio::sync::Mutex<Box<dyn Acquisition>>>,
     /// The lease the client asked for, which the store promises (see [`Config::drift`]).
     promised: Duration,
+    mode: Mode,
     net: Net,
     name: String,
     owner: String,
@@ -598,13 +657,13 @@ impl Acquisition for FaultyAcq {
     async fn attempt(&mut self) -> dlock::Result<Attempt> {
         let (inner, world) = (self.inner.clone(), self.net.world.clone());
         let (name, owner, client) = (self.name.clone(), self.owner.clone(), self.net.client);
-        let promised = self.promised;
+        let (promised, mode) = (self.promised, self.mode);
         self.net
             .send(async move {
                 let mut r = inner.lock().await.attempt().await;
                 if let Ok(Attempt::Granted(g)) = &mut r {
                     let token = g.token.expect("the in-memory store fences");
-                    world.on_grant(&name, token, &owner, client);
+                    world.on_grant(&name, mode, token, &owner, client);
                     g.valid_for = promised;
                 }
                 r
@@ -640,14 +699,23 @@ async fn task(world: Arc<World>, ctl: Arc<Ctl>, client: Client, c: usize, t: usi
     let budget_left = |w: &World| !w.done.load(Ordering::Relaxed);
     while budget_left(&world) {
         ctl.unpaused().await;
-        let (name, how, wait) = world.draw(|r| {
+        let (i, how, wait, write) = world.draw(|r| {
             (
-                format!("n{}", r.gen_range(0..world.cfg.names)),
+                r.gen_range(0..world.cfg.names.len()),
                 r.gen_range(0..10u32),
                 lease.mul_f64(r.gen_range(0.0..=3.0)),
+                r.gen_bool(0.5),
             )
         });
-        let m = client.mutex(name.clone()).unwrap();
+        let name = format!("n{i}");
+        let (kind, fair) = world.cfg.names[i];
+        let m = match kind {
+            Kind::Mutex => Handle::Mutex(client.mutex(name.clone()).unwrap().fair(fair)),
+            Kind::RwLock => Handle::RwLock(client.rwlock(name.clone()).unwrap().fair(fair), write),
+            Kind::Semaphore(n) => {
+                Handle::Semaphore(client.semaphore(name.clone(), n).unwrap().fair(fair))
+            }
+        };
         let res = match how {
             0..=3 => m.acquire().await,
             4..=6 => m.try_acquire().await,
@@ -710,6 +778,10 @@ async fn task(world: Arc<World>, ctl: Arc<Ctl>, client: Client, c: usize, t: usi
             }
             // A paused client stops here, between its work and its write, as a process would.
             ctl.unpaused().await;
+            if guard.mode() == Mode::Shared {
+                // Readers and permits share: they do not write the fenced resource.
+                continue;
+            }
             if world.draw(|r| r.gen_bool(0.1)) {
                 // Careless: no look at the guard; the fence must catch a stale token.
                 world.write(&name, token, false, c);
@@ -752,6 +824,40 @@ async fn task(world: Arc<World>, ctl: Arc<Ctl>, client: Client, c: usize, t: usi
                 .max(ms(1)),
         )
         .await;
+    }
+}
+
+/// A lock handle of any primitive (an rwlock's: for writing or reading).
+enum Handle {
+    Mutex(dlock::Mutex),
+    RwLock(dlock::RwLock, bool),
+    Semaphore(dlock::Semaphore),
+}
+
+impl Handle {
+    async fn acquire(&self) -> dlock::Result<Guard> {
+        match self {
+            Handle::Mutex(m) => m.acquire().await,
+            Handle::RwLock(r, true) => r.write().await,
+            Handle::RwLock(r, false) => r.read().await,
+            Handle::Semaphore(s) => s.acquire().await,
+        }
+    }
+    async fn try_acquire(&self) -> dlock::Result<Guard> {
+        match self {
+            Handle::Mutex(m) => m.try_acquire().await,
+            Handle::RwLock(r, true) => r.try_write().await,
+            Handle::RwLock(r, false) => r.try_read().await,
+            Handle::Semaphore(s) => s.try_acquire().await,
+        }
+    }
+    async fn acquire_timeout(&self, d: Duration) -> dlock::Result<Guard> {
+        match self {
+            Handle::Mutex(m) => m.acquire_timeout(d).await,
+            Handle::RwLock(r, true) => r.write_timeout(d).await,
+            Handle::RwLock(r, false) => r.read_timeout(d).await,
+            Handle::Semaphore(s) => s.acquire_timeout(d).await,
+        }
     }
 }
 
@@ -809,7 +915,15 @@ fn run_seed(seed: u64, acquisitions: u64, run: &str) -> (Stats, u64, u64) {
             cfg: cfg.clone(),
             start: Instant::now(),
             rng: Mutex::new(rng),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                kinds: cfg
+                    .names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, _))| (format!("n{i}"), *k))
+                    .collect(),
+                ..State::default()
+            }),
             done: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             violated: Mutex::new(None),
