@@ -6,13 +6,15 @@
 //! current-thread runtime per seed, with seeded faults between each client and the store:
 //! requests refused or delayed (a delayed request still reaches the store after its caller gave
 //! up), replies delayed, lost after the store acted, or never sent; renewals failing for a while;
-//! a whole client paused (its tasks and every call, the watchdog's included) past its lease.
+//! a whole client paused (its tasks and every call, the watchdog's included) past its lease; a
+//! store clock up to 8 % fast. The names are mutexes, read-write locks and semaphores, some fair.
 //!
 //! The oracle is checked at every grant the store makes and at every guard a task receives:
-//! in the store's order no two holds of a name overlap (when the store grants a name, no other
-//! guard of it may still say `is_held()`, and its `lost()` must have fired), the fencing tokens
-//! of a name only rise, and a careful writer (`is_held()` just before the write) is never
-//! refused by the fenced resource. A violation panics with the seed and the last steps.
+//! in the store's order no two holds of a name overlap (when the store grants a name, no guard
+//! that excludes the new hold may still say `is_held()`, and its `lost()` must have fired; a
+//! semaphore counts its permits), the fencing tokens of a name only rise, and a careful writer
+//! (`is_held()` just before the write) is never refused by the fenced resource. A violation
+//! panics with the seed, the exact replay command and the last steps.
 //!
 //! `DLOCK_SIM_ACQUISITIONS` (default 50 000) sets the acquisitions, 1 000 per seed;
 //! `DLOCK_SIM_SEED=N` replays one seed; `DLOCK_SIM_FIRST_SEED` moves the first seed. The full
@@ -692,8 +694,8 @@ impl Acquisition for FaultyAcq {
     }
 }
 
-/// One task of one client: acquire in one of four ways, hold (with careful and careless writes
-/// to the fenced resource, watching `lost()`), then release or drop the guard.
+/// One task of one client: acquire in one of four ways, hold (watching `lost()`; an exclusive
+/// hold writes to the fenced resource, carefully or not), then release or drop the guard.
 async fn task(world: Arc<World>, ctl: Arc<Ctl>, client: Client, c: usize, t: usize) {
     let lease = world.cfg.lease;
     let budget_left = |w: &World| !w.done.load(Ordering::Relaxed);
