@@ -43,6 +43,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+mod clock;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
@@ -71,6 +72,13 @@ pub use error::{Error, Result};
 pub use name::{LockName, MAX_NAME_LEN};
 pub use stores::{connect, connect_until, connect_with, enabled_backends, validate_url};
 pub use url::redact_url;
+
+/// Hooks for the deterministic simulation of the core (`crates/dlock/tests/simulation.rs`). Not
+/// part of the stable API.
+#[doc(hidden)]
+pub mod sim {
+    pub use crate::clock::seed_jitter;
+}
 
 /// The README's code blocks run as doctests, so what it shows keeps working.
 #[cfg(doctest)]

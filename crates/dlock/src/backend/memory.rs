@@ -165,7 +165,7 @@ impl MemoryBackend {
     }
 
     fn attempt_now(&self, req: &Request<'_>) -> Result<Attempt> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut st = self.lock();
         let name = req.name.as_str();
         st.prune(name, now);
@@ -237,7 +237,7 @@ impl MemoryBackend {
         if let Some(e) = st.locks.get_mut(name) {
             e.queue.retain(|_, w| w.owner != req.owner);
         }
-        st.prune(name, Instant::now());
+        st.prune(name, crate::clock::now());
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -272,7 +272,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut st = self.lock();
         let name = hold.name.as_str();
         let released = match st.locks.get_mut(name) {
@@ -294,7 +294,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut st = self.lock();
         // A revoked hold is nobody's any more: it gets no new value.
         let found = st.locks.get_mut(hold.name.as_str()).and_then(|e| {
@@ -312,13 +312,13 @@ impl Backend for MemoryBackend {
     }
 
     async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut st = self.lock();
         Ok(holds.iter().map(|r| st.extend(r, now, detach)).collect())
     }
 
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let st = self.lock();
         let mut out: Vec<LockInfo> = st
             .locks
@@ -362,7 +362,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn force_release(&self, name: &LockName, how: Force) -> Result<Forced> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut st = self.lock();
         st.prune(name.as_str(), now);
         let mut out = Forced::default();
@@ -420,7 +420,9 @@ impl Acquisition for MemAcquisition {
 
     async fn look(&mut self) -> Result<Option<Look>> {
         let free = !matches!(
-            self.store.lock().decide(&self.want.req(), Instant::now()),
+            self.store
+                .lock()
+                .decide(&self.want.req(), crate::clock::now()),
             Ok(Decision::Busy { .. })
         );
         Ok(Some(if free {

@@ -13,9 +13,8 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::signal::NameSignals;
-use rand::Rng;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The longest a waiter sleeps between attempts on a store with native wake-ups when nothing
 /// tells it to try again (a safety net for a lost notification).
@@ -231,7 +230,7 @@ impl Inner {
             waiting: !matches!(wait, Wait::No),
             meta,
         };
-        let started = Instant::now();
+        let started = crate::clock::now();
         // This client's own releases and cancels of the name still running in the background
         // finish first (each is one bounded call), so that it does not meet its own leftovers.
         let settle_bound = self
@@ -279,7 +278,7 @@ impl Inner {
                 // Behind this client's other waiters of the name: waiting already.
                 waiting = Some(self.store.waiting(&spec.name));
                 if let Some(place) = line.as_ref() {
-                    let mut until = Instant::now() + MAX_NATIVE_SLICE;
+                    let mut until = crate::clock::now() + MAX_NATIVE_SLICE;
                     if let Wait::Until(d) = wait {
                         until = until.min(d);
                     }
@@ -290,7 +289,7 @@ impl Inner {
             tokio::pin!(notified);
             notified.as_mut().enable();
             waiter.armed = true;
-            let sent = Instant::now();
+            let sent = crate::clock::now();
             let attempt = {
                 let calls = self.store.calls.clone();
                 let head = line.as_ref().map_or(true, LinePlace::is_head);
@@ -326,7 +325,7 @@ impl Inner {
                     {
                         self.store.kick.notify_one();
                     }
-                    let waited = started.elapsed();
+                    let waited = crate::clock::elapsed(started);
                     metrics::counter!(
                         ACQUIRE_TOTAL,
                         self.store.labels(&spec.name, Some(("result", "granted")))
@@ -363,7 +362,7 @@ impl Inner {
                 }
             };
             outage = Outage::default();
-            let now = Instant::now();
+            let now = crate::clock::now();
             let give_up = match wait {
                 Wait::No => {
                     waiter.armed = false;
@@ -392,14 +391,14 @@ impl Inner {
                     .increment(1);
                     return Err(Error::Timeout {
                         name: spec.name.to_string(),
-                        waited: started.elapsed(),
+                        waited: crate::clock::elapsed(started),
                     });
                 }
             }
             // The slice ends when trying again may succeed without any wake-up: a blocking lease
             // running out (plus a little jitter so waiters do not stampede), the fair queue place
             // needing a refresh, or the caller's deadline.
-            let jitter = Duration::from_millis(rand::thread_rng().gen_range(1..=20));
+            let jitter = Duration::from_millis(crate::clock::gen_range(1..=20));
             let mut slice = match busy.retry_in {
                 Some(r) => r + jitter,
                 None => MAX_NATIVE_SLICE,
@@ -436,11 +435,12 @@ impl Inner {
             let calls = self.store.calls.clone();
             let acq = waiter.acq()?;
             tokio::select! {
+                biased; // deterministic under a seeded simulation (tests/simulation.rs)
                 _ = &mut notified, if local_wakes => {}
                 r = wait_for_turn(acq, &calls, &busy, until) => {
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "store wait failed; trying again");
-                        tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(50)).into()).await;
+                        tokio::time::sleep_until(until.min(crate::clock::now() + Duration::from_millis(50)).into()).await;
                     }
                 }
             }

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use std::future::Future;
 use std::sync::Mutex as StdMutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How often an [`Observer`] looks at the election by default.
 pub const OBSERVE_EVERY: Duration = Duration::from_millis(500);
@@ -350,16 +350,17 @@ impl Observer {
             if let Some(left) = now.as_ref().and_then(|l| l.holder.lease_left_ms) {
                 wait = wait.min(Duration::from_millis(left.saturating_add(5)));
             }
-            let until = Instant::now() + wait;
+            let until = crate::clock::now() + wait;
             let busy = Busy::default();
             // `changed` ends by `until` itself; the bound is for a store that does not.
             let bound = (until + Duration::from_secs(1)).into();
             tokio::select! {
+                biased; // deterministic under a seeded simulation (tests/simulation.rs)
                 _ = &mut notified => {}
                 r = tokio::time::timeout_at(bound, watch.changed(&busy, until)), if native => {
                     // No notification source after all (a listener down, MySQL): the interval.
                     if !matches!(r, Ok(Ok(Watch::Changed | Watch::Recheck))) {
-                        tokio::time::sleep_until(until.min(Instant::now() + every).into()).await;
+                        tokio::time::sleep_until(until.min(crate::clock::now() + every).into()).await;
                     }
                 }
                 _ = tokio::time::sleep_until(until.into()), if !native => {}

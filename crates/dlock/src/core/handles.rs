@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 /// Settings and identity shared by the three handle types.
 #[derive(Debug, Clone)]
@@ -89,7 +89,7 @@ impl Core {
 }
 
 pub(crate) fn until(d: Duration) -> Wait {
-    match Instant::now().checked_add(d) {
+    match crate::clock::now().checked_add(d) {
         Some(t) => Wait::Until(t),
         None => Wait::Forever,
     }
@@ -423,7 +423,9 @@ impl Guard {
     /// How long the hold is trusted from now without another renewal, `None` if it is not held.
     pub fn valid_for(&self) -> Option<Duration> {
         match self.hold.state() {
-            HoldState::Held { deadline, .. } => deadline.checked_duration_since(Instant::now()),
+            HoldState::Held { deadline, .. } => {
+                deadline.checked_duration_since(crate::clock::now())
+            }
             _ => None,
         }
     }
@@ -466,6 +468,7 @@ impl Guard {
                     }
                     HoldState::Held { deadline, .. } => {
                         tokio::select! {
+                            biased; // deterministic under a seeded simulation (tests/simulation.rs)
                             _ = rx.changed() => {}
                             _ = tokio::time::sleep_until(deadline.into()) => {
                                 hold.check_deadline();
@@ -532,7 +535,7 @@ impl Guard {
         }
         let renewing = hold.renews();
         hold.stop_renewing();
-        let sent = Instant::now();
+        let sent = crate::clock::now();
         let answer = match hold
             .store
             .calls
@@ -621,13 +624,13 @@ async fn release_hold(hold: Arc<Hold>) -> Result<()> {
         return Ok(()); // another reentrant guard still holds it
     }
     let before = hold.mark_released();
-    hold.store.forget(&hold.owner);
+    hold.store.forget(&hold);
     let span = tracing::debug_span!(
         "dlock.release",
         name = %hold.name,
         store = hold.store.backend.name(),
         token = tracing::field::Empty,
-        held = ?hold.granted_at.elapsed(),
+        held = ?crate::clock::elapsed(hold.granted_at),
     );
     if let Some(t) = hold.token {
         span.record("token", t);
@@ -666,7 +669,7 @@ impl Drop for Guard {
         if hold.is_detached() {
             // `expire_in`: the store's lease ends the hold; nothing to send.
             if hold.leave() {
-                hold.store.forget(&hold.owner);
+                hold.store.forget(&hold);
             }
             return;
         }
@@ -684,7 +687,7 @@ impl Drop for Guard {
                 // No runtime to send the release on: stop renewing; the lease ends the hold.
                 if hold.leave() {
                     hold.mark_released();
-                    hold.store.forget(&hold.owner);
+                    hold.store.forget(&hold);
                 }
             }
         }

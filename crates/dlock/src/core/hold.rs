@@ -6,8 +6,8 @@ use super::wait::{Calls, Settling};
 use crate::backend::{Backend, Capabilities, HoldRef, LockKind, Mode, Validity};
 use crate::name::LockName;
 use crate::signal::NameSignals;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
@@ -25,8 +25,11 @@ pub(crate) struct Store {
     /// In-process wake-ups by lock name, shared with the clients of this process on the same
     /// store (see [`Backend::shared_key`]).
     pub(crate) local: Arc<NameSignals>,
-    /// Live holds by owner token, for the watchdog.
-    holds: StdMutex<HashMap<String, Weak<Hold>>>,
+    /// Live holds by [`Hold::seq`], for the watchdog (in grant order, so that a watchdog round
+    /// goes through them in the same order every time: a seeded simulation replays).
+    holds: StdMutex<BTreeMap<u64, Weak<Hold>>>,
+    /// The next [`Hold::seq`].
+    next_seq: AtomicU64,
     /// Wakes the watchdog.
     pub(crate) kick: Arc<Notify>,
     /// Releases and cancels of this client still running in the background, per name.
@@ -49,7 +52,8 @@ impl Store {
             caps,
             calls,
             local,
-            holds: StdMutex::new(HashMap::new()),
+            holds: StdMutex::new(BTreeMap::new()),
+            next_seq: AtomicU64::new(0),
             kick: Arc::new(Notify::new()),
             settling: Arc::default(),
             name_label,
@@ -71,15 +75,14 @@ impl Store {
         super::metrics::Waiting::new(self.backend.name(), self.name_label.then_some(name))
     }
 
-    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Hold>>> {
+    fn holds(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Weak<Hold>>> {
         // The map stays consistent even if a holder panicked.
         self.holds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Hands a new hold to the watchdog.
     pub(crate) fn keep(&self, hold: &Arc<Hold>) {
-        self.holds()
-            .insert(hold.owner.clone(), Arc::downgrade(hold));
+        self.holds().insert(hold.seq, Arc::downgrade(hold));
     }
 
     /// The live holds (forgetting those whose guards are all gone).
@@ -89,8 +92,8 @@ impl Store {
         map.values().filter_map(Weak::upgrade).collect()
     }
 
-    pub(crate) fn forget(&self, owner: &str) {
-        self.holds().remove(owner);
+    pub(crate) fn forget(&self, hold: &Hold) {
+        self.holds().remove(&hold.seq);
     }
 
     /// Wakes this process's tasks waiting on `name` (after a release in this process).
@@ -133,6 +136,8 @@ pub(crate) struct Hold {
     pub(crate) kind: LockKind,
     pub(crate) mode: Mode,
     pub(crate) owner: String,
+    /// This client's number of the hold, in grant order (the watchdog's key).
+    seq: u64,
     pub(crate) token: Option<u64>,
     pub(crate) lease: Duration,
     pub(crate) acquired_at: SystemTime,
@@ -163,7 +168,9 @@ impl Hold {
     ) -> Arc<Hold> {
         let (state, _) = watch::channel(HoldState::Held { deadline, renew_at });
         metrics::gauge!(super::metrics::HOLDS, store.labels(&spec.name, None)).increment(1.0);
+        let seq = store.next_seq.fetch_add(1, Ordering::Relaxed);
         Arc::new(Hold {
+            seq,
             store,
             name: spec.name.clone(),
             kind: spec.kind,
@@ -172,7 +179,7 @@ impl Hold {
             token,
             lease: spec.lease,
             acquired_at: SystemTime::now(),
-            granted_at: Instant::now(),
+            granted_at: crate::clock::now(),
             ended: AtomicBool::new(false),
             guards: AtomicUsize::new(1),
             renew: AtomicBool::new(spec.renew),
@@ -223,7 +230,7 @@ impl Hold {
     /// True while held and the local deadline has not passed.
     pub(crate) fn is_held(&self) -> bool {
         match *self.state.borrow() {
-            HoldState::Held { deadline, .. } => Instant::now() < deadline,
+            HoldState::Held { deadline, .. } => crate::clock::now() < deadline,
             _ => false,
         }
     }
@@ -295,13 +302,13 @@ impl Hold {
             super::metrics::HOLD_SECONDS,
             self.store.labels(&self.name, None)
         )
-        .record(self.granted_at.elapsed().as_secs_f64());
+        .record(crate::clock::elapsed(self.granted_at).as_secs_f64());
     }
 
     /// Marks the hold lost if its local deadline has passed. Returns the state after.
     pub(crate) fn check_deadline(&self) -> HoldState {
         if let HoldState::Held { deadline, .. } = self.state() {
-            if Instant::now() >= deadline {
+            if crate::clock::now() >= deadline {
                 self.lease_ran_out(
                     "the lease deadline was reached on the local clock without a successful renewal",
                 );

@@ -125,6 +125,7 @@ impl Drop for LinePlace {
 pub(crate) async fn wait_in_line(place: &LinePlace, local: &NameSignal, until: Instant) {
     let promoted = place.promoted.clone();
     tokio::select! {
+        biased; // deterministic under a seeded simulation (tests/simulation.rs)
         _ = promoted.notify.notified() => {}
         _ = tokio::time::sleep_until(until.into()) => {}
     }
@@ -136,6 +137,7 @@ pub(crate) async fn wait_in_line(place: &LinePlace, local: &NameSignal, until: I
         released.as_mut().enable();
         if local.wakes() == promoted.wakes_at_grant.load(Ordering::SeqCst) {
             tokio::select! {
+                biased; // deterministic under a seeded simulation (tests/simulation.rs)
                 _ = released => {}
                 _ = tokio::time::sleep_until(until.into()) => {}
             }

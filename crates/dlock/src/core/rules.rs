@@ -4,7 +4,6 @@
 use crate::backend::{LockKind, Mode};
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use rand::Rng;
 use std::time::{Duration, Instant};
 
 /// The default lease of a hold: 30 s, renewed every 10 s while the guard lives.
@@ -119,7 +118,7 @@ impl Outage {
         if !matches!(e, Error::Unavailable(_)) {
             return None;
         }
-        let now = Instant::now();
+        let now = crate::clock::now();
         let since = *self.since.get_or_insert(now);
         let until = match wait {
             Wait::No => return None,
@@ -127,7 +126,7 @@ impl Outage {
             Wait::Forever => since + UNAVAILABLE_PATIENCE,
         };
         self.pause = (self.pause * 2).clamp(Self::FIRST, Self::MOST);
-        let jittered = self.pause.mul_f64(rand::thread_rng().gen_range(0.5..=1.0));
+        let jittered = self.pause.mul_f64(crate::clock::gen_range(0.5..=1.0));
         let left = until.checked_duration_since(now)?;
         // The last attempt goes out before the deadline, not after it.
         (left > Self::FIRST).then(|| jittered.min(left - Self::FIRST / 2))
@@ -152,10 +151,10 @@ mod tests {
         );
         assert_eq!(o.pause(&down(), Wait::No), None);
         // A deadline too near for another attempt: reported.
-        let soon = Instant::now() + Outage::FIRST / 2;
+        let soon = crate::clock::now() + Outage::FIRST / 2;
         assert_eq!(Outage::default().pause(&down(), Wait::Until(soon)), None);
         // Pauses double up to the most, jittered to [b/2, b], never past the deadline.
-        let far = Instant::now() + Duration::from_secs(60);
+        let far = crate::clock::now() + Duration::from_secs(60);
         let mut o = Outage::default();
         let mut bound = Outage::FIRST;
         for _ in 0..8 {
@@ -163,12 +162,12 @@ mod tests {
             assert!(p >= bound / 2 && p <= bound, "{p:?} of {bound:?}");
             bound = (bound * 2).min(Outage::MOST);
         }
-        let near = Instant::now() + Duration::from_millis(200);
+        let near = crate::clock::now() + Duration::from_millis(200);
         let p = o.pause(&down(), Wait::Until(near)).unwrap();
         assert!(p < Duration::from_millis(200), "{p:?}");
         // Without a deadline: for UNAVAILABLE_PATIENCE from the first refusal.
         let mut o = Outage {
-            since: Some(Instant::now() - UNAVAILABLE_PATIENCE),
+            since: Some(crate::clock::now() - UNAVAILABLE_PATIENCE),
             pause: Duration::ZERO,
         };
         assert_eq!(o.pause(&down(), Wait::Forever), None);

@@ -4,7 +4,6 @@
 
 use crate::backend::{Acquisition, Backend, Busy, Look, Want, Watch};
 use crate::error::{bounded, Error, Result};
-use rand::Rng;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -72,7 +71,7 @@ pub(crate) fn poll_interval(step: u32, min: Duration, max: Duration) -> Duration
     let hi = u64::try_from(base.as_micros()).unwrap_or(u64::MAX);
     let lo = (hi / 2).max(u64::try_from(min.as_micros()).unwrap_or(0));
     let us = if lo < hi {
-        rand::thread_rng().gen_range(lo..=hi)
+        crate::clock::gen_range(lo..=hi)
     } else {
         hi
     };
@@ -91,7 +90,7 @@ pub(crate) async fn wait_for_turn(
         match calls.count(acq.changed(busy, until).await)? {
             Watch::Changed => return Ok(()),
             Watch::Recheck => {
-                if Instant::now() >= until {
+                if crate::clock::now() >= until {
                     return Ok(());
                 }
                 match calls.timed(acq.look()).await? {
@@ -120,7 +119,7 @@ async fn poll(
     let mut seen: Option<u64> = None;
     let mut poll_min = min;
     loop {
-        let now = Instant::now();
+        let now = crate::clock::now();
         if now >= until {
             return Ok(());
         }
@@ -300,7 +299,7 @@ mod tests {
             shown: "test".into(),
             backend: "test",
         };
-        let until = Instant::now() + window;
+        let until = crate::clock::now() + window;
         wait_for_turn(&mut acq, &calls, &Busy::default(), until)
             .await
             .unwrap();
@@ -351,7 +350,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_free_look_ends_the_wait_and_a_store_that_cannot_look_is_attempted_again() {
-        let until = Instant::now() + Duration::from_secs(5);
+        let until = crate::clock::now() + Duration::from_secs(5);
         let calls = Calls {
             timeout: None,
             shown: "test".into(),
@@ -371,12 +370,12 @@ mod tests {
                 }
             },
         };
-        let started = Instant::now();
+        let started = crate::clock::now();
         wait_for_turn(&mut acq, &calls, &Busy::default(), until)
             .await
             .unwrap();
         assert_eq!(looks.load(Ordering::SeqCst), 3);
-        assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(crate::clock::elapsed(started) < Duration::from_secs(1));
     }
 
     #[tokio::test]

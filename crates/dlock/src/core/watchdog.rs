@@ -23,7 +23,7 @@ impl Schedule {
     pub(crate) fn new() -> Schedule {
         Schedule {
             next: AtomicU64::new(0),
-            epoch: Instant::now(),
+            epoch: crate::clock::now(),
         }
     }
 
@@ -63,6 +63,7 @@ pub(crate) async fn watchdog(store: Weak<Store>, schedule: Arc<Schedule>) {
         let kick = store.kick.clone();
         drop(store);
         tokio::select! {
+            biased; // deterministic under a seeded simulation (tests/simulation.rs)
             _ = tokio::time::sleep_until(next.into()) => {}
             _ = kick.notified() => {}
         }
@@ -71,7 +72,7 @@ pub(crate) async fn watchdog(store: Weak<Store>, schedule: Arc<Schedule>) {
 
 /// One watchdog round; returns when the next round is due.
 async fn renew_due(inner: &Arc<Store>) -> Instant {
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut next = now + Duration::from_secs(3600);
     let mut batch: Vec<Arc<Hold>> = Vec::new();
     let mut nearly: Vec<Arc<Hold>> = Vec::new();
@@ -82,7 +83,7 @@ async fn renew_due(inner: &Arc<Store>) -> Instant {
             HoldState::Held { deadline, renew_at } => {
                 if now >= deadline {
                     h.lease_ran_out("the lease ran out before it could be renewed");
-                    inner.forget(&h.owner);
+                    inner.forget(&h);
                     continue;
                 }
                 next = next.min(deadline);
@@ -105,11 +106,11 @@ async fn renew_due(inner: &Arc<Store>) -> Instant {
                 Some(at) if at > now => next = next.min(at),
                 Some(_) => {
                     h.end_in_background();
-                    inner.forget(&h.owner);
+                    inner.forget(&h);
                 }
-                None => inner.forget(&h.owner),
+                None => inner.forget(&h),
             },
-            HoldState::Released => inner.forget(&h.owner),
+            HoldState::Released => inner.forget(&h),
         }
     }
     if !due {
@@ -127,7 +128,7 @@ async fn renew_due(inner: &Arc<Store>) -> Instant {
     futures_util::stream::iter(batch.chunks(RENEW_BATCH))
         .for_each_concurrent(RENEW_IN_FLIGHT, |chunk| renew_chunk(inner, chunk))
         .await;
-    Instant::now()
+    crate::clock::now()
 }
 
 /// The most holds the watchdog puts in one [`Backend::extend`] call.
@@ -137,7 +138,7 @@ const RENEW_IN_FLIGHT: usize = 4;
 
 /// Renews one batch of holds in one `extend` call and applies the answers.
 async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
-    let now = Instant::now();
+    let now = crate::clock::now();
     let refs: Vec<HoldRef<'_>> = batch.iter().map(|h| h.as_ref_with(h.lease)).collect();
     let earliest = batch
         .iter()
@@ -154,11 +155,11 @@ async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
         holds = refs.len(),
         outcome = tracing::field::Empty,
     );
-    let sent = Instant::now();
+    let sent = crate::clock::now();
     let result = {
         use tracing::Instrument;
         let bound = match inner.calls.timeout() {
-            Some(d) => earliest.min(Instant::now() + d),
+            Some(d) => earliest.min(crate::clock::now() + d),
             None => earliest,
         };
         tokio::time::timeout_at(bound.into(), inner.backend.extend(&refs, false))
@@ -192,7 +193,7 @@ async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
                         h.mark_lost(
                             "the store no longer has this hold (expired, removed or taken over)",
                         );
-                        inner.forget(&h.owner);
+                        inner.forget(h);
                     }
                     Extended::Revoked => {
                         fail("revoked");
@@ -212,7 +213,7 @@ async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
                             Some(d) if inner.caps.validity == Validity::Session => {
                                 h.end_at_latest(d + margin(h.lease));
                             }
-                            _ => inner.forget(&h.owner),
+                            _ => inner.forget(h),
                         }
                     }
                 }
@@ -240,7 +241,9 @@ async fn renew_chunk(inner: &Arc<Store>, batch: &[Arc<Hold>]) {
             });
             for h in batch {
                 // Retry soon, but never later than the deadline allows.
-                h.retry_renewal_at(Instant::now() + (h.lease / 10).min(Duration::from_secs(1)));
+                h.retry_renewal_at(
+                    crate::clock::now() + (h.lease / 10).min(Duration::from_secs(1)),
+                );
             }
         }
     }
