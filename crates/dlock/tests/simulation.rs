@@ -348,8 +348,7 @@ impl World {
         }
     }
 
-    /// A task received `guard`: if it says it is held, no other guard of the name may. (A grant
-    /// whose reply came after its local deadline gives a guard that is not held from the start.)
+    /// A task received `guard`: it is held, and no other guard of the name is.
     fn register(&self, client: usize, task: usize, guard: Arc<Guard>) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let name = guard.name().to_owned();
@@ -371,6 +370,17 @@ impl World {
                 }
             ),
         );
+        if !held {
+            // The core gives back a grant that arrives past its deadline (and tries again
+            // while the caller waits): a guard handed out is held.
+            self.violation(
+                &mut st,
+                format!(
+                    "client {client} task {task} was handed guard {id} of {name} (token {token}) \
+                     already past its deadline"
+                ),
+            );
+        }
         let mode = guard.mode();
         let overlap = held
             .then(|| Self::in_the_way(&st, &name, mode, token))

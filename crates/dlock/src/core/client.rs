@@ -7,8 +7,8 @@ use super::rules::{check_lease, margin, ClientOptions, Outage, Spec, Wait};
 use super::wait::{wait_for_turn, Calls, Waiter};
 use super::watchdog::{watchdog, Schedule};
 use crate::backend::{
-    Attempt, Backend, Capabilities, Force, Forced, HolderMeta, LockInfo, LockKind, Mode, Request,
-    Validity, Wakeups, Want, QUEUE_PLACE_TTL,
+    Attempt, Backend, Capabilities, Force, Forced, HoldRef, HolderMeta, LockInfo, LockKind, Mode,
+    Request, Validity, Wakeups, Want, QUEUE_PLACE_TTL,
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -300,6 +300,41 @@ impl Inner {
             let busy = match attempt {
                 Ok(Attempt::Granted(g)) => {
                     waiter.armed = false;
+                    let deadline = sent + g.valid_for.saturating_sub(margin(g.valid_for));
+                    if crate::clock::now() >= deadline {
+                        // The answer came after the hold could be trusted (a slow reply, a
+                        // paused client): it is given back, and the acquisition goes on as if
+                        // the store had been unavailable. The release is awaited: a later
+                        // attempt is made by the same owner.
+                        let late = HoldRef {
+                            name: &spec.name,
+                            kind: spec.kind,
+                            mode: spec.mode,
+                            owner: owner.as_str(),
+                            lease: spec.lease,
+                        };
+                        if let Err(e) = self
+                            .store
+                            .calls
+                            .timed(self.store.backend.release(&late))
+                            .await
+                        {
+                            tracing::debug!(error = %e, "releasing a grant that came too late");
+                        }
+                        let e = Error::Unavailable(format!(
+                            "the grant of {:?} arrived {:?} after it was asked for, past the \
+                             {:?} it could be trusted; it was given back",
+                            spec.name.as_str(),
+                            crate::clock::elapsed(sent),
+                            deadline.saturating_duration_since(sent)
+                        ));
+                        if let Some(pause) = outage.pause(&e, wait) {
+                            tracing::debug!(error = %e, ?pause, "trying again");
+                            tokio::time::sleep(pause).await;
+                            continue;
+                        }
+                        return Err(e);
+                    }
                     if let Some(place) = line.as_mut() {
                         place.wake_all = spec.kind == LockKind::RwLock && spec.mode == Mode::Shared;
                         // The next waiter of this client waits for this hold's release here,
@@ -307,7 +342,6 @@ impl Inner {
                         place.granted_exclusive = spec.mode == Mode::Exclusive
                             && !(self.store.caps.hands_off && spec.kind == LockKind::Mutex);
                     }
-                    let deadline = sent + g.valid_for.saturating_sub(margin(g.valid_for));
                     let hold = Hold::new(
                         self.store.clone(),
                         spec,
