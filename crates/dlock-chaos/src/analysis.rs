@@ -106,6 +106,9 @@ pub struct Figures {
     /// From each such fault to the next grant, in ms (sorted), and faults never followed by one.
     pub outage_ms: Vec<f64>,
     pub outage_missing: u64,
+    /// Grants after the last fault was over (its end, or its start for an instant fault): the
+    /// store serves again.
+    pub grants_after_faults: u64,
 }
 
 /// The fault kinds of a Redis fail-over deployment.
@@ -254,6 +257,9 @@ pub fn analyze(data: &RunData) -> Figures {
     f.wait_refusals = count(|e| matches!(e, Event::Error { what, .. } if what.contains("(WAIT)")));
     f.lost = holds.iter().filter(|h| h.lost.is_some()).count() as u64;
     let grants: Vec<i64> = holds.iter().map(|h| h.granted).collect();
+    if let Some(over) = data.faults.iter().map(|x| x.until.unwrap_or(x.at)).max() {
+        f.grants_after_faults = grants.iter().filter(|g| **g > over).count() as u64;
+    }
     // When each hold first read or wrote the resource.
     let mut touched: HashMap<(u32, u64), i64> = HashMap::new();
     let touches = data

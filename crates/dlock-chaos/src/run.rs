@@ -445,6 +445,18 @@ pub fn judge(b: Backend, f: Fault, mode: Mode, x: &Figures, s: &Settings) -> Vec
             ),
         );
     }
+    // The faults of the store itself end, and the store must serve again after them.
+    if matches!(
+        f,
+        Fault::StorePause | Fault::DiskFull | Fault::ClockStep | Fault::MemberPause
+    ) {
+        check(
+            "grants after the last fault",
+            x.grants_after_faults > 0,
+            true,
+            format!("{} grants after the last fault", x.grants_after_faults),
+        );
+    }
     if f == Fault::ClockStep {
         check(
             "a wall-clock step loses no hold",

@@ -310,6 +310,7 @@ impl SqliteBackend {
         let pool = loop {
             let attempt = SqlitePoolOptions::new()
                 .after_connect(|conn, _| Box::pin(set_busy_handler(conn)))
+                .after_release(|conn, _| Box::pin(still_usable(conn)))
                 .max_connections(MAX_CONNECTIONS)
                 .min_connections(0)
                 .acquire_timeout(POOL_ACQUIRE_TIMEOUT)
@@ -696,6 +697,21 @@ extern "C" fn busy_handler(_: *mut std::ffi::c_void, n: std::ffi::c_int) -> std:
     }
     std::thread::sleep(busy_pause(n));
     1
+}
+
+/// Whether a connection going back to the pool may serve again. A transaction that failed with
+/// SQLITE_FULL or SQLITE_IOERR may have been rolled back by SQLite itself; sqlx's rollback then
+/// fails and its count of open transactions stays at one, so every later `BEGIN` on the
+/// connection would fail ("non-zero transaction depth") for good: such a connection is closed
+/// (the pool opens a new one). A connection still counted in a transaction is first flushed
+/// (the rollback of a dropped transaction is queued on its thread); committed ones cost nothing.
+async fn still_usable(conn: &mut sqlx::SqliteConnection) -> std::result::Result<bool, sqlx::Error> {
+    use sqlx::Connection;
+    if !conn.is_in_transaction() {
+        return Ok(true);
+    }
+    conn.ping().await?;
+    Ok(!conn.is_in_transaction())
 }
 
 /// Installs [`busy_handler`] on a new connection (replacing the `busy_timeout` handler, which
@@ -1766,6 +1782,58 @@ mod tests {
         setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
         assert_eq!(released.unwrap(), Released::Released);
         drop(out);
+    }
+
+    /// A full disk fails writes inside a transaction, and SQLite may roll that transaction back
+    /// itself; the connections that saw it must still serve once there is room again (they
+    /// stayed counted as in a transaction, and every later `BEGIN` failed). The disk is made
+    /// full with `max_page_count` at the file's size on every pooled connection.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_full_disk_leaves_every_connection_usable_once_there_is_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(&dir.path().join("x.db")).await;
+        let m = meta("m");
+        let set_limit = |pages: &'static str| {
+            let pool = b.pool.clone();
+            async move {
+                let mut conns = Vec::new();
+                for _ in 0..MAX_CONNECTIONS {
+                    conns.push(pool.acquire().await.unwrap());
+                }
+                for c in &mut conns {
+                    sqlx::query(&format!("PRAGMA max_page_count = {pages}"))
+                        .execute(&mut **c)
+                        .await
+                        .unwrap();
+                }
+            }
+        };
+        // The file's pages now, so any growth fails.
+        let (pages,): (i64,) = sqlx::query_as("PRAGMA page_count")
+            .fetch_one(&b.pool)
+            .await
+            .unwrap();
+        let pages: &'static str = Box::leak(pages.to_string().into_boxed_str());
+        set_limit(pages).await;
+        let mut full = 0;
+        for i in 0..200 {
+            let n = name(&format!("full/{i}"));
+            if b.acquire(&rq(&n, &format!("full{i}"), &m)).await.is_err() {
+                full += 1;
+            }
+        }
+        assert!(full > 0, "the store never filled up");
+        set_limit("1073741823").await;
+        for i in 0..20 {
+            let n = name(&format!("room/{i}"));
+            let owner = format!("room{i}");
+            let r = rq(&n, &owner, &m);
+            token(
+                b.acquire(&r)
+                    .await
+                    .unwrap_or_else(|e| panic!("attempt {i} after the disk had room: {e}")),
+            );
+        }
     }
 
     #[tokio::test(flavor = "multi_thread")]
