@@ -1037,8 +1037,14 @@ pub async fn run(
     }
     // Recovery: normal operation for a while after the last fault (after a killed `dlock run`,
     // longer than its command's work, so that a command that outlived it would be seen writing).
+    // After a fault of the store itself, long enough for a hold that began at its end (up to
+    // 1.5 long holds) and the next grant: "grants after the last fault" is judged.
     let recovery = match fault {
-        Fault::RunKill => settings.gap + settings.lease + settings.long_hold * 2,
+        Fault::RunKill
+        | Fault::StorePause
+        | Fault::DiskFull
+        | Fault::ClockStep
+        | Fault::MemberPause => settings.gap + settings.lease + settings.long_hold * 2,
         _ => settings.gap + settings.lease,
     };
     tokio::time::sleep(recovery).await;
