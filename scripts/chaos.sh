@@ -2,14 +2,18 @@
 # The full fault-injection run of dlock (docs/RELIABILITY.md): builds crates/dlock-chaos in
 # release mode and runs every backend × fault with 6 client processes and 8 faults per scenario on
 # private servers it starts itself (installing what is missing). Prints the figures table and
-# writes it to target-independent files:
+# writes it to target-independent files. Then it fuzzes every target of fuzz/ for a bounded time
+# (scripts/fuzz.sh, hostile input: URLs, names, and the data stores hand back), its table in
+# fuzz-report.md:
 #
 #   scripts/chaos.sh                         # everything: chaos-report.md and chaos-report.json,
-#                                            # the raw records in chaos-events/, and the
-#                                            # independent check's tables in chaos-check.md
+#                                            # the raw records in chaos-events/, the independent
+#                                            # check's tables in chaos-check.md, fuzz-report.md
 #   scripts/chaos.sh --backend redis --fault pause     # extra arguments go to dlock-chaos
+#   DLOCK_FUZZ_SECONDS=300 scripts/chaos.sh  # seconds per fuzz target (default 60; 0: no fuzzing)
 #
-# Exits 1 if a property a store promises did not hold.
+# Exits 1 if a property a store promises did not hold, or a fuzz target found an input that
+# breaks its property (a crash: fuzz/artifacts/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/dlock-target}"
@@ -32,4 +36,10 @@ rc=0
 log "checking the records independently (scripts/check-history.py > chaos-check.md)"
 python3 scripts/check-history.py --report chaos-report.json --out chaos-check.md chaos-events > /dev/null || rc=1
 log "check-history.py: $(tail -n1 chaos-check.md)"
+FUZZ_SECONDS="${DLOCK_FUZZ_SECONDS:-60}"
+if [ "$FUZZ_SECONDS" -gt 0 ]; then
+  log "fuzzing every target for ${FUZZ_SECONDS}s (scripts/fuzz.sh > fuzz-report.md)"
+  scripts/fuzz.sh --report fuzz-report.md "$FUZZ_SECONDS" >/dev/null || rc=1
+  log "fuzzing: $(grep -c '^| [a-z_]* | [0-9]' fuzz-report.md || true) targets, findings: $(awk -F'|' '/^\| [a-z_]+ \| [0-9]/ {n += $8} END {print n + 0}' fuzz-report.md)"
+fi
 exit "$rc"

@@ -42,6 +42,10 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "__fuzz")]
+#[doc(hidden)]
+#[path = "fuzz_api.rs"]
+pub mod __fuzz;
 pub mod backend;
 mod clock;
 #[cfg(feature = "conformance")]

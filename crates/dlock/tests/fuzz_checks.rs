@@ -1,6 +1,8 @@
 //! The fuzz targets' properties (`fuzz/checks.rs`) on stable: every file of the seed corpus
 //! (`fuzz/corpus/<target>/`) plus a few thousand random and mutated inputs per target. The real
-//! fuzzing is `scripts/fuzz.sh` (cargo-fuzz, nightly); this catches regressions in CI.
+//! fuzzing is `scripts/fuzz.sh` (cargo-fuzz, nightly); this catches regressions in CI. The
+//! store-data targets (`zk_node`, `etcd_key`, `redis_meta`, `sql_rows`) need the `__fuzz` feature
+//! (not API; on in a workspace run through dlock-cli's dev-dependency, and with `--all-features`).
 
 #[path = "../../../fuzz/checks.rs"]
 mod checks;
@@ -83,6 +85,30 @@ const TOKENS: &[&str] = &[
     "..",
     "zookeeper",
     "pw",
+    // Store data: node names, keys, values, messages.
+    "\n",
+    "_c_",
+    "lock-",
+    "__lock__",
+    "__READ__",
+    "__WRIT__",
+    "semaphore-3-",
+    "0000000001",
+    "9223372036854775807",
+    "{\"owner\":\"o\",\"client_id\":\"c\",\"host\":\"h\",\"pid\":1}",
+    "\"revoked\":true",
+    "\"lock\":\"semaphore\"",
+    "\"permits\":0",
+    "__REVOKE__",
+    ":meta:",
+    ":fence",
+    "dlock/",
+    "dlock:",
+    "mutex",
+    "rwlock",
+    "semaphore",
+    "shared",
+    "exclusive",
 ];
 
 fn mutate(rng: &mut impl Rng, seed: &[u8]) -> Vec<u8> {
@@ -151,4 +177,31 @@ fn name_inputs() {
 #[test]
 fn redact_inputs() {
     run("redact", checks::redact);
+}
+
+#[cfg(all(feature = "__fuzz", feature = "zookeeper"))]
+#[test]
+fn zk_node_inputs() {
+    run("zk_node", checks::zk_node);
+}
+
+#[cfg(all(feature = "__fuzz", feature = "etcd"))]
+#[test]
+fn etcd_key_inputs() {
+    run("etcd_key", checks::etcd_key);
+}
+
+#[cfg(all(feature = "__fuzz", feature = "redis"))]
+#[test]
+fn redis_meta_inputs() {
+    run("redis_meta", checks::redis_meta);
+}
+
+#[cfg(all(
+    feature = "__fuzz",
+    any(feature = "postgres", feature = "mysql", feature = "sqlite")
+))]
+#[test]
+fn sql_rows_inputs() {
+    run("sql_rows", checks::sql_rows);
 }

@@ -72,6 +72,13 @@ use std::time::{Duration, Instant};
 /// died blocks the queue for at most this long.
 pub const QUEUE_PLACE_TTL: Duration = Duration::from_secs(5);
 
+/// Whether `s` is a number as dlock writes one into a store: ASCII digits, no sign, no leading
+/// zero. Stored numbers are read only in this form: `+5` or `005` in a store is not dlock's.
+#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres"))]
+pub(crate) fn plain_decimal(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'))
+}
+
 /// What kind of primitive a lock name is used as. All holders of one name must agree
 /// (a mismatch is [`crate::Error::InvalidConfig`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

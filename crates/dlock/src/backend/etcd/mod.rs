@@ -588,33 +588,47 @@ impl KeyData {
         serde_json::from_slice(value).unwrap_or_default()
     }
 
+    /// The queue entry of the key. What dlock does not write is a mutex, as etcd's own keys are:
+    /// an unknown `lock`, and a semaphore of zero permits (a corrupted key: as a permit it would
+    /// stand for no lock kind at all, and as a mutex it keeps everyone else out until it goes).
     fn entry(&self) -> Entry {
         match (self.lock.as_deref(), self.mode) {
             (Some("rwlock"), Some(Mode::Shared)) => Entry::Read,
             (Some("rwlock"), _) => Entry::Write,
-            (Some("semaphore"), _) => Entry::Semaphore(self.permits),
+            (Some("semaphore"), _) if self.permits > 0 => Entry::Semaphore(self.permits),
             _ => Entry::Lock,
         }
     }
 }
 
 fn key_data(req: &Request<'_>) -> Result<Vec<u8>> {
-    let (lock, permits) = match req.kind {
+    encode_key_data(req.kind, req.mode, req.owner, req.meta, unix_ms())
+}
+
+/// The value of a key of `owner`'s request for a `kind` lock in `mode`, granted at `created_at_ms`.
+fn encode_key_data(
+    kind: LockKind,
+    mode: Mode,
+    owner: &str,
+    meta: &HolderMeta,
+    created_at_ms: u64,
+) -> Result<Vec<u8>> {
+    let (lock, permits) = match kind {
         LockKind::Mutex => (None, 0),
         LockKind::RwLock => (Some("rwlock"), 0),
         LockKind::Semaphore { permits } => (Some("semaphore"), permits),
     };
     serde_json::to_vec(&KeyData {
-        owner: req.owner.to_owned(),
-        client_id: req.meta.client_id.clone(),
-        host: req.meta.host.clone(),
-        pid: req.meta.pid,
+        owner: owner.to_owned(),
+        client_id: meta.client_id.clone(),
+        host: meta.host.clone(),
+        pid: meta.pid,
         lock: lock.map(str::to_owned),
-        mode: lock.map(|_| req.mode),
+        mode: lock.map(|_| mode),
         permits,
-        created_at_ms: unix_ms(),
+        created_at_ms,
         revoked: false,
-        value: req.meta.value.clone(),
+        value: meta.value.clone(),
     })
     .map_err(Error::backend)
 }
@@ -1158,16 +1172,7 @@ impl EtcdBackend {
         let root = format!("{}/", self.shared.target.prefix);
         let mut by_name: HashMap<String, Vec<ec::KeyValue>> = HashMap::new();
         for kv in self.scan(start).await? {
-            let Some(rest) = kv.key().strip_prefix(root.as_bytes()) else {
-                continue;
-            };
-            let Some(slash) = rest.iter().position(|b| *b == b'/') else {
-                continue;
-            };
-            let Some(name) = std::str::from_utf8(&rest[..slash])
-                .ok()
-                .and_then(unescape_name)
-            else {
+            let Some(name) = name_of_key(root.as_bytes(), kv.key()) else {
                 continue;
             };
             if name.starts_with(start) {
@@ -1181,6 +1186,17 @@ impl EtcdBackend {
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
     }
+}
+
+/// The lock name of a key under `root` (`<prefix>/`): its first segment unescaped, when a
+/// segment follows it (`<root><escaped name>/<lease hex>[_<owner>]`); `None` for any other key
+/// (foreign: not a lock's).
+fn name_of_key(root: &[u8], key: &[u8]) -> Option<String> {
+    let rest = key.strip_prefix(root)?;
+    let slash = rest.iter().position(|b| *b == b'/')?;
+    std::str::from_utf8(&rest[..slash])
+        .ok()
+        .and_then(unescape_name)
 }
 
 /// The end of the key range of every key starting with `prefix` (etcd's convention).
@@ -1735,6 +1751,46 @@ impl Backend for EtcdBackend {
     /// A call retries transient errors for up to `timeout`, each try bounded by `timeout`.
     fn call_timeout(&self) -> Option<Duration> {
         Some(self.call_bound())
+    }
+}
+
+/// The decoders of keys and values, for the fuzz targets (`dlock::__fuzz`; not API).
+#[cfg(feature = "__fuzz")]
+pub(crate) mod fuzz {
+    use super::*;
+
+    /// The lock name of a key under `prefix` (the URL's), `None` for a foreign key.
+    pub fn name_of_key(prefix: &str, key: &[u8]) -> Option<String> {
+        super::name_of_key(format!("{prefix}/").as_bytes(), key)
+    }
+
+    /// The key dlock puts for an acquisition of `name` under `prefix` on lease `lease`: the plain
+    /// one (etcd's own), or with `owner` the one of a second acquisition of the same lease.
+    pub fn key(prefix: &str, name: &str, lease: i64, owner: Option<&str>) -> Vec<u8> {
+        let dir = format!("{prefix}/{}/", escape_name(name));
+        match owner {
+            None => format!("{dir}{lease:x}"),
+            Some(o) => format!("{dir}{lease:x}_{o}"),
+        }
+        .into_bytes()
+    }
+
+    /// A key's value as the queue and `describe` read it: kind, mode, owner, metadata, revoked.
+    pub fn read_value(value: &[u8]) -> (LockKind, Mode, String, HolderMeta, bool) {
+        let d = KeyData::read(value);
+        let e = d.entry();
+        let meta = HolderMeta {
+            client_id: d.client_id,
+            host: d.host,
+            pid: d.pid,
+            value: d.value,
+        };
+        (e.kind(), e.mode(), d.owner, meta, d.revoked)
+    }
+
+    /// The value dlock writes for `owner`'s request.
+    pub fn write_value(kind: LockKind, mode: Mode, owner: &str, meta: &HolderMeta) -> Vec<u8> {
+        encode_key_data(kind, mode, owner, meta, 1).unwrap_or_default()
     }
 }
 

@@ -614,6 +614,15 @@ fn key_data_without_a_value_parses_and_plain_keys_write_none() {
     assert_eq!(KeyData::read(with).value.as_deref(), Some("v"));
 }
 
+#[test]
+fn a_zero_permit_semaphore_key_is_a_mutex() {
+    // A corrupted key (issue 22, fuzz/etcd_key): no semaphore of no permits, it keeps others out.
+    let zero = br#"{"lock":"semaphore","permits":0}"#;
+    assert_eq!(KeyData::read(zero).entry(), Entry::Lock);
+    let three = br#"{"lock":"semaphore","permits":3}"#;
+    assert_eq!(KeyData::read(three).entry(), Entry::Semaphore(3));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn set_value_replaces_the_holders_value_only() {
     use crate::backend::test_support::{check_values, meta_value, Drive};

@@ -134,7 +134,7 @@ impl RedisBackend {
 }
 
 /// Decodes the answer of `describe.lua` for `name`.
-fn parse_describe(name: &str, v: &Value) -> Result<Option<LockInfo>> {
+pub(super) fn parse_describe(name: &str, v: &Value) -> Result<Option<LockInfo>> {
     let a = array(v).ok_or_else(|| unexpected("describe answer", v))?;
     if a.is_empty() {
         return Ok(None);

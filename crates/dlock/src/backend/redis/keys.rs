@@ -13,8 +13,14 @@ pub(super) const NUL_TAG: char = '\0';
 
 /// The lock name of a scanned key, if it is a base key.
 pub(super) fn name_of_key(target: &RedisTarget, key: &str) -> Option<String> {
-    let rest = key.strip_prefix(target.prefix.as_str())?;
-    let name = if target.hashtag {
+    key_name(&target.prefix, target.hashtag, key)
+}
+
+/// The lock name whose base key under `prefix` (with or without hash tags) is `key`; `None` for
+/// any other key: the keys next to a base key, and foreign keys.
+pub(super) fn key_name(prefix: &str, hashtag: bool, key: &str) -> Option<String> {
+    let rest = key.strip_prefix(prefix)?;
+    let name = if hashtag {
         let tagged = rest.strip_prefix('{')?.strip_suffix('}')?;
         match tagged.strip_prefix(NUL_TAG) {
             Some(n) if n.starts_with('}') => n,
@@ -40,7 +46,12 @@ pub(super) fn name_of_key(target: &RedisTarget, key: &str) -> Option<String> {
 /// suffix would be another lock's key (`a:fence` is the fencing counter of `a`): such names are
 /// refused there rather than corrupting that lock.
 pub(super) fn check_verbatim_name(target: &RedisTarget, name: &str) -> Result<()> {
-    if target.hashtag {
+    check_name(target.hashtag, name)
+}
+
+/// [`check_verbatim_name`] for a target with or without hash tags.
+pub(super) fn check_name(hashtag: bool, name: &str) -> Result<()> {
+    if hashtag {
         return Ok(());
     }
     let meta = name
@@ -57,6 +68,17 @@ pub(super) fn check_verbatim_name(target: &RedisTarget, name: &str) -> Result<()
                 .into(),
         )),
         None => Ok(()),
+    }
+}
+
+/// The base key of `name` under `prefix`, with or without hash tags (see [`Shared::base`]).
+pub(super) fn base_key(prefix: &str, hashtag: bool, name: &str) -> String {
+    if hashtag && name.starts_with('}') {
+        format!("{prefix}{{{NUL_TAG}{name}}}")
+    } else if hashtag {
+        format!("{prefix}{{{name}}}")
+    } else {
+        format!("{prefix}{name}")
     }
 }
 
@@ -77,13 +99,7 @@ impl Shared {
     /// tag `{}` empty (Redis then hashes the whole key, and the keys of one lock land in
     /// different cluster slots), so its base is `prefix{\0name}`, whose hash tag is the NUL.
     pub(super) fn base(&self, name: &str) -> String {
-        if self.target.hashtag && name.starts_with('}') {
-            format!("{}{{{NUL_TAG}{name}}}", self.target.prefix)
-        } else if self.target.hashtag {
-            format!("{}{{{}}}", self.target.prefix, name)
-        } else {
-            format!("{}{}", self.target.prefix, name)
-        }
+        base_key(&self.target.prefix, self.target.hashtag, name)
     }
 
     pub(super) fn channel(base: &str) -> String {

@@ -1031,11 +1031,7 @@ impl Shared {
     /// A hand-off message ("owner token"): given to the waiting acquisition of that owner.
     /// False if none of this backend's acquisitions waits under that owner.
     fn take_handoff(&self, payload: &[u8]) -> bool {
-        let text = String::from_utf8_lossy(payload);
-        let Some((owner, token)) = text.split_once(' ') else {
-            return false;
-        };
-        let Ok(token) = token.parse::<u64>() else {
+        let Some((owner, token)) = parse_handoff(payload) else {
             return false;
         };
         let Some(slot) = lock(&self.slots).get(owner).and_then(Weak::upgrade) else {
@@ -1044,6 +1040,48 @@ impl Shared {
         let mut t = lock(&slot.token);
         *t = Some(t.map_or(token, |old| old.max(token)));
         true
+    }
+}
+
+/// A hand-off message `"owner token"`: the owner and the token in plain decimal (what the
+/// release script publishes); `None` for anything else, which hands nothing to anyone.
+fn parse_handoff(payload: &[u8]) -> Option<(&str, u64)> {
+    let (owner, token) = std::str::from_utf8(payload).ok()?.split_once(' ')?;
+    if owner.is_empty() || !plain_decimal(token) {
+        return None;
+    }
+    Some((owner, token.parse().ok()?))
+}
+
+/// The decoders of stored data and answers, for the fuzz targets (`dlock::__fuzz`; not API).
+#[cfg(feature = "__fuzz")]
+pub(crate) mod fuzz {
+    use super::*;
+    pub use ::redis::Value;
+
+    /// The lock name of a scanned key under `prefix`, `None` for a key that is not a base key.
+    pub fn name_of_key(prefix: &str, hashtag: bool, key: &str) -> Option<String> {
+        keys::key_name(prefix, hashtag, key)
+    }
+
+    /// The base key of `name` under `prefix`.
+    pub fn base_key(prefix: &str, hashtag: bool, name: &str) -> String {
+        keys::base_key(prefix, hashtag, name)
+    }
+
+    /// Whether `name` may be used with or without hash tags (not another lock's key).
+    pub fn name_allowed(hashtag: bool, name: &str) -> Result<()> {
+        keys::check_name(hashtag, name)
+    }
+
+    /// The lock `describe` reads from the `describe` script's answer `v` for `name`.
+    pub fn parse_describe(name: &str, v: &Value) -> Result<Option<LockInfo>> {
+        describe::parse_describe(name, v)
+    }
+
+    /// A hand-off message's owner and token.
+    pub fn parse_handoff(payload: &[u8]) -> Option<(&str, u64)> {
+        super::parse_handoff(payload)
     }
 }
 

@@ -234,8 +234,22 @@ fn hash_tag(key: &str) -> &str {
     key
 }
 
+/// The longest part of an unexpected answer an error quotes.
+const QUOTE_MAX: usize = 512;
+
+/// The error of an answer dlock's scripts never give: it quotes the answer, cut to
+/// [`QUOTE_MAX`] bytes (a foreign key can hold a large value).
 pub(super) fn unexpected(what: &str, v: &dyn fmt::Debug) -> Error {
-    Error::backend(format!("unexpected {what} from redis: {v:?}"))
+    let mut quoted = format!("{v:?}");
+    if quoted.len() > QUOTE_MAX {
+        let mut end = QUOTE_MAX;
+        while !quoted.is_char_boundary(end) {
+            end -= 1;
+        }
+        quoted.truncate(end);
+        quoted.push('…');
+    }
+    Error::backend(format!("unexpected {what} from redis: {quoted}"))
 }
 
 pub(super) fn int(v: &Value) -> Option<i64> {

@@ -590,3 +590,72 @@ pub(crate) async fn grant(
         }
     })
 }
+
+/// The decoders of rows, for the fuzz targets (`dlock::__fuzz`; not API).
+#[cfg(feature = "__fuzz")]
+pub(crate) mod fuzz {
+    use super::*;
+
+    /// One row of a name's state as the one-statement read gives it (see [`StateRow`]).
+    pub type StateRow = super::StateRow;
+    /// A hold row as `describe` lists it (see [`HoldListing`]).
+    pub type HoldListing = super::HoldListing;
+    /// A queue row as `describe` lists it (see [`WaiterListing`]).
+    pub type WaiterListing = super::WaiterListing;
+
+    /// A live hold as the grant rule reads it: owner, kind, mode, token.
+    pub type Hold = (String, LockKind, Mode, u64);
+
+    /// A name's rows at `now` as the grant rule reads them: the live holds, the live queue
+    /// (owner, mode) and the stored fence; `Err` when a live row holds a value no dlock writes.
+    #[allow(clippy::type_complexity)]
+    pub fn load(
+        rows: Vec<StateRow>,
+        now: i64,
+    ) -> Result<(Vec<Hold>, Vec<(String, Mode)>, Option<i64>)> {
+        let l = Loaded::split(Rows("fuzz"), rows, now)?;
+        Ok((
+            l.state
+                .holds
+                .into_iter()
+                .map(|h| (h.owner, h.kind, h.mode, h.token))
+                .collect(),
+            l.state
+                .queue
+                .into_iter()
+                .map(|w| (w.owner, w.mode))
+                .collect(),
+            l.fence,
+        ))
+    }
+
+    /// `describe`'s answer built from listed rows.
+    pub fn listing(
+        prefix: &str,
+        now: i64,
+        holds: Vec<HoldListing>,
+        queue: Vec<WaiterListing>,
+    ) -> Result<Vec<LockInfo>> {
+        super::listing(Rows("fuzz"), prefix, now, holds, queue)
+    }
+
+    /// The `kind` and `permits` columns dlock writes for `kind`.
+    pub fn kind_columns(kind: LockKind) -> (&'static str, i64) {
+        super::kind_columns(kind)
+    }
+
+    /// The `state` column dlock writes for `status`.
+    pub fn state_column(status: HoldStatus) -> i64 {
+        match status {
+            HoldStatus::Held => STATE_HELD,
+            HoldStatus::Detached => STATE_DETACHED,
+            HoldStatus::Revoked => STATE_REVOKED,
+        }
+    }
+
+    /// A PostgreSQL hand-off notification's token, owner and lock name.
+    #[cfg(feature = "postgres")]
+    pub fn parse_handed(payload: &str) -> Option<(u64, &str, &str)> {
+        super::super::server::parse_handed(payload)
+    }
+}

@@ -554,6 +554,18 @@ async fn listen_loop(
     }
 }
 
+/// The parts of a hand-off message `"token owner name"`: the token in plain decimal, a non-empty
+/// owner, and the rest as the lock name; `None` for anything else (handed to nobody).
+#[cfg(feature = "postgres")]
+pub(super) fn parse_handed(payload: &str) -> Option<(u64, &str, &str)> {
+    let mut parts = payload.splitn(3, ' ');
+    let (token, owner, name) = (parts.next()?, parts.next()?, parts.next()?);
+    if !plain_decimal(token) || owner.is_empty() {
+        return None;
+    }
+    Some((token.parse().ok()?, owner, name))
+}
+
 /// A hand-off message, `"token owner name"`: given to the waiting acquisition of that owner. A
 /// lock handed to an owner that no longer waits here is passed on at once.
 #[cfg(feature = "postgres")]
@@ -561,11 +573,7 @@ fn handed(sql: &std::sync::Weak<Sql>, payload: &str) {
     let Some(sql) = sql.upgrade() else {
         return;
     };
-    let mut parts = payload.splitn(3, ' ');
-    let (Some(token), Some(owner), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
-        return;
-    };
-    let Ok(token) = token.parse::<u64>() else {
+    let Some((token, owner, name)) = parse_handed(payload) else {
         return;
     };
     if let Some(slot) = lock(&sql.slots)

@@ -333,11 +333,14 @@ fn marker(kind: LockKind, mode: Mode) -> String {
     }
 }
 
-/// Parses a child's name: its sequence number (the trailing 10 or 19 digits) and kind. `None`
-/// for nodes that are not lock nodes.
+/// Parses a child's name: its sequence number (the trailing 10 digits ZooKeeper appends, or 19)
+/// and kind (the marker just before them). `None` for nodes that are not lock nodes: any other
+/// count of trailing digits, no known marker, or a semaphore whose permit count is not a positive
+/// number in plain decimal (`semaphore-0-`, `semaphore-+3-`, `semaphore-03-`: no dlock writes
+/// them, and a zero-permit entry would stand for no lock kind at all).
 fn parse_child(name: &str) -> Option<Child> {
     let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
-    if digits < 10 {
+    if digits != 10 && digits != 19 {
         return None;
     }
     let seq: i64 = name[name.len() - digits..].parse().ok()?;
@@ -350,10 +353,10 @@ fn parse_child(name: &str) -> Option<Child> {
         Entry::Lock
     } else {
         let (before, n) = head.strip_suffix('-')?.rsplit_once('-')?;
-        if !before.ends_with("semaphore") {
+        if !before.ends_with("semaphore") || !plain_decimal(n) {
             return None;
         }
-        Entry::Semaphore(n.parse().ok()?)
+        Entry::Semaphore(n.parse().ok().filter(|p| *p > 0)?)
     };
     Some(Child {
         name: name.to_owned(),
@@ -464,6 +467,37 @@ const CURATOR_REVOKE: &[u8] = b"__REVOKE__";
 /// Whether a node's data says it was revoked (dlock's flag or Curator's message).
 fn revoked_data(data: &[u8]) -> bool {
     data == CURATOR_REVOKE || serde_json::from_slice::<NodeData>(data).is_ok_and(|d| d.revoked)
+}
+
+/// The owner and metadata `describe` shows for the node `name` with data `data`: dlock's JSON,
+/// or for any other data (Curator stores the client's IP address) the owner token of the node's
+/// protected prefix (else the node name) and the data as the host when it is short printable
+/// text, empty otherwise.
+fn node_holder(name: &str, data: &[u8]) -> (String, HolderMeta) {
+    match serde_json::from_slice::<NodeData>(data) {
+        Ok(d) => (
+            d.owner,
+            HolderMeta {
+                client_id: d.client_id,
+                host: d.host,
+                pid: d.pid,
+                value: d.value,
+            },
+        ),
+        Err(_) => (
+            owner_of(name).unwrap_or(name).to_owned(),
+            HolderMeta {
+                client_id: String::new(),
+                host: std::str::from_utf8(data)
+                    .ok()
+                    .filter(|h| h.len() <= 255 && h.chars().all(|ch| !ch.is_control()))
+                    .unwrap_or("")
+                    .to_owned(),
+                pid: 0,
+                value: None,
+            },
+        ),
+    }
 }
 
 impl ZooKeeperBackend {
@@ -1252,31 +1286,7 @@ impl Backend for ZooKeeperBackend {
                     Err(zk::Error::NoNode) => continue,
                     Err(e) => return Err(unavailable(e)),
                 };
-                let (owner, meta) = match serde_json::from_slice::<NodeData>(&data) {
-                    Ok(d) => (
-                        d.owner,
-                        HolderMeta {
-                            client_id: d.client_id,
-                            host: d.host,
-                            pid: d.pid,
-                            value: d.value,
-                        },
-                    ),
-                    // Curator stores the client's IP address; anything else shows as empty.
-                    Err(_) => (
-                        owner_of(&c.name).unwrap_or(&c.name).to_owned(),
-                        HolderMeta {
-                            client_id: String::new(),
-                            host: std::str::from_utf8(&data)
-                                .ok()
-                                .filter(|h| h.len() <= 255 && h.chars().all(|ch| !ch.is_control()))
-                                .unwrap_or("")
-                                .to_owned(),
-                            pid: 0,
-                            value: None,
-                        },
-                    ),
-                };
+                let (owner, meta) = node_holder(&c.name, &data);
                 if position(&children, i).0 {
                     info.holders.push(HolderInfo {
                         owner,
@@ -1379,6 +1389,52 @@ impl Acquisition for ZkAcquisition {
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// The decoders of node names and node data, for the fuzz targets (`dlock::__fuzz`; not API).
+#[cfg(feature = "__fuzz")]
+pub(crate) mod fuzz {
+    use super::*;
+
+    /// A child node's name as the grant rules read it: sequence number, kind and mode; `None`
+    /// for a node that is not a lock node (skipped).
+    pub fn parse_child(name: &str) -> Option<(i64, LockKind, Mode)> {
+        super::parse_child(name).map(|c| (c.seq, c.kind.kind(), c.kind.mode()))
+    }
+
+    /// The name of the node dlock creates for `owner`'s request, once ZooKeeper appended `seq`.
+    pub fn node_name(owner: &str, kind: LockKind, mode: Mode, seq: i64) -> String {
+        format!("_c_{owner}-{}{seq:010}", marker(kind, mode))
+    }
+
+    /// The owner token of a protected-mode node name.
+    pub fn owner_of(name: &str) -> Option<&str> {
+        super::owner_of(name)
+    }
+
+    /// What `describe` shows of a node: owner and metadata.
+    pub fn node_holder(name: &str, data: &[u8]) -> (String, HolderMeta) {
+        super::node_holder(name, data)
+    }
+
+    /// Whether a node's data marks it revoked.
+    pub fn revoked(data: &[u8]) -> bool {
+        revoked_data(data)
+    }
+
+    /// The data dlock writes to a node (as `create_node`, and `force_release` for `revoked`).
+    pub fn node_data(owner: &str, meta: &HolderMeta, revoked: bool) -> Vec<u8> {
+        serde_json::to_vec(&NodeData {
+            owner: owner.to_owned(),
+            client_id: meta.client_id.clone(),
+            host: meta.host.clone(),
+            pid: meta.pid,
+            created_at_ms: 1,
+            revoked,
+            value: meta.value.clone(),
+        })
+        .unwrap_or_default()
     }
 }
 

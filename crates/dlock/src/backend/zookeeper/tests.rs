@@ -191,6 +191,16 @@ fn node_names_parse_like_curator() {
         Entry::Semaphore(3)
     );
     assert!(parse_child("leases").is_none());
+    // Not dlock's (nor Curator's): skipped, never a place in the queue (issue 22, fuzz/zk_node).
+    for foreign in [
+        "_c_x-semaphore-0-0000000006",
+        "_c_x-semaphore-+3-0000000006",
+        "_c_x-semaphore-03-0000000006",
+        "lock-00000000012",
+        "lock-000000012",
+    ] {
+        assert!(parse_child(foreign).is_none(), "{foreign}");
+    }
     assert_eq!(
         owner_of("_c_1b0e1a7e-9a55-4a43-8d3a-2b9a0c4f2f11-lock-0000000012"),
         Some("1b0e1a7e-9a55-4a43-8d3a-2b9a0c4f2f11")
