@@ -1,7 +1,7 @@
 //! Turns what the client processes reported, what the resource recorded and what the harness did
 //! into the figures of one scenario.
 //!
-//! Definitions (all times are wall-clock microseconds of one machine):
+//! Definitions (all times are microseconds of the monotonic clock of one machine):
 //! - a **hold** lives from its grant until its release was sent, its process was killed, or the
 //!   run ended;
 //! - a write is **stale** when a hold granted after the writer's had already read or written the
@@ -411,6 +411,62 @@ pub fn analyze(data: &RunData) -> Figures {
     f
 }
 
+/// The lines that show what happened around the holds a failed check is about: every hold that
+/// another grant found live, that hold's taker, and every fault, in time order, times in ms from
+/// the first grant (at most `max` lines). For the report of a failed scenario.
+pub fn timeline(data: &RunData, max: usize) -> Vec<String> {
+    let holds = holds(data);
+    let Some(t0) = holds.first().map(|h| h.granted) else {
+        return Vec::new();
+    };
+    let ms = |t: i64| format!("{:+.1}", (t - t0) as f64 / 1000.0);
+    let mut shown = vec![false; holds.len()];
+    for (i, h) in holds.iter().enumerate() {
+        if let Some(j) = holds
+            .iter()
+            .position(|o| (o.worker, o.hold) != (h.worker, h.hold) && h.live_at(o.granted))
+        {
+            shown[i] = true;
+            shown[j] = true;
+        }
+    }
+    let mut lines: Vec<(i64, String)> = holds
+        .iter()
+        .zip(&shown)
+        .filter(|(_, s)| **s)
+        .map(|(h, _)| {
+            let token = h.token.map_or("-".into(), |t| t.to_string());
+            let deadline = h.deadlines.last().map_or("-".into(), |(_, d)| ms(*d));
+            let lost = h.lost.map_or("-".into(), ms);
+            let release = h
+                .release
+                .map_or("none".into(), |(at, r)| format!("{} {r:?}", ms(at)));
+            (
+                h.granted,
+                format!(
+                    "{} ms: worker {} hold {} granted, token {token}; last deadline {deadline}, \
+                     lost() {lost}, release {release}, end {}",
+                    ms(h.granted),
+                    h.worker,
+                    h.hold,
+                    ms(h.end)
+                ),
+            )
+        })
+        .collect();
+    lines.extend(data.faults.iter().map(|f| {
+        let until = f
+            .until
+            .map_or(String::new(), |u| format!(" until {}", ms(u)));
+        (
+            f.at,
+            format!("{} ms: fault {}{until}: {}", ms(f.at), f.kind, f.detail),
+        )
+    }));
+    lines.sort_by_key(|(t, _)| *t);
+    lines.into_iter().take(max).map(|(_, l)| l).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -615,6 +671,19 @@ mod tests {
         assert_eq!((f.taken_over, f.lost_first), (1, 0));
         assert_eq!(f.token_regressions, 1);
         assert_eq!(f.foreign_releases, 1);
+        // The report of the failure shows both holds, the taker after the one it found live.
+        let t = timeline(&d, 10);
+        assert_eq!(t.len(), 2, "{t:?}");
+        assert!(
+            t[0].starts_with("+0.0 ms: worker 1 hold 1 granted, token 7"),
+            "{t:?}"
+        );
+        assert!(t[0].contains("release +0.2 Ok"), "{t:?}");
+        assert!(
+            t[1].starts_with("+0.1 ms: worker 2 hold 1 granted, token 3"),
+            "{t:?}"
+        );
+        assert_eq!(timeline(&d, 1).len(), 1);
     }
 
     #[test]

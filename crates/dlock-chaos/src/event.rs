@@ -1,24 +1,19 @@
 //! What client processes report (one JSON object per line on stdout), what the fenced resource
 //! records, and the clock they share.
 
+use nix::time::{clock_gettime, ClockId};
 use serde::{Deserialize, Serialize};
-use std::sync::OnceLock;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-/// Wall-clock time in microseconds since the Unix epoch, read once per process and carried on by
-/// the monotonic clock: every process of a run is on the same machine, so these times order
-/// events across processes, and a worker whose wall clock is stepped on purpose (the clock-step
-/// fault fakes only the wall clock) still reports true times.
+/// Microseconds of the machine's monotonic clock (`CLOCK_MONOTONIC`). Every process of a run is
+/// on the same machine and reads the same clock, so these times order events across processes.
+/// Nothing steps it: not a wall-clock step of the machine, and not the clock-step fault, which
+/// fakes only the wall clock. (A per-process anchor of the wall clock read once would not do:
+/// processes anchored on either side of a step, or preempted between the two reads, disagree
+/// by that much.)
 pub fn now_us() -> i64 {
-    static ANCHOR: OnceLock<(i64, Instant)> = OnceLock::new();
-    let (wall, mono) = ANCHOR.get_or_init(|| {
-        let wall = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_micros() as i64)
-            .unwrap_or(0);
-        (wall, Instant::now())
-    });
-    wall + mono.elapsed().as_micros() as i64
+    clock_gettime(ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() * 1_000_000 + t.tv_nsec() / 1_000)
+        .unwrap_or(0)
 }
 
 /// One thing that happened in a client process.

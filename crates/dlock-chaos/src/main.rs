@@ -68,8 +68,6 @@ enum WorkerCmd {
 }
 
 fn main() {
-    // The process's time anchor (see `event::now_us`), before anything could step the clock.
-    event::now_us();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -172,5 +172,17 @@ pub fn markdown(r: &Report) -> String {
         s.push_str("\nNot passed:\n\n");
         s.push_str(&notes);
     }
+    for o in r.outcomes.iter().filter(|o| !o.timeline.is_empty()) {
+        s.push_str(&format!(
+            "\nTimeline of {} / {} / {} (ms from the first grant; the holds another grant \
+             found live, and the faults):\n\n",
+            o.backend.label(),
+            o.fault.label(),
+            o.mode
+        ));
+        for l in &o.timeline {
+            s.push_str(&format!("- {l}\n"));
+        }
+    }
     s
 }

@@ -345,6 +345,9 @@ pub struct Outcome {
     pub checks: Vec<Check>,
     /// Errors of the harness itself (a server that did not restart, a process that did not start).
     pub harness_errors: Vec<String>,
+    /// Of a failed scenario: the holds another grant found live and the faults, in time order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<String>,
 }
 
 impl Outcome {
@@ -976,6 +979,7 @@ pub async fn run(
                 faults,
                 checks: vec![],
                 harness_errors: vec![format!("resource: {e}")],
+                timeline: Vec::new(),
             }
         }
     };
@@ -1067,6 +1071,11 @@ pub async fn run(
         }
     }
     let checks = judge(env.backend, fault, mode, &figures, settings);
+    let timeline = if checks.iter().any(|c| c.status == Status::Fail) {
+        crate::analysis::timeline(&data, 40)
+    } else {
+        Vec::new()
+    };
     Outcome {
         backend: env.backend,
         fault,
@@ -1076,6 +1085,7 @@ pub async fn run(
         faults,
         checks,
         harness_errors,
+        timeline,
     }
 }
 

@@ -490,7 +490,7 @@ pub async fn run(a: WorkerArgs) -> i32 {
     0
 }
 
-/// The hold's local deadline as wall-clock microseconds (`now` when it is no longer held).
+/// The hold's local deadline on the clock of `now_us` (`now` when it is no longer held).
 fn deadline_of(g: &dlock::Guard) -> i64 {
     g.valid_for()
         .map(|v| now_us() + v.as_micros() as i64)
