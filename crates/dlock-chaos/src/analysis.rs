@@ -115,6 +115,46 @@ pub struct Figures {
 pub const FAILOVER_KINDS: [&str; 3] = ["master-kill", "master-pause", "slot-migrate"];
 
 impl Figures {
+    /// Adds another lane's figures to these. `faults`: also its figures of the store's
+    /// fail-overs (false for a lane that saw a store fault another lane injected, so that each
+    /// fault counts once).
+    pub fn absorb(&mut self, o: Figures, faults: bool) {
+        fn merge(a: &mut Vec<f64>, b: Vec<f64>) {
+            a.extend(b);
+            a.sort_by(f64::total_cmp);
+        }
+        self.acquisitions += o.acquisitions;
+        self.errors += o.errors;
+        self.writes += o.writes;
+        self.skipped_lost += o.skipped_lost;
+        self.overlaps += o.overlaps;
+        self.stale_writes += o.stale_writes;
+        self.stale_rejected += o.stale_rejected;
+        self.stale_accepted += o.stale_accepted;
+        self.valid_rejected += o.valid_rejected;
+        self.lost_updates += o.lost_updates;
+        self.token_regressions += o.token_regressions;
+        self.foreign_releases += o.foreign_releases;
+        self.releases_not_owner += o.releases_not_owner;
+        self.taken_over += o.taken_over;
+        self.lost_first += o.lost_first;
+        merge(&mut self.takeover_ms, o.takeover_ms);
+        self.takeover_missing += o.takeover_missing;
+        self.kills_between_holds += o.kills_between_holds;
+        merge(&mut self.pause_takeover_ms, o.pause_takeover_ms);
+        self.taken_over_during_pause += o.taken_over_during_pause;
+        self.lost += o.lost;
+        self.wait_refusals += o.wait_refusals;
+        self.grants_after_faults += o.grants_after_faults;
+        if faults {
+            self.failovers += o.failovers;
+            self.failovers_during_hold += o.failovers_during_hold;
+            merge(&mut self.failover_ms, o.failover_ms);
+            merge(&mut self.outage_ms, o.outage_ms);
+            self.outage_missing += o.outage_missing;
+        }
+    }
+
     /// Median of the takeover times after kills.
     pub fn takeover_p50(&self) -> Option<f64> {
         percentile(&self.takeover_ms, 0.5)

@@ -1,7 +1,8 @@
 //! `dlock-chaos`: dlock's fault-injection harness.
 //!
-//! For each backend it starts private servers on loopback ports, runs 4–8 client processes that
-//! loop acquire → read → sleep → write → release on one lock name against a fenced resource, and
+//! For each backend it starts private servers on loopback ports, runs 2–8 client processes per
+//! lane (a lane is one lock name; a scenario has 1–32) that loop acquire → read → sleep → write →
+//! release against the lane's fenced resource, and
 //! breaks things on purpose: SIGKILL or SIGSTOP of the holder, store restarts, killed store
 //! connections, delayed or black-holed client traffic through a TCP proxy, a paused etcd leader,
 //! Redlock majorities stopped, a Redis Sentinel or Cluster master killed or paused through its
@@ -39,12 +40,28 @@ struct Cli {
     /// deployments only one scenario of each that confirms with WAIT)
     #[arg(long)]
     quick: bool,
-    /// Client processes at a time (4-8)
-    #[arg(long, value_parser = clap::value_parser!(u32).range(4..=8))]
+    /// Client processes at a time, per lane (2-8)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..=8))]
     workers: Option<u32>,
-    /// Faults injected per scenario (1-50)
-    #[arg(long = "faults-per-scenario", value_parser = clap::value_parser!(u32).range(1..=50))]
+    /// Faults injected per scenario (1-1000): a fault of the store once, a fault of a client
+    /// process by every lane at once, each its share
+    #[arg(long = "faults-per-scenario", value_parser = clap::value_parser!(u32).range(1..=1000))]
     per_scenario: Option<u32>,
+    /// Independent lock names per scenario (1-32), each with its own fenced resource and
+    /// client processes; every lane sees a fault of the store
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=32))]
+    lanes: Option<u32>,
+    /// After the faults asked for, go on injecting at the same pace until the lanes together
+    /// have made this many acquisitions (at most 20 times the faults asked for)
+    #[arg(long = "min-acquisitions", value_name = "N")]
+    min_acquisitions: Option<u64>,
+    /// Normal operation before each fault, in ms (100-10000; default 800 quick, 1500 full)
+    #[arg(long = "gap-ms", value_parser = clap::value_parser!(u64).range(100..=10_000))]
+    gap_ms: Option<u64>,
+    /// Mean hold in the store-side fault scenarios, in ms (300-5000; default 2000): each hold
+    /// lasts 0.5-1.5 times this, and one that outlasts a third of the lease renews
+    #[arg(long = "long-hold-ms", value_parser = clap::value_parser!(u64).range(300..=5000))]
+    long_hold_ms: Option<u64>,
     /// Write the JSON report here
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -118,6 +135,18 @@ async fn harness(cli: Cli) -> i32 {
     }
     if let Some(n) = cli.per_scenario {
         settings.faults = n;
+    }
+    if let Some(n) = cli.lanes {
+        settings.lanes = n;
+    }
+    if let Some(n) = cli.min_acquisitions {
+        settings.min_acquisitions = n;
+    }
+    if let Some(ms) = cli.gap_ms {
+        settings.gap = Duration::from_millis(ms);
+    }
+    if let Some(ms) = cli.long_hold_ms {
+        settings.long_hold = Duration::from_millis(ms);
     }
     settings.events_dir = cli.events.clone();
     let exe = match std::env::current_exe() {

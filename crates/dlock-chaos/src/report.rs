@@ -58,26 +58,44 @@ fn opt(v: Option<f64>) -> String {
 /// The figures as a Markdown table, then the checks that did not pass.
 pub fn markdown(r: &Report) -> String {
     let mut s = String::new();
+    let lanes = if r.settings.lanes > 1 {
+        format!(" in each of {} lanes (lock names)", r.settings.lanes)
+    } else {
+        String::new()
+    };
+    let more = if r.settings.min_acquisitions > 0 {
+        format!(
+            " (more until {} acquisitions, at most {})",
+            r.settings.min_acquisitions,
+            u64::from(r.settings.faults) * 20
+        )
+    } else {
+        String::new()
+    };
     s.push_str(&format!(
-        "dlock-chaos on {} ({} CPUs, {}), {} client processes, lease {} ms, {} faults per scenario\n\n",
+        "dlock-chaos on {} ({} CPUs, {}), {} client processes{lanes}, lease {} ms, mean hold {} ms ({} ms in the store-side fault scenarios), {} faults per scenario{more}, {} ms before each\n\n",
         r.machine.date,
         r.machine.cpus,
         r.machine.kernel,
         r.settings.workers,
         r.settings.lease.as_millis(),
-        r.settings.faults
+        r.settings.hold.as_millis(),
+        r.settings.long_hold.as_millis(),
+        r.settings.faults,
+        r.settings.gap.as_millis(),
     ));
-    s.push_str("| backend | fault | resource | acquisitions | overlaps | stale rejected | stale accepted | valid rejected | lost updates | token regressions | foreign releases | takeover p50 / max ms | lost() first | verdict |\n");
-    s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    s.push_str("| backend | fault | resource | faults | acquisitions | writes | overlaps | stale rejected | stale accepted | valid rejected | lost updates | token regressions | foreign releases | takeover p50 / max ms (of kills) | lost() first | verdict |\n");
+    s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for o in &r.outcomes {
         let x = &o.figures;
         let takeover = if x.takeover_ms.is_empty() && x.takeover_missing == 0 {
             "–".to_string()
         } else {
             format!(
-                "{} / {}{}",
+                "{} / {} (of {}){}",
                 opt(x.takeover_p50()),
                 opt(x.takeover_max()),
+                x.takeover_ms.len() as u64 + x.takeover_missing,
                 if x.takeover_missing > 0 {
                     format!(" ({} never)", x.takeover_missing)
                 } else {
@@ -90,11 +108,13 @@ pub fn markdown(r: &Report) -> String {
             None => "–".into(),
         };
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             o.backend.label(),
             o.fault.label(),
             o.mode,
+            o.faults.len(),
             x.acquisitions,
+            x.writes,
             x.overlaps,
             x.stale_rejected,
             x.stale_accepted,

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -112,6 +113,22 @@ impl Fault {
             self,
             Fault::ElectPause | Fault::StorePause | Fault::ClockStep | Fault::DiskFull
         )
+    }
+
+    /// A fault of the store itself, which every lane of the scenario sees: lane 0 injects it.
+    /// The others (a client process, its traffic or its clock) are injected by every lane on
+    /// its own holder; etcd's conn-kill resets each lane's own proxies.
+    pub fn store_wide(self, b: Backend) -> bool {
+        match self.base() {
+            Fault::Kill
+            | Fault::RunKill
+            | Fault::Pause
+            | Fault::Delay
+            | Fault::BlackHole
+            | Fault::ClockStep => false,
+            Fault::ConnKill => b != Backend::Etcd,
+            _ => true,
+        }
     }
 
     /// A fault of a Redis Sentinel or Cluster deployment (its figures include the fail-over).
@@ -241,7 +258,7 @@ pub fn limitation(b: Backend, f: Fault) -> Option<&'static str> {
 /// How big a run is.
 #[derive(Debug, Clone, Serialize)]
 pub struct Settings {
-    /// Client processes at a time (4–8).
+    /// Client processes at a time, per lane (2–8).
     pub workers: u32,
     /// Lease of every hold (and ZooKeeper's session timeout).
     #[serde(with = "ms")]
@@ -264,6 +281,12 @@ pub struct Settings {
     pub gap: Duration,
     /// Acquisitions per client process at most.
     pub iterations: u64,
+    /// Independent lock names per scenario, each with its own resource and client processes
+    /// (`workers` each).
+    pub lanes: u32,
+    /// Faults go on at the same pace after `faults` until the lanes together have made this
+    /// many acquisitions (at most 20 times `faults` in all).
+    pub min_acquisitions: u64,
     /// Write each scenario's raw record (client events, the resource's reads and writes, the
     /// faults) to `DIR/BACKEND.FAULT.MODE.json`, for looking into a figure.
     #[serde(skip)]
@@ -291,6 +314,8 @@ impl Settings {
             faults: 1,
             gap: Duration::from_millis(800),
             iterations: 2_000,
+            lanes: 1,
+            min_acquisitions: 0,
             events_dir: None,
         }
     }
@@ -550,6 +575,8 @@ struct Harness<'a> {
     next_index: u32,
     /// The clock-step scenario: each worker's libfaketime offset file is `DIR/clock-INDEX`.
     clocks: Option<Clocks>,
+    /// Grants reported by the workers of every lane.
+    grants: Arc<AtomicU64>,
 }
 
 /// The wall clocks of the clock-step scenario's workers (libfaketime, the monotonic clocks left
@@ -631,7 +658,7 @@ impl Harness<'_> {
             .args(["--hold-ms", &self.hold.as_millis().to_string()])
             .args(["--lease-ms", &self.settings.lease.as_millis().to_string()])
             .args(["--iterations", &self.settings.iterations.to_string()])
-            .args(["--run-ms", "600000"])
+            .args(["--run-ms", "14400000"])
             .args(self.naive.then_some("--naive"))
             .args(self.election.then_some("--election"))
             .args(
@@ -649,8 +676,12 @@ impl Harness<'_> {
             .take()
             .ok_or_else(|| io::Error::other("no stdout"))?;
         let stdin = child.stdin.take();
-        let (events, holding, runs) =
-            (self.events.clone(), self.holding.clone(), self.runs.clone());
+        let (events, holding, runs, grants) = (
+            self.events.clone(),
+            self.holding.clone(),
+            self.runs.clone(),
+            self.grants.clone(),
+        );
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
@@ -660,6 +691,7 @@ impl Harness<'_> {
                 match &ev {
                     Event::Granted { hold, at, .. } => {
                         lock(&holding).insert(index, (*hold, *at));
+                        grants.fetch_add(1, Ordering::Relaxed);
                     }
                     Event::Run { pid, .. } => {
                         lock(&runs).insert(index, *pid);
@@ -933,27 +965,70 @@ fn dlock_bin(exe: &std::path::Path) -> PathBuf {
     exe.with_file_name("dlock")
 }
 
-/// Writes the raw record of a scenario to `dir` (see [`Settings::events_dir`]).
-fn write_record(
-    dir: &std::path::Path,
-    b: Backend,
-    f: Fault,
-    mode: Mode,
-    data: &RunData,
-) -> io::Result<()> {
+/// The raw record of one lane (see [`Settings::events_dir`]).
+fn record(data: &RunData) -> serde_json::Value {
     let mut events: Vec<(&u32, &Vec<Event>)> = data.events.iter().collect();
     events.sort_by_key(|(w, _)| **w);
-    let record = serde_json::json!({
+    serde_json::json!({
         "events": events,
         "reads": data.reads,
         "writes": data.writes,
         "faults": data.faults,
         "final_value": data.final_value,
         "end": data.end,
-    });
+    })
+}
+
+/// Writes the raw record of a scenario to `dir`: one lane's record, or `{"lanes": [...]}`.
+fn write_record(
+    dir: &std::path::Path,
+    b: Backend,
+    f: Fault,
+    mode: Mode,
+    lanes: &[RunData],
+) -> io::Result<()> {
+    let record = match lanes {
+        [one] => record(one),
+        _ => serde_json::json!({ "lanes": lanes.iter().map(record).collect::<Vec<_>>() }),
+    };
     std::fs::create_dir_all(dir)?;
     let path = dir.join(format!("{}.{}.{mode}.json", b.label(), f.label()));
     std::fs::write(path, serde_json::to_vec(&record)?)
+}
+
+/// The lock names of a scenario's lanes. On a Redis Cluster every name hashes to lane 0's slot,
+/// so that a fault of that slot's master (or its migration) reaches every lane.
+fn lane_names(b: Backend, fault: Fault, mode: Mode, lanes: u32) -> Vec<String> {
+    let first = format!(
+        "chaos/{}/{}/{}",
+        fault.label(),
+        mode,
+        uuid::Uuid::new_v4().simple()
+    );
+    let slot = crate::stores::cluster_slot(&first);
+    let mut names = vec![first.clone()];
+    for lane in 1..lanes {
+        let name = (0u32..)
+            .map(|i| format!("{first}/{lane}-{i}"))
+            .find(|n| !b.cluster() || crate::stores::cluster_slot(n) == slot)
+            .unwrap_or_else(|| format!("{first}/{lane}"));
+        names.push(name);
+    }
+    names
+}
+
+fn setup_failure(env: &StoreEnv, fault: Fault, mode: Mode, error: String) -> Outcome {
+    Outcome {
+        backend: env.backend,
+        fault,
+        mode,
+        seconds: 0.0,
+        figures: Figures::default(),
+        faults: Vec::new(),
+        checks: vec![],
+        harness_errors: vec![error],
+        timeline: Vec::new(),
+    }
 }
 
 /// Runs one scenario on a started store.
@@ -966,77 +1041,118 @@ pub async fn run(
 ) -> Outcome {
     let started = std::time::Instant::now();
     let mut harness_errors = Vec::new();
-    let mut faults = Vec::new();
-    let resource = match Resource::start(mode).await {
-        Ok(r) => r,
-        Err(e) => {
-            return Outcome {
-                backend: env.backend,
-                fault,
-                mode,
-                seconds: 0.0,
-                figures: Figures::default(),
-                faults,
-                checks: vec![],
-                harness_errors: vec![format!("resource: {e}")],
-                timeline: Vec::new(),
+    let via_run = (fault == Fault::RunKill).then(|| dlock_bin(&exe));
+    let grants = Arc::new(AtomicU64::new(0));
+    let mut resources = Vec::new();
+    let mut lanes = Vec::new();
+    for (lane, name) in lane_names(env.backend, fault, mode, settings.lanes.max(1))
+        .into_iter()
+        .enumerate()
+    {
+        let resource = match Resource::start(mode).await {
+            Ok(r) => r,
+            Err(e) => return setup_failure(env, fault, mode, format!("resource: {e}")),
+        };
+        let mut h = Harness {
+            env,
+            exe: exe.clone(),
+            name,
+            resource: resource.addr(),
+            hold: match fault.base() {
+                Fault::Kill | Fault::Pause => settings.hold,
+                _ => settings.long_hold,
+            },
+            naive: fault.base() == Fault::Pause,
+            election: fault.election(),
+            via_run: via_run.clone(),
+            runs: Arc::default(),
+            settings,
+            events: Arc::default(),
+            holding: Arc::default(),
+            workers: HashMap::new(),
+            next_index: lane as u32 * 100_000 + 1,
+            clocks: None,
+            grants: grants.clone(),
+        };
+        if fault == Fault::ClockStep {
+            match Clocks::new() {
+                Ok(c) => h.clocks = Some(c),
+                Err(e) => harness_errors.push(format!("clock-step: {e}")),
             }
         }
-    };
-    let via_run = (fault == Fault::RunKill).then(|| dlock_bin(&exe));
-    let mut h = Harness {
-        env,
-        exe,
-        name: format!(
-            "chaos/{}/{}/{}",
-            fault.label(),
-            mode,
-            uuid::Uuid::new_v4().simple()
-        ),
-        resource: resource.addr(),
-        hold: match fault.base() {
-            Fault::Kill | Fault::Pause => settings.hold,
-            _ => settings.long_hold,
-        },
-        naive: fault.base() == Fault::Pause,
-        election: fault.election(),
-        via_run,
-        runs: Arc::default(),
-        settings,
-        events: Arc::default(),
-        holding: Arc::default(),
-        workers: HashMap::new(),
-        next_index: 1,
-        clocks: None,
-    };
-    if fault == Fault::ClockStep {
-        match Clocks::new() {
-            Ok(c) => h.clocks = Some(c),
-            Err(e) => harness_errors.push(format!("clock-step: {e}")),
-        }
+        resources.push(resource);
+        lanes.push(h);
     }
-    for _ in 0..settings.workers {
-        if let Err(e) = h.spawn_worker().await {
-            harness_errors.push(format!("starting a client process: {e}"));
+    let mut started_workers = 0;
+    for h in &mut lanes {
+        for _ in 0..settings.workers {
+            match h.spawn_worker().await {
+                Ok(_) => started_workers += 1,
+                Err(e) => harness_errors.push(format!("starting a client process: {e}")),
+            }
         }
     }
     // Every process connected (bounded).
+    let ready = |lanes: &[Harness]| lanes.iter().map(Harness::ready).sum::<usize>();
     let ready_by = tokio::time::Instant::now() + Duration::from_secs(30);
-    while h.ready() < h.workers.len() && tokio::time::Instant::now() < ready_by {
+    while ready(&lanes) < started_workers && tokio::time::Instant::now() < ready_by {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    if h.ready() < h.workers.len() {
+    if ready(&lanes) < started_workers {
         harness_errors.push(format!(
-            "only {} of {} client processes connected within 30 s",
-            h.ready(),
-            h.workers.len()
+            "only {} of {started_workers} client processes connected within 30 s",
+            ready(&lanes),
         ));
     }
-    for _ in 0..settings.faults {
+    // A fault of the store is injected once (by lane 0) and recorded in every lane; a fault of
+    // a client by an eighth of the lanes at once, in turn. After `faults`, the faults go on at
+    // the same pace until `min_acquisitions` (bounded).
+    let store_wide = fault.store_wide(env.backend);
+    let wanted = u64::from(settings.faults);
+    let cap = wanted * 20;
+    let mut injected = 0u64;
+    let mut round = 0usize;
+    let mut shared: Vec<FaultRecord> = Vec::new();
+    let mut own: Vec<Vec<FaultRecord>> = vec![Vec::new(); lanes.len()];
+    while injected < cap
+        && (injected < wanted || grants.load(Ordering::Relaxed) < settings.min_acquisitions)
+    {
         tokio::time::sleep(settings.gap).await;
-        match h.inject(fault).await {
-            Ok(r) => faults.push(r),
-            Err(e) => harness_errors.push(format!("{}: {e}", fault.label())),
+        if store_wide {
+            injected += 1;
+            match lanes[0].inject(fault).await {
+                Ok(r) => shared.push(r),
+                Err(e) => harness_errors.push(format!("{}: {e}", fault.label())),
+            }
+            continue;
+        }
+        // An eighth of the lanes each round (at least one), in turn: the others keep working.
+        let per_round = lanes.len().div_ceil(8);
+        let n = if injected < wanted {
+            ((wanted - injected) as usize).min(per_round)
+        } else {
+            per_round
+        };
+        let first = (round * per_round) % lanes.len();
+        round += 1;
+        injected += n as u64;
+        let chosen: Vec<usize> = (0..n).map(|i| (first + i) % lanes.len()).collect();
+        let results = futures_util::future::join_all(
+            lanes
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| chosen.contains(i))
+                .map(|(i, h)| async move { (i, h.inject(fault).await) }),
+        )
+        .await;
+        for (lane, r) in results {
+            match r {
+                Ok(r) => own[lane].push(r),
+                Err(e) if lanes.len() > 1 => {
+                    harness_errors.push(format!("{} (lane {lane}): {e}", fault.label()))
+                }
+                Err(e) => harness_errors.push(format!("{}: {e}", fault.label())),
+            }
         }
     }
     // Recovery: normal operation for a while after the last fault (after a killed `dlock run`,
@@ -1052,19 +1168,31 @@ pub async fn run(
         _ => settings.gap + settings.lease,
     };
     tokio::time::sleep(recovery).await;
-    h.finish(settings.lease * 3 + Duration::from_secs(5)).await;
+    let within = settings.lease * 3 + Duration::from_secs(5);
+    futures_util::future::join_all(lanes.iter_mut().map(|h| h.finish(within))).await;
     let end = now_us();
-    let (final_value, writes, reads) = resource.snapshot();
-    let events = std::mem::take(&mut *lock(&h.events));
-    let data = RunData {
-        events,
-        writes,
-        reads,
-        final_value,
-        faults: faults.clone(),
-        end,
-    };
-    let figures = analyze(&data);
+    let mut figures = Figures::default();
+    let mut faults = shared.clone();
+    let mut data = Vec::new();
+    for (lane, (h, resource)) in lanes.iter().zip(&resources).enumerate() {
+        let (final_value, writes, reads) = resource.snapshot();
+        let mut lane_faults = std::mem::take(&mut own[lane]);
+        faults.extend(lane_faults.iter().cloned());
+        lane_faults.extend(shared.iter().cloned());
+        lane_faults.sort_by_key(|f| f.at);
+        let d = RunData {
+            events: std::mem::take(&mut *lock(&h.events)),
+            writes,
+            reads,
+            final_value,
+            faults: lane_faults,
+            end,
+        };
+        // The fail-over figures of a store fault count each fault once: lane 0's.
+        figures.absorb(analyze(&d), lane == 0 || !store_wide);
+        data.push(d);
+    }
+    faults.sort_by_key(|f| f.at);
     if let Some(dir) = &settings.events_dir {
         if let Err(e) = write_record(dir, env.backend, fault, mode, &data) {
             harness_errors.push(format!("writing the raw record to {}: {e}", dir.display()));
@@ -1072,7 +1200,18 @@ pub async fn run(
     }
     let checks = judge(env.backend, fault, mode, &figures, settings);
     let timeline = if checks.iter().any(|c| c.status == Status::Fail) {
-        crate::analysis::timeline(&data, 40)
+        // The first lane that fails by itself (or lane 0).
+        let failing = data.iter().position(|d| {
+            judge(env.backend, fault, mode, &analyze(d), settings)
+                .iter()
+                .any(|c| c.status == Status::Fail)
+        });
+        let lane = failing.unwrap_or(0);
+        let mut t = crate::analysis::timeline(&data[lane], 40);
+        if data.len() > 1 {
+            t.insert(0, format!("lane {lane} of {}", data.len()));
+        }
+        t
     } else {
         Vec::new()
     };

@@ -676,3 +676,31 @@ impl Drop for Tmpfs {
             .status();
     }
 }
+
+/// The Redis Cluster slot of the lock name `name` (its keys are `dlock:{NAME}…`, the name their
+/// hash tag): CRC16/XMODEM of the name, modulo 16384.
+pub fn cluster_slot(name: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for b in name.bytes() {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+#[cfg(test)]
+mod slot_tests {
+    #[test]
+    fn cluster_slots_are_redis_own() {
+        // The CRC16/XMODEM check value, and `CLUSTER KEYSLOT foo` / `bar` of a Redis server.
+        assert_eq!(super::cluster_slot("123456789"), 0x31C3);
+        assert_eq!(super::cluster_slot("foo"), 12182);
+        assert_eq!(super::cluster_slot("bar"), 5061);
+    }
+}
