@@ -3,8 +3,9 @@
 # fault with at least 10 000 acquisitions and 100 injected faults per scenario. Each scenario runs
 # 24 lanes (independent lock names, each with its own fenced resource and 2 client processes); a
 # fault of a client process is injected by every lane at once, a fault of the store once and seen
-# by every lane. The backends run in parallel groups (each group its own private servers), then
-# scripts/check-history.py checks every raw record independently.
+# by every lane. The backends run in groups, DLOCK_SCALE_JOBS (4) at a time, each group its own
+# dlock-chaos with its own private servers; then scripts/check-history.py checks every raw record
+# independently.
 #
 #   scripts/chaos-scale.sh                     # everything, into chaos-scale/ (about 1-2 hours)
 #   scripts/chaos-scale.sh --fault kill        # extra arguments go to every dlock-chaos
@@ -22,7 +23,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/dlock-target}"
 
 OUT="${DLOCK_SCALE_DIR:-chaos-scale}"
 # Groups of backends that run at once, each in its own dlock-chaos process (";" between groups).
-GROUPS_SPEC="${DLOCK_SCALE_GROUPS:-sqlite sqlite-tmpfs;redis;redis-aof redlock;postgres;postgres-session;mysql;mysql-session;zookeeper;etcd;redis-sentinel;redis-sentinel-wait;redis-cluster;redis-cluster-wait}"
+GROUPS_SPEC="${DLOCK_SCALE_GROUPS:-sqlite sqlite-tmpfs;redis;postgres;mysql;zookeeper;etcd;postgres-session;mysql-session;redis-aof redlock;redis-sentinel;redis-sentinel-wait;redis-cluster;redis-cluster-wait}"
 SCALE=(--lanes 24 --workers 2 --faults-per-scenario 100 --min-acquisitions 10000 --gap-ms 1000 --long-hold-ms 400)
 
 need_private_servers
@@ -33,29 +34,38 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 IFS=';' read -r -a groups <<<"$GROUPS_SPEC"
 start=$(date +%s)
-pids=()
+# At most JOBS groups at a time (the client processes of one group can keep a core busy).
+JOBS="${DLOCK_SCALE_JOBS:-4}"
 names=()
+running=0
 for g in "${groups[@]}"; do
   read -r -a backends <<<"$g"
   [ "${#backends[@]}" -gt 0 ] || continue
+  if [ "$running" -ge "$JOBS" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
   name="${backends[0]}"
   args=()
   for b in "${backends[@]}"; do args+=(--backend "$b"); done
-  log "group $name: ${backends[*]}"
-  "$CARGO_TARGET_DIR/release/dlock-chaos" "${args[@]}" "${SCALE[@]}" "$@" \
-    --json "$OUT/$name.json" --markdown "$OUT/$name.md" --events "$OUT/events-$name" \
-    >"$OUT/$name.log" 2>&1 &
-  pids+=("$!")
+  log "group $name (${backends[*]}) starts after $(($(date +%s) - start)) s"
+  (
+    if "$CARGO_TARGET_DIR/release/dlock-chaos" "${args[@]}" "${SCALE[@]}" "$@" \
+      --json "$OUT/$name.json" --markdown "$OUT/$name.md" --events "$OUT/events-$name" \
+      >"$OUT/$name.log" 2>&1; then
+      log "group $name: done after $(($(date +%s) - start)) s"
+    else
+      log "group $name: FAILED after $(($(date +%s) - start)) s (see $OUT/$name.log)"
+      touch "$OUT/$name.failed"
+    fi
+  ) &
+  running=$((running + 1))
   names+=("$name")
 done
+wait
 rc=0
-for i in "${!pids[@]}"; do
-  if wait "${pids[$i]}"; then
-    log "group ${names[$i]}: done after $(($(date +%s) - start)) s"
-  else
-    log "group ${names[$i]}: FAILED after $(($(date +%s) - start)) s (see $OUT/${names[$i]}.md)"
-    rc=1
-  fi
+for name in "${names[@]}"; do
+  [ -e "$OUT/$name.failed" ] && rc=1
 done
 elapsed=$(($(date +%s) - start))
 for name in "${names[@]}"; do
@@ -66,7 +76,7 @@ for name in "${names[@]}"; do
 done
 # One table: the first group's header, every group's rows; then each group's notes.
 {
-  echo "scripts/chaos-scale.sh: ${#names[@]} groups at once, $elapsed s ($((elapsed / 60)) min) in all"
+  echo "scripts/chaos-scale.sh: ${#names[@]} groups, $JOBS at a time, $elapsed s ($((elapsed / 60)) min) in all"
   echo
   first=1
   for name in "${names[@]}"; do

@@ -201,7 +201,18 @@ async fn harness(cli: Cli) -> i32 {
                 o.seconds,
                 o.figures.acquisitions
             );
+            // What failed, at once (the report comes at the end of the run).
+            for c in o.checks.iter().filter(|c| c.status == run::Status::Fail) {
+                eprintln!("dlock-chaos:   FAIL: {} — {}", c.what, c.detail);
+            }
+            for e in &o.harness_errors {
+                eprintln!("dlock-chaos:   FAIL: harness: {e}");
+            }
             report.outcomes.push(o);
+            // Written after every scenario, so that a long run stopped early keeps its rows.
+            if let Err(e) = save(&cli, &report) {
+                eprintln!("dlock-chaos: {e}");
+            }
         }
         // Servers stop on drop, which waits for them: off the async threads.
         let _ = tokio::task::spawn_blocking(move || drop(env)).await;
@@ -209,28 +220,26 @@ async fn harness(cli: Cli) -> i32 {
     }
     let md = report::markdown(&report);
     println!("{md}");
-    if let Some(p) = &cli.markdown {
-        if let Err(e) = std::fs::write(p, &md) {
-            eprintln!("dlock-chaos: writing {}: {e}", p.display());
-            return 70;
-        }
-    }
-    if let Some(p) = &cli.json {
-        let json = match serde_json::to_string_pretty(&report) {
-            Ok(j) => j,
-            Err(e) => {
-                eprintln!("dlock-chaos: JSON: {e}");
-                return 70;
-            }
-        };
-        if let Err(e) = std::fs::write(p, json) {
-            eprintln!("dlock-chaos: writing {}: {e}", p.display());
-            return 70;
-        }
+    if let Err(e) = save(&cli, &report) {
+        eprintln!("dlock-chaos: {e}");
+        return 70;
     }
     if report.ok() {
         0
     } else {
         1
     }
+}
+
+/// Writes the report to `--markdown` and `--json`, where asked.
+fn save(cli: &Cli, report: &report::Report) -> Result<(), String> {
+    if let Some(p) = &cli.markdown {
+        std::fs::write(p, report::markdown(report))
+            .map_err(|e| format!("writing {}: {e}", p.display()))?;
+    }
+    if let Some(p) = &cli.json {
+        let json = serde_json::to_string_pretty(report).map_err(|e| format!("JSON: {e}"))?;
+        std::fs::write(p, json).map_err(|e| format!("writing {}: {e}", p.display()))?;
+    }
+    Ok(())
 }
