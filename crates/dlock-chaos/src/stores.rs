@@ -168,11 +168,17 @@ impl StoreEnv {
                 "--appendfsync",
                 "always",
             ])?))),
+            // Room for 32 lanes of 8 client processes with 2 connections each, and the ones
+            // a killed process leaves until the server notices.
             Backend::Postgres | Backend::PostgresSession => {
-                Servers::Sql(Arc::new(Mutex::new(SqlServer::start(Db::Postgres)?)))
+                let mut s = SqlServer::start(Db::Postgres)?;
+                s.set_max_connections(MAX_CONNECTIONS)?;
+                Servers::Sql(Arc::new(Mutex::new(s)))
             }
             Backend::Mysql | Backend::MysqlSession => {
-                Servers::Sql(Arc::new(Mutex::new(SqlServer::start(Db::MariaDb)?)))
+                let mut s = SqlServer::start(Db::MariaDb)?;
+                s.set_max_connections(MAX_CONNECTIONS)?;
+                Servers::Sql(Arc::new(Mutex::new(s)))
             }
             Backend::Zookeeper => Servers::Zk(Arc::new(Mutex::new(ZkEnsemble::start()?))),
             Backend::Etcd => Servers::Etcd(Arc::new(Mutex::new(EtcdCluster::start()?))),
@@ -676,6 +682,9 @@ impl Drop for Tmpfs {
             .status();
     }
 }
+
+/// Client connections the private PostgreSQL and MariaDB servers admit.
+const MAX_CONNECTIONS: u32 = 600;
 
 /// The Redis Cluster slot of the lock name `name` (its keys are `dlock:{NAME}…`, the name their
 /// hash tag): CRC16/XMODEM of the name, modulo 16384.

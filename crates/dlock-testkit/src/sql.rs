@@ -48,6 +48,8 @@ pub struct SqlServer {
     child: Option<Child>,
     /// `(uid, gid)` to run PostgreSQL as (when this process is root).
     run_as: Option<(u32, u32)>,
+    /// Client connections the server admits, when not its default (PostgreSQL 100, MariaDB 151).
+    max_connections: Option<u32>,
 }
 
 /// The directory of PostgreSQL's server binaries: `DLOCK_TEST_PG_BIN` when set, else the newest
@@ -111,6 +113,7 @@ impl SqlServer {
             dir,
             child: None,
             run_as,
+            max_connections: None,
         };
         s.init()?;
         s.spawn()?;
@@ -236,6 +239,9 @@ impl SqlServer {
                         .args(["-p", &self.port.to_string(), "-k"])
                         .arg(self.dir.path())
                         .args(["-c", "listen_addresses=127.0.0.1"]);
+                    if let Some(n) = self.max_connections {
+                        c.args(["-c", &format!("max_connections={n}")]);
+                    }
                     self.as_owner(&mut c);
                     c
                 }
@@ -251,6 +257,9 @@ impl SqlServer {
                         ))
                         .args(["--user=root", "--skip-grant-tables"])
                         .arg(self.mariadb_tmpdir()?);
+                    if let Some(n) = self.max_connections {
+                        c.arg(format!("--max-connections={n}"));
+                    }
                     c
                 }
             };
@@ -310,6 +319,13 @@ impl SqlServer {
         self.crash();
         self.spawn()?;
         Ok(t.elapsed())
+    }
+
+    /// Admit `n` client connections from now on, restarts included (on the command line, so it
+    /// overrides `ALTER SYSTEM`): restarts the server.
+    pub fn set_max_connections(&mut self, n: u32) -> io::Result<()> {
+        self.max_connections = Some(n);
+        self.restart().map(|_| ())
     }
 
     /// A clean stop (so PostgreSQL leaves no shared memory behind): PostgreSQL gets SIGINT (its
