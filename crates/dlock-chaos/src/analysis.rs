@@ -231,6 +231,7 @@ fn holds(data: &RunData) -> Vec<Hold> {
                     at,
                     token,
                     deadline,
+                    ..
                 } => {
                     by_hold.insert(
                         *hold,
@@ -517,6 +518,7 @@ mod tests {
             at,
             token: Some(token),
             deadline,
+            planned_ms: None,
         }
     }
 

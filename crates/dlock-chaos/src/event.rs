@@ -31,6 +31,9 @@ pub enum Event {
         token: Option<u64>,
         /// The local deadline (`at + valid_for`) right after the grant.
         deadline: i64,
+        /// How long the holder means to work between its read and its write, in ms.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        planned_ms: Option<u64>,
     },
     /// The hold's local deadline moved (a renewal), sampled while held.
     Deadline { hold: u64, at: i64, deadline: i64 },

@@ -62,6 +62,11 @@ struct Cli {
     /// lasts 0.5-1.5 times this, and one that outlasts a third of the lease renews
     #[arg(long = "long-hold-ms", value_parser = clap::value_parser!(u64).range(300..=5000))]
     long_hold_ms: Option<u64>,
+    /// The share of long holds in the store-side fault scenarios, in percent (1-100; default
+    /// 100): the others last the short mean hold, and a fault aimed at a holder picks a hold
+    /// planned to outlast the lease
+    #[arg(long = "long-share", value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    long_share: Option<u32>,
     /// Write the JSON report here
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -147,6 +152,9 @@ async fn harness(cli: Cli) -> i32 {
     }
     if let Some(ms) = cli.long_hold_ms {
         settings.long_hold = Duration::from_millis(ms);
+    }
+    if let Some(pct) = cli.long_share {
+        settings.long_share = pct;
     }
     settings.events_dir = cli.events.clone();
     let exe = match std::env::current_exe() {

@@ -72,15 +72,23 @@ pub fn markdown(r: &Report) -> String {
     } else {
         String::new()
     };
+    let long = if r.settings.long_share < 100 {
+        format!(
+            "{} % of the holds {} ms",
+            r.settings.long_share,
+            r.settings.long_hold.as_millis()
+        )
+    } else {
+        format!("{} ms", r.settings.long_hold.as_millis())
+    };
     s.push_str(&format!(
-        "dlock-chaos on {} ({} CPUs, {}), {} client processes{lanes}, lease {} ms, mean hold {} ms ({} ms in the store-side fault scenarios), {} faults per scenario{more}, {} ms before each\n\n",
+        "dlock-chaos on {} ({} CPUs, {}), {} client processes{lanes}, lease {} ms, mean hold {} ms ({long} in the store-side fault scenarios), {} faults per scenario{more}, {} ms before each\n\n",
         r.machine.date,
         r.machine.cpus,
         r.machine.kernel,
         r.settings.workers,
         r.settings.lease.as_millis(),
         r.settings.hold.as_millis(),
-        r.settings.long_hold.as_millis(),
         r.settings.faults,
         r.settings.gap.as_millis(),
     ));

@@ -274,6 +274,10 @@ pub struct Settings {
     /// granted.
     #[serde(with = "ms")]
     pub long_hold: Duration,
+    /// The share of holds, in percent, that are long (`long_hold`) in the store-side fault
+    /// scenarios; the others are `hold`. Below 100, the faults aimed at a holder (delay, black
+    /// hole, clock step, `dlock run` kill) pick a hold planned to outlast the lease.
+    pub long_share: u32,
     /// Faults injected per scenario.
     pub faults: u32,
     /// Normal operation before each fault.
@@ -311,6 +315,7 @@ impl Settings {
             lease: Duration::from_secs(1),
             hold: Duration::from_millis(100),
             long_hold: Duration::from_millis(2000),
+            long_share: 100,
             faults: 1,
             gap: Duration::from_millis(800),
             iterations: 2_000,
@@ -546,8 +551,8 @@ pub fn judge(b: Backend, f: Fault, mode: Mode, x: &Figures, s: &Settings) -> Vec
 type Events = Arc<Mutex<HashMap<u32, Vec<Event>>>>;
 /// Per `--via-run` worker: the pid of its current `dlock run`.
 type Runs = Arc<Mutex<HashMap<u32, u32>>>;
-/// Per worker: its current hold and when it was granted.
-type Holding = Arc<Mutex<HashMap<u32, (u64, i64)>>>;
+/// Per worker: its current hold, when it was granted and how long it means to work.
+type Holding = Arc<Mutex<HashMap<u32, (u64, i64, Option<u64>)>>>;
 
 struct Worker {
     child: Child,
@@ -561,6 +566,10 @@ struct Harness<'a> {
     name: String,
     resource: std::net::SocketAddr,
     hold: Duration,
+    /// Long holds among the others: their mean and their share in percent.
+    long: Option<(Duration, u32)>,
+    /// Faults aimed at a holder pick a hold planned to outlast the lease.
+    aim_long: bool,
     /// Workers write without checking `is_held()` (the paused-holder scenario).
     naive: bool,
     /// Workers take their holds with this `dlock` binary (`dlock run`).
@@ -656,6 +665,14 @@ impl Harness<'_> {
             .args(["--resource", &self.resource.to_string()])
             .args(["--index", &index.to_string()])
             .args(["--hold-ms", &self.hold.as_millis().to_string()])
+            .args(self.long.iter().flat_map(|(mean, pct)| {
+                [
+                    "--long-ms".to_string(),
+                    mean.as_millis().to_string(),
+                    "--long-pct".to_string(),
+                    pct.to_string(),
+                ]
+            }))
             .args(["--lease-ms", &self.settings.lease.as_millis().to_string()])
             .args(["--iterations", &self.settings.iterations.to_string()])
             .args(["--run-ms", "14400000"])
@@ -689,8 +706,13 @@ impl Harness<'_> {
                     continue;
                 };
                 match &ev {
-                    Event::Granted { hold, at, .. } => {
-                        lock(&holding).insert(index, (*hold, *at));
+                    Event::Granted {
+                        hold,
+                        at,
+                        planned_ms,
+                        ..
+                    } => {
+                        lock(&holding).insert(index, (*hold, *at, *planned_ms));
                         grants.fetch_add(1, Ordering::Relaxed);
                     }
                     Event::Run { pid, .. } => {
@@ -698,7 +720,7 @@ impl Harness<'_> {
                     }
                     Event::Lost { hold, .. } | Event::Released { hold, .. } => {
                         let mut h = lock(&holding);
-                        if h.get(&index).is_some_and(|(k, _)| k == hold) {
+                        if h.get(&index).is_some_and(|(k, _, _)| k == hold) {
                             h.remove(&index);
                         }
                     }
@@ -726,13 +748,18 @@ impl Harness<'_> {
     }
 
     /// A worker granted the lock in the last 30 ms, so still before its write (waits up to 5 s
-    /// for one).
+    /// for one); with `aim_long`, one whose hold is planned to outlast the lease (waits up to
+    /// 30 s: only some holds are long).
     async fn holder(&self) -> Option<u32> {
-        for _ in 0..2500 {
+        let lease = self.settings.lease.as_millis() as u64;
+        let tries = if self.aim_long { 15_000 } else { 2500 };
+        for _ in 0..tries {
             let now = now_us();
             let fresh = lock(&self.holding)
                 .iter()
-                .find(|(_, (_, at))| now - at < 30_000)
+                .find(|(_, (_, at, planned))| {
+                    now - at < 30_000 && (!self.aim_long || planned.is_some_and(|p| p > lease))
+                })
                 .map(|(w, _)| *w);
             if fresh.is_some() {
                 return fresh;
@@ -775,8 +802,15 @@ impl Harness<'_> {
                     detail,
                 }
             };
-        let need =
-            |h: Option<u32>| h.ok_or_else(|| io::Error::other("nobody held the lock for 5 s"));
+        let need = |h: Option<u32>| {
+            h.ok_or_else(|| {
+                io::Error::other(if self.aim_long {
+                    "no hold planned to outlast the lease began in 30 s"
+                } else {
+                    "nobody held the lock for 5 s"
+                })
+            })
+        };
         Ok(match fault.base() {
             Fault::Kill => {
                 let w = need(holder)?;
@@ -1043,6 +1077,8 @@ pub async fn run(
     let mut harness_errors = Vec::new();
     let via_run = (fault == Fault::RunKill).then(|| dlock_bin(&exe));
     let grants = Arc::new(AtomicU64::new(0));
+    // Short holds with a share of long ones (the store-side fault scenarios of a scale run).
+    let mixed = settings.long_share < 100 && !matches!(fault.base(), Fault::Kill | Fault::Pause);
     let mut resources = Vec::new();
     let mut lanes = Vec::new();
     for (lane, name) in lane_names(env.backend, fault, mode, settings.lanes.max(1))
@@ -1058,10 +1094,12 @@ pub async fn run(
             exe: exe.clone(),
             name,
             resource: resource.addr(),
-            hold: match fault.base() {
-                Fault::Kill | Fault::Pause => settings.hold,
+            hold: match (fault.base(), mixed) {
+                (Fault::Kill | Fault::Pause, _) | (_, true) => settings.hold,
                 _ => settings.long_hold,
             },
+            long: mixed.then_some((settings.long_hold, settings.long_share)),
+            aim_long: mixed && !fault.store_wide(env.backend),
             naive: fault.base() == Fault::Pause,
             election: fault.election(),
             via_run: via_run.clone(),

@@ -34,6 +34,13 @@ pub struct WorkerArgs {
     /// from 0.5–1.5 times this).
     #[arg(long)]
     pub hold_ms: u64,
+    /// The share of holds, in percent, that are long: their time between the read and the
+    /// write draws from 0.5–1.5 times `long_ms` instead (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub long_pct: u32,
+    /// The mean of a long hold, in ms (see `long_pct`).
+    #[arg(long, default_value_t = 0)]
+    pub long_ms: u64,
     /// The lease, in ms.
     #[arg(long)]
     pub lease_ms: u64,
@@ -124,6 +131,15 @@ pub struct StepArgs {
     pub lease_ms: u64,
 }
 
+/// The mean of the next hold: `long_ms` for `long_pct` % of the holds, else `hold_ms`.
+fn mean_hold(a: &WorkerArgs) -> u64 {
+    if rand::random::<u32>() % 100 < a.long_pct {
+        a.long_ms
+    } else {
+        a.hold_ms
+    }
+}
+
 fn emit(ev: &Event) {
     if let Ok(line) = serde_json::to_string(ev) {
         let mut out = std::io::stdout().lock();
@@ -195,7 +211,7 @@ async fn run_via_dlock(a: WorkerArgs, dlock: std::path::PathBuf) -> i32 {
             .arg(&exe)
             .args(["step", "--resource", &a.resource.to_string()])
             .args(["--index", &a.index.to_string(), "--hold", &hold.to_string()])
-            .args(["--hold-ms", &a.hold_ms.to_string()])
+            .args(["--hold-ms", &mean_hold(&a).to_string()])
             .args(["--lease-ms", &a.lease_ms.to_string()])
             .stdin(std::process::Stdio::null())
             // Its failures are reported by exit code below (a waiting `dlock run` told to stop
@@ -275,20 +291,21 @@ async fn step_once(a: &StepArgs) -> Result<(), String> {
     let token = std::env::var("DLOCK_TOKEN")
         .ok()
         .and_then(|t| t.parse::<u64>().ok());
+    // 1–1.5 times the mean: the work outlasts the lease, so a command that outlived its killed
+    // `dlock run` would write after the next holder read.
+    let hold_ms = a.hold_ms + rand::random::<u64>() % (a.hold_ms / 2 + 1);
     emit(&Event::Granted {
         hold: a.hold,
         at: granted,
         token,
         deadline: granted + (a.lease_ms as i64) * 900,
+        planned_ms: Some(hold_ms),
     });
     let resource = |e: std::io::Error| format!("resource: {e}");
     let mut res = ResourceClient::connect(a.resource)
         .await
         .map_err(resource)?;
     let read = res.read(a.index, a.hold, token).await.map_err(resource)?;
-    // 1–1.5 times the mean: the work outlasts the lease, so a command that outlived its killed
-    // `dlock run` would write after the next holder read.
-    let hold_ms = a.hold_ms + rand::random::<u64>() % (a.hold_ms / 2 + 1);
     tokio::time::sleep(Duration::from_millis(hold_ms)).await;
     let w = Write {
         worker: a.index,
@@ -376,11 +393,14 @@ pub async fn run(a: WorkerArgs) -> i32 {
         let hold = iterations;
         let granted = now_us();
         let token = held.guard().token();
+        let mean = mean_hold(&a);
+        let hold_ms = mean / 2 + rand::random::<u64>() % (mean + 1);
         emit(&Event::Granted {
             hold,
             at: granted,
             token,
             deadline: deadline_of(held.guard()),
+            planned_ms: Some(hold_ms),
         });
         // Watch the hold: report renewals (the deadline moving) and lost().
         let held = Arc::new(held);
@@ -425,7 +445,6 @@ pub async fn run(a: WorkerArgs) -> i32 {
                 return 69;
             }
         };
-        let hold_ms = a.hold_ms / 2 + rand::random::<u64>() % (a.hold_ms + 1);
         tokio::time::sleep(Duration::from_millis(hold_ms)).await;
         let still = held.guard().is_held();
         if !still && !a.naive {
