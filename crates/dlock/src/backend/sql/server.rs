@@ -779,6 +779,11 @@ impl Sql {
 
     async fn migrate(&self, collation: &str) -> Result<()> {
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        // The common case, a table set up before: a few reads, no migration lock (a fleet that
+        // connects at once would otherwise queue on it past the statement timeout).
+        if self.up_to_date(&mut conn).await {
+            return Ok(());
+        }
         let lock_name = format!("dlock-migrate:{}", self.table);
         // Serialize concurrent migrations (CREATE TABLE IF NOT EXISTS races on PostgreSQL).
         match self.dialect {
@@ -798,6 +803,10 @@ impl Sql {
             }
         }
         let result = async {
+            // Set up by the client that held the lock before this one.
+            if self.up_to_date(&mut conn).await {
+                return Ok(SCHEMA_VERSION);
+            }
             for stmt in migration(self.dialect, &self.table, collation) {
                 sqlx::query(&stmt).execute(&mut *conn).await?;
             }
@@ -882,6 +891,42 @@ impl Sql {
         .execute(&mut *conn)
         .await?;
         Ok(())
+    }
+
+    /// Whether the tables are at this dlock's schema version with the `value` column, and (lease
+    /// mode) the grant routines exist; then the routines are enabled. Any error: not known to be.
+    async fn up_to_date(&self, conn: &mut AnyConnection) -> bool {
+        let t = &self.table;
+        let version = sqlx::query(&format!(
+            "SELECT meta_value FROM {t}_meta WHERE meta_key = 'schema_version'"
+        ))
+        .fetch_optional(&mut *conn)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|row| row.try_get::<i64, _>(0).ok());
+        if version != Some(SCHEMA_VERSION) {
+            return false;
+        }
+        let value_column = sqlx::query(&format!("SELECT value FROM {t} WHERE 1 = 0"))
+            .execute(&mut *conn)
+            .await;
+        if value_column.is_err() {
+            return false;
+        }
+        if self.mode == HoldMode::Lease {
+            let have = sqlx::query(&fast::exists_sql(self.dialect, t))
+                .fetch_one(&mut *conn)
+                .await
+                .and_then(|row| row.try_get::<i64, _>(0));
+            if !have.is_ok_and(|n| n >= fast::routine_count(self.dialect)) {
+                return false;
+            }
+            self.fast.store(true, Ordering::Relaxed);
+            self.handoffs
+                .store(self.dialect == Dialect::Postgres, Ordering::Relaxed);
+        }
+        true
     }
 
     /// Whether the holds table has `column` (`information_schema`; PostgreSQL folds unquoted

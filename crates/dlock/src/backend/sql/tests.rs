@@ -1532,6 +1532,64 @@ async fn a_table_without_values_gets_the_column(d: Dialect) {
         .unwrap();
 }
 
+/// A client opening a table that is set up already does not take the migration lock: while
+/// another session holds it (a slow migration elsewhere, or a fleet opening at once), the open
+/// still answers at once with the grant routine enabled.
+async fn an_open_table_is_not_migrated_again(d: Dialect) {
+    let table = format!(
+        "dlt_nomigrate_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let a = open(d, &table).await;
+    let mut other = a.inner.pool.acquire().await.unwrap();
+    match d {
+        Dialect::Postgres => {
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(advisory_key("dlock-migrate", &table))
+                .execute(&mut *other)
+                .await
+                .unwrap();
+        }
+        Dialect::MySql => {
+            sqlx::query("SELECT GET_LOCK(?, 0)")
+                .bind(format!("dlock-migrate:{table}"))
+                .execute(&mut *other)
+                .await
+                .unwrap();
+        }
+    }
+    let started = std::time::Instant::now();
+    let b = tokio::time::timeout(Duration::from_secs(3), open(d, &table))
+        .await
+        .expect("the open waited for the migration lock");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(b.inner.fast.load(Ordering::Relaxed));
+    let n = name(&uniq("nomigrate"));
+    let m = meta("m");
+    let r = rq(&n, "o", &m);
+    assert_eq!(token(b.acquire(&r).await.unwrap()), 1);
+    assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
+    match d {
+        Dialect::Postgres => sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(advisory_key("dlock-migrate", &table))
+            .execute(&mut *other)
+            .await
+            .map(|_| ()),
+        Dialect::MySql => sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(format!("dlock-migrate:{table}"))
+            .execute(&mut *other)
+            .await
+            .map(|_| ()),
+    }
+    .unwrap();
+    drop(other);
+    drop_tables(&a, &table).await;
+    sqlx::query(&fast::drop_sql(d, &table))
+        .execute(&a.inner.pool)
+        .await
+        .unwrap();
+}
+
 macro_rules! tests {
     ($d:expr; $($t:ident),* $(,)?) => {
         $(
@@ -1566,6 +1624,7 @@ mod postgres {
         set_value_replaces_the_holders_value_only,
         session_mode_values,
         a_table_without_values_gets_the_column,
+        an_open_table_is_not_migrated_again,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1622,6 +1681,7 @@ mod mysql {
         set_value_replaces_the_holders_value_only,
         session_mode_values,
         a_table_without_values_gets_the_column,
+        an_open_table_is_not_migrated_again,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
