@@ -267,7 +267,7 @@ impl Grant {
     /// before that attempt (and taken back since), so it is stale. The lease counts from that
     /// send; with less than half of it left, `None` (the next attempt's regrant renews it from
     /// now). A grant clears `since` and `registered` (the release consumed the registration).
-    #[cfg(any(feature = "redis", feature = "postgres"))]
+    #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
     pub(crate) fn handed(
         token: u64,
         since: &mut Option<(std::time::Instant, u64)>,

@@ -501,6 +501,7 @@ impl RedisBackend {
     }
 
     /// One attempt of `req` (the grant script), without registering for hand-offs (Redlock's).
+    #[cfg(any(feature = "redlock", test))]
     pub(crate) async fn attempt(&self, req: &Request<'_>) -> Result<Attempt> {
         self.attempt_with(req, None).await
     }

@@ -509,6 +509,7 @@ impl RedisBackend {
 
     /// Waits for a release message on `name`'s channel since `seen`, or `until`; subscribes the
     /// channel first if it is not (then the caller attempts again at once).
+    #[cfg(feature = "redlock")]
     pub(crate) async fn changed_since(
         &self,
         name: &str,
