@@ -146,10 +146,20 @@ async fn failed(acc: &StdMutex<Acc>, e: String) -> bool {
     stop
 }
 
-fn hold(us: u64) {
-    if us > 0 {
+async fn hold(us: u64) {
+    if us == 0 {
+        return;
+    }
+    let d = Duration::from_micros(us);
+    if tokio::runtime::Handle::current().runtime_flavor()
+        == tokio::runtime::RuntimeFlavor::MultiThread
+    {
         // A precise sleep of the holding thread (tokio's timer has 1 ms granularity).
-        tokio::task::block_in_place(|| std::thread::sleep(Duration::from_micros(us)));
+        tokio::task::block_in_place(|| std::thread::sleep(d));
+    } else {
+        // The fallback runtime on this thread (threads were short): block_in_place would
+        // panic there, and a blocked thread would stop every other task of the process.
+        tokio::time::sleep(d).await;
     }
 }
 
@@ -465,14 +475,14 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
                         match taker.take(left).await {
                             (Ok(g), stripe) => {
                                 let grant = now_ns();
-                                hold(hold_us);
+                                hold(hold_us).await;
                                 let rs = now_ns();
                                 let r = g.release().await.map_err(|e| format!("release: {e}"));
                                 let re = now_ns();
                                 let row = [i64::from(pi), i64::from(task), req, grant, rs, re];
                                 record(&acc, row, r.map(drop), stripe);
                                 n += 1;
-                                hold(pause_us);
+                                hold(pause_us).await;
                             }
                             (Err(e), _) if e.is_not_granted() => break,
                             (Err(e), _) => {
@@ -493,14 +503,14 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
                         match rslock_acquire(&lm, &name, end).await {
                             Ok(Some(l)) => {
                                 let grant = now_ns();
-                                hold(hold_us);
+                                hold(hold_us).await;
                                 let rs = now_ns();
                                 lm.unlock(&l).await;
                                 let re = now_ns();
                                 let row = [i64::from(pi), i64::from(task), req, grant, rs, re];
                                 record(&acc, row, Ok(()), None);
                                 n += 1;
-                                hold(pause_us);
+                                hold(pause_us).await;
                             }
                             Ok(None) => break,
                             Err(e) => {
@@ -522,14 +532,14 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
                         match peer.lock(&name, end).await {
                             Ok(Some(key)) => {
                                 let grant = now_ns();
-                                hold(hold_us);
+                                hold(hold_us).await;
                                 let rs = now_ns();
                                 let r = peer.unlock(key).await;
                                 let re = now_ns();
                                 let row = [i64::from(pi), i64::from(task), req, grant, rs, re];
                                 record(&acc, row, r, None);
                                 n += 1;
-                                hold(pause_us);
+                                hold(pause_us).await;
                             }
                             Ok(None) => break,
                             Err(e) => {
@@ -571,4 +581,25 @@ pub async fn worker(a: WorkerArgs) -> CliResult {
         .map_err(|e| Failure::new(crate::exit::SOFTWARE, e.to_string()))?;
     println!("{json}");
     Ok(OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hold;
+    use std::time::{Duration, Instant};
+
+    // The fallback runtime of a process short of threads is a current-thread one.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_hold_on_a_current_thread_runtime_sleeps() {
+        let t = Instant::now();
+        hold(3_000).await;
+        assert!(t.elapsed() >= Duration::from_millis(3));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hold_on_a_multi_thread_runtime_sleeps() {
+        let t = Instant::now();
+        hold(300).await;
+        assert!(t.elapsed() >= Duration::from_micros(300));
+    }
 }
