@@ -43,6 +43,13 @@ fn under_limits(
                 "ulimit -{flag} {v}: {o:?}"
             );
             assert!(!stderr.contains("panicked"), "ulimit -{flag} {v}: {stderr}");
+            // SQLite's own words do not name the cause; dlock's must.
+            assert!(
+                !stderr.contains("unable to open database file")
+                    || flag != "n"
+                    || stderr.contains("open-file limit"),
+                "ulimit -{flag} {v}: {stderr}"
+            );
         }
         // Nothing held: a well-supplied dlock takes the lock without waiting.
         let next = Command::new(dlock)

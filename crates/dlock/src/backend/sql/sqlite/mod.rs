@@ -739,6 +739,21 @@ fn is_busy(e: &sqlx::Error) -> bool {
     matches!(sqlite_code(e), Some(5 | 6))
 }
 
+/// The error of opening a descriptor now, if this process cannot open the few that SQLite needs
+/// for a database (the file, its WAL and its shared-memory index) for want of descriptors
+/// (EMFILE, or ENFILE for the whole system).
+fn short_of_descriptors() -> Option<std::io::Error> {
+    let mut held = Vec::with_capacity(3);
+    for _ in 0..3 {
+        match std::fs::File::open("/dev/null") {
+            Ok(f) => held.push(f),
+            Err(e) if matches!(e.raw_os_error(), Some(23 | 24)) => return Some(e),
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
 /// Maps a sqlx error to a dlock error naming the file.
 fn map_err(path: &Path, e: sqlx::Error) -> Error {
     let shown = path.display();
@@ -750,12 +765,20 @@ fn map_err(path: &Path, e: sqlx::Error) -> Error {
                     "sqlite database {shown} {BUSY_MARK}: another connection holds its lock \
                      ({db}; busy timeout {BUSY_TIMEOUT:?})"
                 )),
-                // Permanent until someone changes the file or its directory: not tried again
-                // by a waiter. SQLITE_CANTOPEN
-                14 => Error::backend(format!(
-                    "cannot open sqlite database {shown}: {db} (check that its directory exists \
-                     and that this user may read and write the file and its directory)"
-                )),
+                // SQLITE_CANTOPEN. With no descriptor to spare (SQLite's message does not name
+                // EMFILE) it passes when one is closed; otherwise it is permanent until someone
+                // changes the file or its directory: not tried again by a waiter.
+                14 => match short_of_descriptors() {
+                    Some(io) => Error::Unavailable(format!(
+                        "cannot open sqlite database {shown}: this process is at its open-file \
+                         limit ({io}; see ulimit -n; SQLite said: {db})"
+                    )),
+                    None => Error::backend(format!(
+                        "cannot open sqlite database {shown}: {db} (check that its directory \
+                         exists and that this user may read and write the file and its \
+                         directory)"
+                    )),
+                },
                 // SQLITE_NOTADB
                 26 => Error::backend(format!(
                     "{shown} is not a SQLite database ({db}); point the store URL at a dlock \
