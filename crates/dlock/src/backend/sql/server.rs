@@ -585,6 +585,11 @@ fn handed(sql: &std::sync::Weak<Sql>, payload: &str) {
         slot.handed.notify_one();
         return;
     }
+    // The owner holds it: its attempt met the handed hold before this message came (its release
+    // hands the lock on).
+    if lock(&sql.granted).contains_key(owner) {
+        return;
+    }
     let (name, owner) = (name.to_owned(), owner.to_owned());
     tokio::spawn(async move {
         if let Err(e) = sql.release_owner(&name, &owner, true).await {
@@ -630,6 +635,10 @@ pub(crate) struct Sql {
     /// The waiting mutex acquisitions of this backend that may be handed the lock, by owner
     /// token: where the listener leaves what it was handed.
     slots: StdMutex<HashMap<String, std::sync::Weak<Slot>>>,
+    /// Owners of this backend that were granted a mutex while they could be handed it, until
+    /// their release (with when): a hand-off message to one of them may arrive after its own
+    /// attempt already took the handed hold (a regrant), and must not pass that hold on.
+    granted: StdMutex<HashMap<String, Instant>>,
     /// Its call.
     fast_call: String,
     /// Answers of the routine: granted, refused, "take the full path".
@@ -762,6 +771,7 @@ impl Sql {
             fast: AtomicBool::new(false),
             handoffs: AtomicBool::new(false),
             slots: StdMutex::new(HashMap::new()),
+            granted: StdMutex::new(HashMap::new()),
             fast_call,
             fast_answers: Default::default(),
             looks: AtomicU64::new(0),
@@ -1153,6 +1163,17 @@ impl Sql {
                 Err(e) => return Err(self.err(e)),
             }
         }
+    }
+
+    /// Notes that `owner` (which could be handed the lock) was granted it. Entries of holds
+    /// that were never released (a leaked guard, `expire_in`) go after an hour, once there are
+    /// many: a hand-off message is never that late.
+    fn note_granted(&self, owner: &str) {
+        let mut granted = lock(&self.granted);
+        if granted.len() >= 1024 {
+            granted.retain(|_, at| at.elapsed() < Duration::from_secs(3600));
+        }
+        granted.insert(owner.to_owned(), Instant::now());
     }
 
     /// A release without the release function: the owner's hold goes, and every waiter is woken
@@ -1612,7 +1633,9 @@ impl Backend for SqlBackend {
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
         let (name, sql) = (hold.name.as_str(), &self.inner);
         let removed = if sql.handoffs.load(Ordering::Relaxed) {
-            match sql.release_owner(name, hold.owner, false).await? {
+            let answer = sql.release_owner(name, hold.owner, false).await;
+            lock(&sql.granted).remove(hold.owner);
+            match answer? {
                 fast::HANDED_OFF => return Ok(Released::HandedOff),
                 answer => answer == fast::RELEASED,
             }
@@ -1868,6 +1891,7 @@ impl Drop for SqlAcquisition {
 impl Acquisition for SqlAcquisition {
     async fn attempt(&mut self) -> Result<Attempt> {
         if let Some(g) = self.handed() {
+            self.store.note_granted(&self.want.owner);
             return Ok(Attempt::Granted(g));
         }
         self.attempted = true;
@@ -1898,6 +1922,9 @@ impl Acquisition for SqlAcquisition {
                 Attempt::Granted(_) => {
                     r.registered = false;
                     r.since = None;
+                    if r.handoff {
+                        self.store.note_granted(&self.want.owner);
+                    }
                 }
                 Attempt::Busy(_) => {}
             }
