@@ -43,8 +43,8 @@ struct Cli {
     /// Client processes at a time, per lane (2-8)
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=8))]
     workers: Option<u32>,
-    /// Faults injected per scenario (1-1000): a fault of the store once, a fault of a client
-    /// process by every lane at once, each its share
+    /// Faults injected per scenario (1-1000): a fault of the store once for every lane, a fault
+    /// of a client process by an eighth of the lanes at a time (at least one), in turn
     #[arg(long = "faults-per-scenario", value_parser = clap::value_parser!(u32).range(1..=1000))]
     per_scenario: Option<u32>,
     /// Independent lock names per scenario (1-32), each with its own fenced resource and

@@ -153,7 +153,10 @@ async fn setup(
     a: &WorkerArgs,
 ) -> Result<(dlock::Client, dlock::Mutex, ResourceClient), (i32, String)> {
     let opts = dlock::ClientOptions::default().lease(Duration::from_millis(a.lease_ms));
-    let client = dlock::connect_with(&a.url, opts)
+    // A store that is slow to answer while every lane's processes connect at once is tried
+    // again (the harness waits 30 s for every process to be ready).
+    let until = std::time::Instant::now() + Duration::from_secs(25);
+    let client = dlock::connect_until(&a.url, opts, until)
         .await
         .map_err(|e| (69, format!("connect: {e}")))?;
     let mutex = client

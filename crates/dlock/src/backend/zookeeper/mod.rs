@@ -117,6 +117,8 @@ struct Shared {
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     /// The nodes of this backend's holds, by owner (for release and renewal).
     held: StdMutex<HashMap<String, NodeRec>>,
+    /// The owners of this backend's acquisitions under way (how many of each).
+    acquiring: StdMutex<HashMap<String, usize>>,
     /// What this backend's last create under a lock node saw of it (see `create_node`).
     parents: StdMutex<HashMap<String, Parent>>,
     stats: Stats,
@@ -131,6 +133,8 @@ pub(crate) struct Stats {
     pub(crate) wakeups: AtomicU64,
     /// Sessions opened.
     pub(crate) sessions: AtomicU64,
+    /// Ghost nodes of this backend's own session deleted (see `is_ghost`).
+    pub(crate) ghosts: AtomicU64,
 }
 
 struct Session {
@@ -579,7 +583,7 @@ impl ZooKeeperBackend {
     }
 
     /// Waits for the node `rec` waits behind (or the lock's children) to change, or `until`.
-    async fn changed(&self, rec: Option<&NodeRec>, until: Instant) -> Result<Watch> {
+    async fn changed(&self, rec: Option<&NodeRec>, owner: &str, until: Instant) -> Result<Watch> {
         let Some(rec) = rec.cloned() else {
             return Ok(Watch::Changed);
         };
@@ -590,6 +594,11 @@ impl ZooKeeperBackend {
                 // A data watch (as Curator's): on a node already gone it leaves no watch behind,
                 // where `exists` would watch for a creation that never comes.
                 match s.run(s.client.get_and_watch_data(&path)).await {
+                    Ok((_, stat, _)) if self.is_ghost(&s, pred, stat.ephemeral_owner, owner) => {
+                        self.shared.stats.ghosts.fetch_add(1, Ordering::Relaxed);
+                        self.delete_node(&s, &rec.lock_path, pred).await?;
+                        return Ok(Watch::Changed);
+                    }
                     Ok((_, _, w)) => w,
                     // Gone between our listing and the watch: look again at once.
                     Err(zk::Error::NoNode) => return Ok(Watch::Changed),
@@ -624,6 +633,24 @@ impl ZooKeeperBackend {
         Ok(Watch::Changed)
     }
 
+    /// Whether the node `pred` that the acquisition of `owner` waits behind is a ghost: a node of
+    /// this very session (its `ephemeralOwner`) that no acquisition or hold of this backend
+    /// claims, or an earlier node of `owner` itself. It comes from a create whose answer was
+    /// lost after the server had done it (a timeout or a dropped connection, when the look for
+    /// the node by its protected prefix came too early or failed); nobody would ever delete it
+    /// before the session ends, and every waiter behind it, this session's own included, would
+    /// wait for it for ever.
+    fn is_ghost(&self, s: &Session, pred: &str, ephemeral_owner: i64, owner: &str) -> bool {
+        if ephemeral_owner != s.id {
+            return false;
+        }
+        let Some(of) = owner_of(pred) else {
+            return false;
+        };
+        of == owner
+            || (!lock_map(&self.shared.acquiring).contains_key(of) && !self.held().contains_key(of))
+    }
+
     /// Connects to the ensemble of a `zk://` URL (as [`crate::connect`] does), for callers that
     /// build the client themselves with [`crate::Client::with_backend`].
     pub async fn connect(url: &str) -> Result<Self> {
@@ -640,6 +667,7 @@ impl ZooKeeperBackend {
                 granted_timeout_ms: AtomicU64::new(0),
                 session: tokio::sync::Mutex::new(None),
                 held: StdMutex::new(HashMap::new()),
+                acquiring: StdMutex::new(HashMap::new()),
                 parents: StdMutex::new(Default::default()),
                 stats: Stats::default(),
             }),
@@ -1170,6 +1198,9 @@ impl Backend for ZooKeeperBackend {
     }
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        *lock_map(&self.shared.acquiring)
+            .entry(req.owner.to_owned())
+            .or_default() += 1;
         Box::new(ZkAcquisition {
             store: self.clone(),
             want: Want::new(req),
@@ -1368,6 +1399,22 @@ struct ZkAcquisition {
     rec: Option<NodeRec>,
 }
 
+impl Drop for ZkAcquisition {
+    fn drop(&mut self) {
+        let mut acquiring = lock_map(&self.store.shared.acquiring);
+        if let Some(n) = acquiring.get_mut(&self.want.owner) {
+            *n -= 1;
+            if *n == 0 {
+                acquiring.remove(&self.want.owner);
+            }
+        }
+    }
+}
+
+fn lock_map<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[async_trait::async_trait]
 impl Acquisition for ZkAcquisition {
     async fn attempt(&mut self) -> Result<Attempt> {
@@ -1376,7 +1423,8 @@ impl Acquisition for ZkAcquisition {
     }
 
     async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
-        self.store.changed(self.rec.as_ref(), until).await
+        let owner = self.want.owner.clone();
+        self.store.changed(self.rec.as_ref(), &owner, until).await
     }
 
     async fn cancel(&mut self) -> Result<()> {

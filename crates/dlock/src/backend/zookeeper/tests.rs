@@ -746,3 +746,41 @@ async fn set_value_replaces_the_holders_value_only() {
     assert!(!String::from_utf8_lossy(&data).contains("value"));
     assert_eq!(b.release(&hr(&rp)).await.unwrap(), Released::Released);
 }
+
+/// A node of the backend's own session that nothing of the backend claims (a ghost: its create
+/// was done by the server after the answer was lost) is deleted by the waiter behind it; a node
+/// of another session is waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ghost_node_of_the_own_session_is_deleted() {
+    let zk = Ensemble::any();
+    let root = chroot();
+    let (c, b) = zk.client(&root).await;
+    let s = b.session().await.unwrap();
+    let lock_path = format!("/{}", escape_name("ghosted"));
+    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    let child = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    s.client.create(&lock_path, &[], &container).await.unwrap();
+    let ghost = format!("{lock_path}/_c_{}-lock-", uuid::Uuid::new_v4());
+    s.client.create(&ghost, b"{}", &child).await.unwrap();
+    let g = c
+        .mutex("ghosted")
+        .unwrap()
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect("granted behind its own session's ghost");
+    assert_eq!(b.stats().ghosts.load(Ordering::Relaxed), 1);
+    g.release().await.unwrap();
+    // Another session's node is a holder like any other.
+    let raw = zk.raw(&root).await;
+    let other = format!("{lock_path}/_c_{}-lock-", uuid::Uuid::new_v4());
+    raw.create(&lock_path, &[], &container).await.ok();
+    raw.create(&other, b"{}", &child).await.unwrap();
+    let e = c
+        .mutex("ghosted")
+        .unwrap()
+        .acquire_timeout(Duration::from_millis(800))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert_eq!(b.stats().ghosts.load(Ordering::Relaxed), 1);
+}
