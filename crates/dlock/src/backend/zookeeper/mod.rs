@@ -1209,21 +1209,29 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
-        let rec = self.held().remove(hold.owner);
+        // The record stays until the node is gone: meanwhile a waiter of this session behind it
+        // must not take the node for a ghost (`is_ghost`).
+        let rec = self.held().get(hold.owner).cloned();
         match rec {
             Some(rec) => {
                 if rec.session.is_dead() || rec.deleted.swap(true, Ordering::AcqRel) {
+                    self.held().remove(hold.owner);
                     return Ok(Released::NotHeld);
                 }
                 match self
                     .delete_node(&rec.session, &rec.lock_path, &rec.node)
                     .await
                 {
-                    Ok(true) => Ok(Released::Released),
-                    Ok(false) => Ok(Released::NotHeld),
+                    Ok(deleted) => {
+                        self.held().remove(hold.owner);
+                        Ok(if deleted {
+                            Released::Released
+                        } else {
+                            Released::NotHeld
+                        })
+                    }
                     Err(e) => {
                         rec.deleted.store(false, Ordering::Release);
-                        self.held().insert(hold.owner.to_owned(), rec);
                         Err(e)
                     }
                 }
