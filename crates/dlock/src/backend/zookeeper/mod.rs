@@ -17,7 +17,11 @@
 //! The `_c_<uuid>-` prefix is Curator's *protected mode*: when the reply to a create is lost
 //! (connection loss), the client lists the children and finds its node again by the prefix
 //! before creating another one. dlock uses the hold's owner token (a UUID) as that uuid, so
-//! `release` finds the node even without local state.
+//! `release` finds the node even without local state. A create the ensemble does only after that
+//! look (it was slow, or the connection changed) leaves a *ghost*: a node of the client's own
+//! session that nothing of the client claims. A waiter whose predecessor is such a node deletes
+//! it (it reads the predecessor's `ephemeralOwner` when it sets its watch); otherwise it would
+//! stay at the head of the queue until the session ends.
 //!
 //! Grant rules, over the children sorted by sequence number:
 //! - mutex and writer: granted when first; otherwise watch **only the predecessor** (no herd);
