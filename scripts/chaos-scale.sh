@@ -5,11 +5,11 @@
 # processes); a fault of a client process is injected by an eighth of the lanes per round, in
 # turn, a fault of the store once and seen by every lane. In the store-side fault scenarios a
 # quarter of the holds last 1-3 s (the rest 50-150 ms), and a fault aimed at a holder picks one of
-# those. The backends run in groups, DLOCK_SCALE_JOBS (3) at a time, each group its own
+# those. The backends run in groups, DLOCK_SCALE_JOBS (2) at a time, each group its own
 # dlock-chaos with its own private servers; then scripts/check-history.py checks every raw record
 # independently.
 #
-#   scripts/chaos-scale.sh                     # everything, into chaos-scale/ (about 1-2 hours)
+#   scripts/chaos-scale.sh                     # everything, into chaos-scale/ (4-5 hours)
 #   scripts/chaos-scale.sh --fault kill        # extra arguments go to every dlock-chaos
 #   DLOCK_SCALE_GROUPS="sqlite redis;postgres" scripts/chaos-scale.sh   # these groups only
 #   DLOCK_SCALE_DIR=/tmp/scale scripts/chaos-scale.sh
@@ -38,8 +38,9 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 IFS=';' read -r -a groups <<<"$GROUPS_SPEC"
 start=$(date +%s)
-# At most JOBS groups at a time (the client processes of one group can keep a core busy).
-JOBS="${DLOCK_SCALE_JOBS:-3}"
+# At most JOBS groups at a time (the client processes of one group can keep a core busy; four
+# at a time starved clients of CPU past their lease).
+JOBS="${DLOCK_SCALE_JOBS:-2}"
 names=()
 running=0
 for g in "${groups[@]}"; do
