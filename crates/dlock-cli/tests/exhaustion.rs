@@ -3,7 +3,8 @@
 //! SQLite's allocations, the command's start), it leaves nothing held: the next `dlock run`
 //! with enough of everything gets the lock at once. A failure that dlock's code sees is one
 //! `dlock:` line. Short of memory, three come before it can say anything: the dynamic loader's
-//! (the binary cannot be mapped), a SIGSEGV when the stack cannot grow, and Rust's
+//! (the binary or its first thread's TLS cannot be mapped), a SIGSEGV when the stack cannot
+//! grow, and Rust's
 //! allocation-failure abort ("memory allocation of N bytes failed"), which no stable Rust
 //! program can turn into an error.
 
@@ -94,6 +95,7 @@ fn short_of_memory_nothing_is_left_held() {
     let failed_at = under_limits("v", &limits, "2s", |o| {
         let stderr = String::from_utf8_lossy(&o.stderr);
         stderr.contains("error while loading shared libraries")
+            || stderr.contains("cannot allocate TLS data structures")
             || stderr.contains("memory allocation of")
             || (o.status.signal() == Some(11) && stderr.is_empty())
     });
