@@ -1922,7 +1922,8 @@ impl Acquisition for SqlAcquisition {
                 Attempt::Granted(_) => {
                     r.registered = false;
                     r.since = None;
-                    if r.handoff {
+                    // Only a registered waiter can be handed the lock (and get a late message).
+                    if r.handoff && a.registered {
                         self.store.note_granted(&self.want.owner);
                     }
                 }

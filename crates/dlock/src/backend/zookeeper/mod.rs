@@ -651,8 +651,7 @@ impl ZooKeeperBackend {
         let Some(of) = owner_of(pred) else {
             return false;
         };
-        of == owner
-            || (!lock_map(&self.shared.acquiring).contains_key(of) && !self.held().contains_key(of))
+        of == owner || (!self.acquiring().contains_key(of) && !self.held().contains_key(of))
     }
 
     /// Connects to the ensemble of a `zk://` URL (as [`crate::connect`] does), for callers that
@@ -694,6 +693,13 @@ impl ZooKeeperBackend {
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, NodeRec>> {
         self.shared.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn acquiring(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.shared
+            .acquiring
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// The live session, opening a new one if there is none or it expired.
@@ -1202,9 +1208,7 @@ impl Backend for ZooKeeperBackend {
     }
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
-        *lock_map(&self.shared.acquiring)
-            .entry(req.owner.to_owned())
-            .or_default() += 1;
+        *self.acquiring().entry(req.owner.to_owned()).or_default() += 1;
         Box::new(ZkAcquisition {
             store: self.clone(),
             want: Want::new(req),
@@ -1413,7 +1417,7 @@ struct ZkAcquisition {
 
 impl Drop for ZkAcquisition {
     fn drop(&mut self) {
-        let mut acquiring = lock_map(&self.store.shared.acquiring);
+        let mut acquiring = self.store.acquiring();
         if let Some(n) = acquiring.get_mut(&self.want.owner) {
             *n -= 1;
             if *n == 0 {
@@ -1421,10 +1425,6 @@ impl Drop for ZkAcquisition {
             }
         }
     }
-}
-
-fn lock_map<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[async_trait::async_trait]
