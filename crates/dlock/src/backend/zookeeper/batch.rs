@@ -6,7 +6,7 @@
 //! A batch holds at most one create per lock node: the nodes of one transaction share its zxid,
 //! the fencing token, which must grow from one holder of a name to the next.
 
-use super::{send_multi, MultiOutcome, Parent, Session, ZooKeeperBackend};
+use super::{send_multi, MultiOutcome, Parent, Session, Via, ZooKeeperBackend};
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use zookeeper_client as zk;
@@ -124,7 +124,7 @@ async fn send(b: &ZooKeeperBackend, s: &Session, ops: Vec<Op>) {
             return;
         }
     }
-    match s.run(send_multi(&mut m)).await {
+    match s.run(Via::Leader, send_multi(&mut m)).await {
         Ok(Ok(results)) => {
             let mut results = results.into_iter();
             for op in ops {
@@ -144,7 +144,7 @@ async fn send(b: &ZooKeeperBackend, s: &Session, ops: Vec<Op>) {
             let alone = others.into_iter().map(|op| async move {
                 let mut m = s.client.new_multi_writer();
                 let r = match add(&mut m, &op) {
-                    Ok(()) => s.run(send_multi(&mut m)).await,
+                    Ok(()) => s.run(Via::Leader, send_multi(&mut m)).await,
                     Err(e) => Err(e),
                 };
                 answer(b, s, op, r);

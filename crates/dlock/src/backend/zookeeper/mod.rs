@@ -61,12 +61,15 @@
 //! # Sessions and `lost()`
 //!
 //! One ZooKeeper session per client serves every lock of that client (`Validity::Session`).
-//! The backend records the **send time** of the last request the server answered (every
-//! operation counts, plus a tiny `exists` heartbeat every sixth of the session timeout): the
-//! server cannot have expired the session before `that time + session timeout`. `extend` makes
-//! no round trip; it answers `Held { valid_for: session timeout − time since that contact }`,
-//! and `Gone` once the session expired or closed, once the hold's node was seen deleted (a
-//! watch on every held node, e.g. `dlock unlock`), or when no guarantee is left.
+//! The backend records the **send time** of the last request the ensemble's *leader* answered
+//! (every write counts, plus a tiny `sync` heartbeat every sixth of the session timeout; a read
+//! does not, since a follower answers it alone and keeps answering while the leader is stopped,
+//! and only the leader expires sessions). The leader learns of a session's activity on a follower
+//! from the follower's answer to its next ping, every half tick, so it cannot have expired the
+//! session before `that time + session timeout − a quarter of the timeout` (a session lasts at
+//! least two ticks unless the ensemble sets a lower `minSessionTimeout`). `extend` makes no round trip; it answers `Held { valid_for: that deadline −
+//! now }`, and `Gone` once the session expired or closed, once the hold's node was seen deleted
+//! (a watch on every held node, e.g. `dlock unlock`), or when no guarantee is left.
 //!
 //! A hold is also bounded by its **lease**: `valid_for` is `min(session guarantee, lease)`, and
 //! when a hold's lease runs out without renewal (a forgotten guard, `auto_renew(false)`) the
@@ -76,8 +79,8 @@
 //! session expires), so choose `session_timeout` ≤ the leases you rely on for takeover.
 //!
 //! Policy for a disconnected (SUSPENDED) client: its holds are trusted only while the session
-//! could not have expired — the core fires `lost()` at `last contact + timeout − margin` unless a
-//! reconnect refreshes the contact first. EXPIRED (or CLOSED): every hold of the session is lost
+//! could not have expired — the core fires `lost()` at that deadline less its margin unless a
+//! `sync` through a reconnected server refreshes the contact first. EXPIRED (or CLOSED): every hold of the session is lost
 //! (`Gone` at the next watchdog round), and the next acquisition opens a **new** session.
 //! `Guard::expire_in` is `Unsupported`: an ephemeral node cannot outlive its session.
 
@@ -100,6 +103,13 @@ const ATTEMPTS: usize = 5;
 
 /// How many lock nodes a backend remembers (forgotten all at once beyond that).
 const KNOWN_PARENTS: usize = 65_536;
+
+/// The session's guarantee is the timeout less `timeout / LEADER_LAG` from the last contact.
+/// Only the leader expires sessions, and a follower reports the sessions its clients touched
+/// in its answers to the leader's pings, every half tick (at most a quarter of the session
+/// timeout: the ensemble grants at least two ticks); the leader may not have counted the
+/// touch of a request it answered, only the one a ping round before.
+const LEADER_LAG: u32 = 4;
 
 /// The longest a held node goes unwatched after its grant (see `watch_held`).
 const WATCH_HELD_AFTER: Duration = Duration::from_millis(200);
@@ -147,7 +157,7 @@ struct Session {
     timeout: Duration,
     /// Expired, closed or failed authentication: terminal.
     dead: AtomicBool,
-    /// Send time of the last request the server answered.
+    /// Send time of the last request the leader answered (`Via::Leader`).
     contact: StdMutex<Instant>,
     /// Creates under lock nodes not seen yet, waiting for the next group commit.
     batch: StdMutex<batch::Queue>,
@@ -175,21 +185,24 @@ impl Session {
         self.dead.load(Ordering::Acquire)
     }
 
-    /// What remains of the session's guarantee now (`None`: nothing).
+    /// What remains of the session's guarantee now (`None`: nothing): the session timeout less
+    /// the leader's lag (`LEADER_LAG`), counted from the last contact.
     fn valid_for(&self) -> Option<Duration> {
         if self.is_dead() {
             return None;
         }
         let contact = *self.contact.lock().unwrap_or_else(|p| p.into_inner());
-        self.timeout
+        (self.timeout - self.timeout / LEADER_LAG)
             .checked_sub(contact.elapsed())
             .filter(|d| !d.is_zero())
     }
 
-    /// Runs one request, recording the contact when the server answered (even with an error
-    /// about the node) and the session's death when it answered that.
+    /// Runs one request, recording the session's death when the server answered that, and, for
+    /// a request the leader answers (`Via::Leader`), the contact when the server answered (even
+    /// with an error about the node).
     async fn run<T>(
         &self,
+        via: Via,
         f: impl std::future::Future<Output = Result<T, zk::Error>>,
     ) -> Result<T, zk::Error> {
         let sent = Instant::now();
@@ -202,11 +215,15 @@ impl Session {
             | Err(zk::Error::NoNode)
             | Err(zk::Error::NodeExists)
             | Err(zk::Error::NotEmpty)
-            | Err(zk::Error::BadVersion) => self.touch(sent),
+            | Err(zk::Error::BadVersion)
+                if via == Via::Leader =>
+            {
+                self.touch(sent)
+            }
             Err(zk::Error::SessionExpired)
             | Err(zk::Error::ClientClosed)
             | Err(zk::Error::AuthFailed) => self.dead.store(true, Ordering::Release),
-            Err(_) => {}
+            _ => {}
         }
         r
     }
@@ -214,14 +231,14 @@ impl Session {
     /// Runs an idempotent request, trying again (every 100 ms) while the connection is lost but
     /// the session may still be alive, for at most the session timeout (a leader fail-over or a
     /// reconnect to another server takes that long at most).
-    async fn retry<T, F, Fut>(&self, mut f: F) -> Result<T, zk::Error>
+    async fn retry<T, F, Fut>(&self, via: Via, mut f: F) -> Result<T, zk::Error>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, zk::Error>>,
     {
         let started = Instant::now();
         loop {
-            match self.run(f()).await {
+            match self.run(via, f()).await {
                 Err(zk::Error::ConnectionLoss | zk::Error::Timeout)
                     if !self.is_dead() && started.elapsed() < self.timeout =>
                 {
@@ -231,6 +248,15 @@ impl Session {
             }
         }
     }
+}
+
+/// Which server a request's answer comes from, as far as the session's guarantee goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// A write or a `sync`: the ensemble's leader took part before the answer.
+    Leader,
+    /// A read: the server the session is connected to answers alone, a follower included.
+    Any,
 }
 
 /// One node of an owner.
@@ -597,7 +623,7 @@ impl ZooKeeperBackend {
                 let path = format!("{}/{}", rec.lock_path, pred);
                 // A data watch (as Curator's): on a node already gone it leaves no watch behind,
                 // where `exists` would watch for a creation that never comes.
-                match s.run(s.client.get_and_watch_data(&path)).await {
+                match s.run(Via::Any, s.client.get_and_watch_data(&path)).await {
                     Ok((_, stat, _)) if self.is_ghost(&s, pred, stat.ephemeral_owner, owner) => {
                         self.shared.stats.ghosts.fetch_add(1, Ordering::Relaxed);
                         self.delete_node(&s, &rec.lock_path, pred).await?;
@@ -612,7 +638,7 @@ impl ZooKeeperBackend {
             None => {
                 self.shared.stats.lists.fetch_add(1, Ordering::Relaxed);
                 match s
-                    .run(s.client.list_and_watch_children(&rec.lock_path))
+                    .run(Via::Any, s.client.list_and_watch_children(&rec.lock_path))
                     .await
                 {
                     Ok((names, w)) => {
@@ -785,13 +811,13 @@ impl ZooKeeperBackend {
             .clone()
             .chroot("/")
             .map_err(|_| Error::InvalidConfig("cannot address the ZooKeeper root".into()))?;
-        s.run(unrooted.mkdir(&self.shared.chroot, &root))
+        s.run(Via::Leader, unrooted.mkdir(&self.shared.chroot, &root))
             .await
             .map_err(unavailable)
     }
 
     async fn list(&self, s: &Session, lock_path: &str) -> Result<Vec<String>, zk::Error> {
-        s.retry(|| {
+        s.retry(Via::Any, || {
             self.shared.stats.lists.fetch_add(1, Ordering::Relaxed);
             s.client.list_children(lock_path)
         })
@@ -881,13 +907,14 @@ impl ZooKeeperBackend {
                     let mut m = s.client.new_multi_writer();
                     m.add_create(&path, &data, &opts).map_err(unavailable)?;
                     m.add_set_data(lock_path, &[], None).map_err(unavailable)?;
-                    s.run(send_multi(&mut m)).await
+                    s.run(Via::Leader, send_multi(&mut m)).await
                 }
                 Some(Parent::ReadOnly) => {
                     let create = s.client.create(&path, &data, &opts);
                     self.shared.stats.lists.fetch_add(1, Ordering::Relaxed);
                     let listed = s.client.list_children(lock_path);
-                    let (made, listed) = tokio::join!(s.run(create), s.run(listed));
+                    let (made, listed) =
+                        tokio::join!(s.run(Via::Leader, create), s.run(Via::Any, listed));
                     match made {
                         Ok((stat, seq)) => {
                             let node = format!("{prefix}{}{seq}", marker(req.kind, req.mode));
@@ -953,7 +980,7 @@ impl ZooKeeperBackend {
             if let Ok(names) = self.list(s, lock_path).await {
                 if let Some(n) = names.iter().find(|n| n.starts_with(&prefix)) {
                     let stat = s
-                        .run(s.client.check_stat(&format!("{lock_path}/{n}")))
+                        .run(Via::Any, s.client.check_stat(&format!("{lock_path}/{n}")))
                         .await
                         .map_err(unavailable)?;
                     if let Some(stat) = stat {
@@ -979,7 +1006,7 @@ impl ZooKeeperBackend {
             return Ok(czxid);
         }
         let path = format!("{lock_path}/{node}");
-        match s.retry(|| s.client.check_stat(&path)).await {
+        match s.retry(Via::Any, || s.client.check_stat(&path)).await {
             Ok(Some(stat)) => Ok(stat.czxid),
             Ok(None) => Err(Error::Unavailable(format!(
                 "ZooKeeper: the node {path} vanished right after its create"
@@ -1023,7 +1050,7 @@ impl ZooKeeperBackend {
 
     async fn delete_node(&self, s: &Session, lock_path: &str, node: &str) -> Result<bool> {
         let path = format!("{lock_path}/{node}");
-        match s.retry(|| s.client.delete(&path, None)).await {
+        match s.retry(Via::Leader, || s.client.delete(&path, None)).await {
             Ok(()) => Ok(true),
             Err(zk::Error::NoNode) => Ok(false),
             Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => Ok(false),
@@ -1108,7 +1135,7 @@ impl ZooKeeperBackend {
             )
         };
         for _ in 0..ATTEMPTS {
-            let (data, stat) = match s.retry(|| s.client.get_data(&path)).await {
+            let (data, stat) = match s.retry(Via::Any, || s.client.get_data(&path)).await {
                 Ok(d) => d,
                 Err(e) if gone(&e) => return Ok(Released::NotHeld),
                 Err(e) => return Err(unavailable(e)),
@@ -1120,7 +1147,10 @@ impl ZooKeeperBackend {
             d.value = Some(value.to_owned());
             let new = serde_json::to_vec(&d).map_err(Error::backend)?;
             match s
-                .run(s.client.set_data(&path, &new, Some(stat.version)))
+                .run(
+                    Via::Leader,
+                    s.client.set_data(&path, &new, Some(stat.version)),
+                )
                 .await
             {
                 Ok(_) => return Ok(Released::Released),
@@ -1139,7 +1169,7 @@ impl ZooKeeperBackend {
     /// (Curator's) get Curator's revocation message. `false` if the node is gone.
     async fn revoke_node(&self, s: &Session, path: &str) -> Result<bool> {
         loop {
-            let (data, stat) = match s.run(s.client.get_data(path)).await {
+            let (data, stat) = match s.run(Via::Any, s.client.get_data(path)).await {
                 Ok(d) => d,
                 Err(zk::Error::NoNode) => return Ok(false),
                 Err(e) => return Err(unavailable(e)),
@@ -1152,7 +1182,10 @@ impl ZooKeeperBackend {
                 Err(_) => CURATOR_REVOKE.to_vec(),
             };
             match s
-                .run(s.client.set_data(path, &new, Some(stat.version)))
+                .run(
+                    Via::Leader,
+                    s.client.set_data(path, &new, Some(stat.version)),
+                )
                 .await
             {
                 Ok(_) => return Ok(true),
@@ -1165,7 +1198,7 @@ impl ZooKeeperBackend {
     }
 }
 
-/// Keeps the session's contact time fresh (a tiny `exists` every sixth of the timeout) and
+/// Keeps the session's contact time fresh (a tiny `sync` every sixth of the timeout) and
 /// marks the session dead on a terminal state. Ends with the session.
 async fn heartbeat(session: Weak<Session>, mut states: zk::StateWatcher, timeout: Duration) {
     let every = timeout / 6;
@@ -1184,7 +1217,7 @@ async fn heartbeat(session: Weak<Session>, mut states: zk::StateWatcher, timeout
                 if s.is_dead() {
                     return;
                 }
-                let _ = s.run(s.client.check_stat("/")).await;
+                let _ = s.run(Via::Leader, s.client.sync("/")).await;
             }
         }
     }
@@ -1328,7 +1361,7 @@ impl Backend for ZooKeeperBackend {
             };
             for (i, c) in children.iter().enumerate() {
                 let path = format!("{lock_path}/{}", c.name);
-                let (data, stat) = match s.run(s.client.get_data(&path)).await {
+                let (data, stat) = match s.run(Via::Any, s.client.get_data(&path)).await {
                     Ok(d) => d,
                     Err(zk::Error::NoNode) => continue,
                     Err(e) => return Err(unavailable(e)),

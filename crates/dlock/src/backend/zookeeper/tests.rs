@@ -784,3 +784,71 @@ async fn a_ghost_node_of_the_own_session_is_deleted() {
     assert!(matches!(e, Error::Timeout { .. }), "{e}");
     assert_eq!(b.stats().ghosts.load(Ordering::Relaxed), 1);
 }
+
+/// Sends SIGCONT to a stopped server when dropped (also when the test fails).
+struct Resume(String);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_leader_fires_lost_on_a_follower_before_the_takeover() {
+    // The holder talks to a follower only; the follower keeps answering its reads while the
+    // leader is stopped (syncLimit × tickTime = 2 s), but the leader, when it runs again, expires
+    // the sessions whose touches it missed. The holder must count its session from answers the
+    // leader took part in.
+    let zk = Ensemble::start();
+    let root = chroot();
+    let leader: usize = zk.script(&["leader"]).parse().unwrap();
+    let hosts: Vec<&str> = zk.hosts.split(',').collect();
+    let follower = hosts[if leader == 1 { 1 } else { 0 }].to_string();
+    let timeout = Duration::from_secs(1);
+    let ab = ZooKeeperBackend::open(&ZkTarget {
+        hosts: follower,
+        chroot: root.clone(),
+        session_timeout: timeout,
+    })
+    .await
+    .unwrap();
+    let a = Client::with_backend(Arc::new(ab), "zk://test", ClientOptions::default()).unwrap();
+    let (b, _) = zk.client(&root).await;
+    let ga = a.mutex("pause").unwrap().acquire().await.unwrap();
+    let lost = ga.lost();
+    let bc = b.clone();
+    let waiter = tokio::spawn(async move {
+        let g = bc.mutex("pause").unwrap().acquire().await.unwrap();
+        (Instant::now(), g)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiter.is_finished());
+    let pid = std::fs::read_to_string(zk.dir().join(format!("s{leader}/pid"))).unwrap();
+    let pid = pid.trim().to_string();
+    let lost_task = tokio::spawn(async move {
+        lost.await;
+        Instant::now()
+    });
+    let paused = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let resume = Resume(pid);
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    drop(resume);
+    let (taken, gb) = within(Duration::from_secs(20), waiter).await.unwrap();
+    let lost_at = within(Duration::from_secs(5), lost_task).await.unwrap();
+    eprintln!(
+        "leader paused 1.8 s: lost() after {:?}, next waiter granted after {:?} (session timeout {timeout:?})",
+        lost_at - paused,
+        taken - paused
+    );
+    assert!(
+        lost_at < taken,
+        "lost() must fire before anyone else can hold the lock"
+    );
+    gb.release().await.unwrap();
+}
