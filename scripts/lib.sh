@@ -2,10 +2,9 @@
 
 log() { printf '\n== %s\n' "$*" >&2; }
 
-# A free loopback TCP port.
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
+# A free loopback TCP port, below the ephemeral range (scripts/ports.sh).
+. "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
+free_port() { free_ports 1; }
 
 need_pkg() { # need_pkg COMMAND DEBIAN-PACKAGE
   command -v "$1" >/dev/null 2>&1 && return 0

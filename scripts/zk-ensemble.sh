@@ -44,29 +44,8 @@ ensure_installed() {
     [[ -f $ZK_JAR ]] || die "zookeeper installed but $ZK_JAR is missing"
 }
 
-# Prints N distinct free TCP ports on 127.0.0.1.
-free_ports() {
-    local want=$1
-    python3 - "$want" <<'EOF' 2>/dev/null && return
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
-    # No python3: random high ports that nothing listens on.
-    local out=() p tries=0
-    while ((${#out[@]} < want)); do
-        ((tries++ < 1000)) || die "could not find $want free ports"
-        p=$((20000 + RANDOM % 40000))
-        [[ " ${out[*]} " == *" $p "* ]] && continue
-        ss -ltnH "sport = :$p" 2>/dev/null | grep -q . && continue
-        out+=("$p")
-    done
-    echo "${out[*]}"
-}
+# free_ports N (below the ephemeral port range).
+. "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
 
 # Sends a four-letter word to 127.0.0.1:PORT and prints the answer (empty if no answer).
 four() {

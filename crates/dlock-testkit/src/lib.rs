@@ -33,13 +33,42 @@ pub use zk::ZkEnsemble;
 
 use std::io;
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-/// A free TCP port on 127.0.0.1 (bound once by the OS and released again, so another process may
-/// in principle take it before the caller does).
+/// A free TCP port on 127.0.0.1, below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`, where outgoing connections take their local ports), so that a
+/// server restarted on it does not find it taken by a client's connection (as `scripts/ports.sh`).
+/// Bound once and released again, so another process may in principle take it before the caller
+/// does.
 pub fn free_port() -> io::Result<u16> {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let low: u64 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .filter(|&l| l > 11_000)
+        .unwrap_or(60_000);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::from(d.subsec_nanos()));
+    let mut x =
+        nanos ^ (u64::from(std::process::id()) << 32) ^ CALLS.fetch_add(1, Ordering::Relaxed) | 1;
+    for _ in 0..1000 {
+        // xorshift64*: candidates spread over [10000, low).
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        let port = 10_000 + x.wrapping_mul(0x2545_f491_4f6c_dd1d) % (low - 10_000);
+        let Ok(port) = u16::try_from(port) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     let l = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| io::Error::other(format!("cannot bind a free port on 127.0.0.1: {e}")))?;
     Ok(l.local_addr()?.port())
