@@ -93,6 +93,45 @@ impl Ensemble {
         let c = zk::Client::connect(&self.hosts).await.unwrap();
         c.chroot(chroot.to_string()).unwrap()
     }
+
+    /// A hold of `name` by a client with a session of its own on `hosts` (its session timeout
+    /// `timeout`), and another client waiting for it.
+    async fn contest(&self, hosts: String, root: &str, timeout: Duration, name: &str) -> Contest {
+        let ab = ZooKeeperBackend::open(&ZkTarget {
+            hosts,
+            chroot: root.to_string(),
+            session_timeout: timeout,
+        })
+        .await
+        .unwrap();
+        let a = Client::with_backend(Arc::new(ab), "zk://test", ClientOptions::default()).unwrap();
+        let (b, _) = self.client(root).await;
+        let holder = a.mutex(name).unwrap().acquire().await.unwrap();
+        let lost = holder.lost();
+        let lost = tokio::spawn(async move {
+            lost.await;
+            Instant::now()
+        });
+        let m = b.mutex(name).unwrap();
+        let waiter = tokio::spawn(async move {
+            let g = m.acquire().await.unwrap();
+            (Instant::now(), g)
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!waiter.is_finished());
+        Contest {
+            _kept: (a, b, holder),
+            lost,
+            waiter,
+        }
+    }
+}
+
+/// See `Ensemble::contest`: when the holder's `lost()` fired, when the waiter was granted.
+struct Contest {
+    _kept: (Client, Client, crate::Guard),
+    lost: tokio::task::JoinHandle<Instant>,
+    waiter: tokio::task::JoinHandle<(Instant, crate::Guard)>,
 }
 
 impl Drop for Ensemble {
@@ -641,32 +680,11 @@ async fn silent_network_loss_fires_lost_before_the_takeover() {
     let first = zk.hosts.split(',').next().unwrap().to_string();
     let proxy = Blackhole::to(&first).await;
     let timeout = Duration::from_secs(2);
-    let ab = ZooKeeperBackend::open(&ZkTarget {
-        hosts: proxy.addr.clone(),
-        chroot: root.clone(),
-        session_timeout: timeout,
-    })
-    .await
-    .unwrap();
-    let a = Client::with_backend(Arc::new(ab), "zk://test", ClientOptions::default()).unwrap();
-    let (b, _) = zk.client(&root).await;
-    let ga = a.mutex("net").unwrap().acquire().await.unwrap();
-    let lost = ga.lost();
-    let bc = b.clone();
-    let waiter = tokio::spawn(async move {
-        let g = bc.mutex("net").unwrap().acquire().await.unwrap();
-        (Instant::now(), g)
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!waiter.is_finished());
+    let c = zk.contest(proxy.addr.clone(), &root, timeout, "net").await;
     let cut = Instant::now();
     proxy.cut.store(true, Ordering::Release);
-    let lost_task = tokio::spawn(async move {
-        lost.await;
-        Instant::now()
-    });
-    let (taken, gb) = within(Duration::from_secs(15), waiter).await.unwrap();
-    let lost_at = within(Duration::from_secs(1), lost_task).await.unwrap();
+    let (taken, gb) = within(Duration::from_secs(15), c.waiter).await.unwrap();
+    let lost_at = within(Duration::from_secs(1), c.lost).await.unwrap();
     eprintln!(
         "network cut: lost() after {:?}, next waiter granted after {:?} (session timeout {timeout:?})",
         lost_at - cut,
@@ -806,30 +824,9 @@ async fn a_paused_leader_fires_lost_on_a_follower_before_the_takeover() {
     let hosts: Vec<&str> = zk.hosts.split(',').collect();
     let follower = hosts[if leader == 1 { 1 } else { 0 }].to_string();
     let timeout = Duration::from_secs(1);
-    let ab = ZooKeeperBackend::open(&ZkTarget {
-        hosts: follower,
-        chroot: root.clone(),
-        session_timeout: timeout,
-    })
-    .await
-    .unwrap();
-    let a = Client::with_backend(Arc::new(ab), "zk://test", ClientOptions::default()).unwrap();
-    let (b, _) = zk.client(&root).await;
-    let ga = a.mutex("pause").unwrap().acquire().await.unwrap();
-    let lost = ga.lost();
-    let bc = b.clone();
-    let waiter = tokio::spawn(async move {
-        let g = bc.mutex("pause").unwrap().acquire().await.unwrap();
-        (Instant::now(), g)
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!waiter.is_finished());
+    let c = zk.contest(follower, &root, timeout, "pause").await;
     let pid = std::fs::read_to_string(zk.dir().join(format!("s{leader}/pid"))).unwrap();
     let pid = pid.trim().to_string();
-    let lost_task = tokio::spawn(async move {
-        lost.await;
-        Instant::now()
-    });
     let paused = Instant::now();
     assert!(Command::new("kill")
         .args(["-STOP", &pid])
@@ -839,8 +836,8 @@ async fn a_paused_leader_fires_lost_on_a_follower_before_the_takeover() {
     let resume = Resume(pid);
     tokio::time::sleep(Duration::from_millis(1800)).await;
     drop(resume);
-    let (taken, gb) = within(Duration::from_secs(20), waiter).await.unwrap();
-    let lost_at = within(Duration::from_secs(5), lost_task).await.unwrap();
+    let (taken, gb) = within(Duration::from_secs(20), c.waiter).await.unwrap();
+    let lost_at = within(Duration::from_secs(5), c.lost).await.unwrap();
     eprintln!(
         "leader paused 1.8 s: lost() after {:?}, next waiter granted after {:?} (session timeout {timeout:?})",
         lost_at - paused,
