@@ -479,19 +479,35 @@ impl StoreEnv {
         if pids.is_empty() {
             return Err(io::Error::other(format!("{what} is not running")));
         }
-        // The parent first, so it forks nothing new while its children stop.
-        for p in &pids {
-            dlock_testkit::signal(*p, Signal::SIGSTOP)?;
-        }
-        std::thread::sleep(down);
-        let mut resumed = Ok(());
-        for p in pids.iter().rev() {
-            if let Err(e) = dlock_testkit::signal(*p, Signal::SIGCONT) {
-                resumed = Err(e);
+        // The parent first, so it forks nothing new while its children stop. A child that
+        // ended between the listing and its signal (a backend whose session closed) is skipped;
+        // any other failure resumes what was stopped.
+        let resume = |stopped: &[u32]| {
+            let mut resumed = Ok(());
+            for p in stopped.iter().rev() {
+                if let Err(e) = dlock_testkit::signal(*p, Signal::SIGCONT) {
+                    resumed = Err(e);
+                }
+            }
+            resumed
+        };
+        let mut stopped = Vec::with_capacity(pids.len());
+        for (i, p) in pids.iter().enumerate() {
+            match dlock_testkit::signal(*p, Signal::SIGSTOP) {
+                Ok(()) => stopped.push(*p),
+                Err(_) if i > 0 && !dlock_testkit::alive(*p) => {}
+                Err(e) => {
+                    let _ = resume(&stopped);
+                    return Err(e);
+                }
             }
         }
-        resumed?;
-        Ok(format!("{what} SIGSTOP {down:?}, SIGCONT"))
+        std::thread::sleep(down);
+        resume(&stopped)?;
+        Ok(format!(
+            "{what} SIGSTOP {down:?} ({} stopped), SIGCONT",
+            stopped.len()
+        ))
     }
 
     /// SQLite on its tmpfs: fill the file system, wait `down`, free it again.

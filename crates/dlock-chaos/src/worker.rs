@@ -279,12 +279,36 @@ async fn run_via_dlock(a: WorkerArgs, dlock: std::path::PathBuf) -> i32 {
 }
 
 /// `dlock-chaos step`: one hold's read, sleep and write under `dlock run`.
+///
+/// `dlock run` tells its command of a lost lock with SIGTERM: that is the command's `lost()`, so
+/// the step reports `lost` the moment it arrives and stops before its write (a well-behaved
+/// command), instead of the worker reporting it when `dlock run` has exited.
 pub async fn step(a: StepArgs) -> i32 {
-    match step_once(&a).await {
-        Ok(()) => 0,
-        Err(what) => {
-            emit(&Event::Error { at: now_us(), what });
-            69
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(e) => {
+            emit(&Event::Error {
+                at: now_us(),
+                what: format!("SIGTERM handler: {e}"),
+            });
+            return 70;
+        }
+    };
+    tokio::select! {
+        r = step_once(&a) => match r {
+            Ok(()) => 0,
+            Err(what) => {
+                emit(&Event::Error { at: now_us(), what });
+                69
+            }
+        },
+        _ = term.recv() => {
+            emit(&Event::Lost {
+                hold: a.hold,
+                at: now_us(),
+                reason: "SIGTERM from dlock run".into(),
+            });
+            143
         }
     }
 }
