@@ -64,12 +64,13 @@
 //! The backend records the **send time** of the last request the ensemble's *leader* answered
 //! (every write counts, plus a tiny `sync` heartbeat every sixth of the session timeout; a read
 //! does not, since a follower answers it alone and keeps answering while the leader is stopped,
-//! and only the leader expires sessions). The leader learns of a session's activity on a follower
-//! from the follower's answer to its next ping, every half tick, so it cannot have expired the
-//! session before `that time + session timeout − a quarter of the timeout` (a session lasts at
-//! least two ticks unless the ensemble sets a lower `minSessionTimeout`). `extend` makes no round trip; it answers `Held { valid_for: that deadline −
-//! now }`, and `Gone` once the session expired or closed, once the hold's node was seen deleted
-//! (a watch on every held node, e.g. `dlock unlock`), or when no guarantee is left.
+//! and only the leader expires sessions). The leader learns of a session's activity on a
+//! follower from the follower's answer to its next ping, every half tick, so it cannot have
+//! expired the session before `that time + session timeout − a quarter of the timeout` (a
+//! session lasts at least two ticks unless the ensemble sets a lower `minSessionTimeout`).
+//! `extend` makes no round trip; it answers `Held { valid_for: that deadline − now }`, and
+//! `Gone` once the session expired or closed, once the hold's node was seen deleted (a watch on
+//! every held node, e.g. `dlock unlock`), or when no guarantee is left.
 //!
 //! A hold is also bounded by its **lease**: `valid_for` is `min(session guarantee, lease)`, and
 //! when a hold's lease runs out without renewal (a forgotten guard, `auto_renew(false)`) the
@@ -80,8 +81,9 @@
 //!
 //! Policy for a disconnected (SUSPENDED) client: its holds are trusted only while the session
 //! could not have expired — the core fires `lost()` at that deadline less its margin unless a
-//! `sync` through a reconnected server refreshes the contact first. EXPIRED (or CLOSED): every hold of the session is lost
-//! (`Gone` at the next watchdog round), and the next acquisition opens a **new** session.
+//! `sync` through a reconnected server refreshes the contact first. EXPIRED (or CLOSED): every
+//! hold of the session is lost (`Gone` at the next watchdog round), and the next acquisition
+//! opens a **new** session.
 //! `Guard::expire_in` is `Unsupported`: an ephemeral node cannot outlive its session.
 
 use super::queue::{turn, Entry, Turn};
