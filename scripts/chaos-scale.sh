@@ -27,6 +27,9 @@ OUT="${DLOCK_SCALE_DIR:-chaos-scale}"
 # Groups of backends that run at once, each in its own dlock-chaos process (";" between groups).
 GROUPS_SPEC="${DLOCK_SCALE_GROUPS:-sqlite sqlite-tmpfs lanes=8;redis;postgres;mysql;zookeeper;etcd;postgres-session;mysql-session;redis-aof redlock;redis-sentinel;redis-sentinel-wait;redis-cluster;redis-cluster-wait}"
 # A group's word lanes=N runs its scenarios with N lanes instead (SQLite: one file, one writer).
+# The private servers' directories (data and logs) outlive the run, for reading after a failure;
+# each group's log names them ("data and logs kept in ..."); remove them by hand.
+export DLOCK_KEEP_SERVER_DIRS=1
 SCALE=(--workers 2 --faults-per-scenario 100 --min-acquisitions 10000 --gap-ms 1000 --long-share 25)
 LANES=24
 

@@ -217,9 +217,9 @@ async fn run_via_dlock(a: WorkerArgs, dlock: std::path::PathBuf) -> i32 {
             .args(["--hold-ms", &mean_hold(&a).to_string()])
             .args(["--lease-ms", &a.lease_ms.to_string()])
             .stdin(std::process::Stdio::null())
-            // Its failures are reported by exit code below (a waiting `dlock run` told to stop
-            // says so on stderr: not news).
-            .stderr(std::process::Stdio::null())
+            // Read only for the sentinel's kill (its failures are reported by exit code below;
+            // a waiting `dlock run` told to stop says so on stderr: not news).
+            .stderr(std::process::Stdio::piped())
             .env_remove("DLOCK_URL")
             .kill_on_drop(true)
             .spawn();
@@ -238,6 +238,7 @@ async fn run_via_dlock(a: WorkerArgs, dlock: std::path::PathBuf) -> i32 {
             at: now_us(),
             pid: child.id().unwrap_or(0),
         });
+        let sentinel_kill = child.stderr.take().map(|e| tokio::spawn(sentinel_kill(e)));
         let mut stopping = false;
         let status = tokio::select! {
             s = child.wait() => s,
@@ -255,17 +256,33 @@ async fn run_via_dlock(a: WorkerArgs, dlock: std::path::PathBuf) -> i32 {
             }
         };
         let at = now_us();
-        match status.ok().and_then(|s| s.code()) {
+        // The stderr pipe closes when the sentinel leaves too (at once after `dlock run`).
+        let killed_at = match sentinel_kill {
+            Some(t) => tokio::time::timeout(Duration::from_secs(2), t)
+                .await
+                .ok()
+                .and_then(|r| r.ok())
+                .flatten(),
+            None => None,
+        };
+        match (status.ok().and_then(|s| s.code()), killed_at) {
             // The step reported the end of its hold; 75: not granted within the wait; no code:
             // killed by the harness.
-            Some(0 | 75) | None => {}
-            Some(76) => emit(&Event::Lost {
+            (Some(0 | 75) | None, _) => {}
+            // The sentinel killed the command when a starved `dlock run` stopped vouching for
+            // the hold: the hold ended then, not when `dlock run` exited.
+            (Some(code), Some(killed)) => emit(&Event::Lost {
+                hold,
+                at: killed,
+                reason: format!("the sentinel killed the command (dlock run exited {code})"),
+            }),
+            (Some(76), None) => emit(&Event::Lost {
                 hold,
                 at,
                 reason: "dlock run exited 76".into(),
             }),
-            Some(_) if stopping => {}
-            Some(code) => emit(&Event::Error {
+            (Some(_), None) if stopping => {}
+            (Some(code), None) => emit(&Event::Error {
                 at,
                 what: format!("dlock run exited {code}"),
             }),
@@ -276,6 +293,28 @@ async fn run_via_dlock(a: WorkerArgs, dlock: std::path::PathBuf) -> i32 {
         iterations: hold,
     });
     0
+}
+
+/// Reads `dlock run`'s stderr to its end; the time (µs of `CLOCK_MONOTONIC`, as [`now_us`]) at
+/// which its sentinel killed the command because `dlock run` stopped vouching for the hold
+/// (`dlock: dlock did not vouch for … [monotonic S.US]`), if it did.
+async fn sentinel_kill(stderr: tokio::process::ChildStderr) -> Option<i64> {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let mut at = None;
+    while let Ok(Some(line)) = lines.next_line().await {
+        if line.contains("did not vouch for the hold") {
+            at = at.or_else(|| monotonic_stamp(&line));
+        }
+    }
+    at
+}
+
+/// The `[monotonic S.US]` stamp at the end of a sentinel's line, in µs.
+fn monotonic_stamp(line: &str) -> Option<i64> {
+    let (_, rest) = line.rsplit_once("[monotonic ")?;
+    let (secs, micros) = rest.strip_suffix(']')?.split_once('.')?;
+    Some(secs.parse::<i64>().ok()? * 1_000_000 + micros.parse::<i64>().ok()?)
 }
 
 /// `dlock-chaos step`: one hold's read, sleep and write under `dlock run`.
@@ -541,4 +580,19 @@ fn deadline_of(g: &dlock::Guard) -> i64 {
     g.valid_for()
         .map(|v| now_us() + v.as_micros() as i64)
         .unwrap_or_else(now_us)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::monotonic_stamp;
+
+    #[test]
+    fn the_sentinel_stamp_is_read_in_microseconds() {
+        let line = "dlock: dlock did not vouch for the hold in time (stopped, or starved of CPU): \
+                    killed the command's process group before its lease could end \
+                    [monotonic 1234.000567]";
+        assert_eq!(monotonic_stamp(line), Some(1_234_000_567));
+        assert_eq!(monotonic_stamp("dlock: no stamp"), None);
+        assert_eq!(monotonic_stamp("[monotonic 12.x]"), None);
+    }
 }

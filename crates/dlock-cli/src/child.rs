@@ -24,7 +24,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::ffi::OsString;
-use std::io;
+use std::io::{self, Write as _};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
@@ -371,7 +371,8 @@ fn spawn_sentinel(group: Pid) -> io::Result<OwnedFd> {
 /// line: `T<ms>` (the hold is trusted that long from now: if no word comes within it, dlock is
 /// stopped or frozen, and the group is killed), `L` (the lock was lost and dlock stops the command
 /// itself: no more deadline), `done` (leave, killing nothing). If stdin closes without `done`,
-/// dlock died, and every process left in group PGID is killed. Ignores the signals a terminal or
+/// dlock died, and every process left in group PGID is killed. A kill is reported on stderr with
+/// its reason and the time of the machine's monotonic clock. Ignores the signals a terminal or
 /// a supervisor sends to a group, so only dlock's words decide.
 pub fn reap_group(pgid: i32) -> i32 {
     let job_control = [
@@ -390,25 +391,27 @@ pub fn reap_group(pgid: i32) -> i32 {
     let mut deadline: Option<Instant> = None;
     let mut line = Vec::new();
     let mut buf = [0u8; 256];
-    loop {
+    let why = loop {
         if let Some(d) = deadline {
             let left = d.saturating_duration_since(Instant::now());
             let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
             let fd = stdin_fd();
             let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
             match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
-                Ok(0) if Instant::now() >= d => break,
+                Ok(0) if Instant::now() >= d => {
+                    break "dlock did not vouch for the hold in time (stopped, or starved of CPU)";
+                }
                 Ok(0) | Err(Errno::EINTR) => continue,
                 Ok(_) => {}
-                Err(_) => break,
+                Err(_) => break "the sentinel could not watch dlock",
             }
         }
         // Unbuffered, so that `poll` sees every byte not yet read.
         let n = match nix::unistd::read(stdin_fd().as_raw_fd(), &mut buf) {
-            Ok(0) => break,
+            Ok(0) => break "dlock ended while its command ran",
             Ok(n) => n,
             Err(Errno::EINTR) => continue,
-            Err(_) => break,
+            Err(_) => break "the sentinel could not watch dlock",
         };
         for &b in &buf[..n] {
             if b != b'\n' {
@@ -427,8 +430,21 @@ pub fn reap_group(pgid: i32) -> i32 {
             }
             line.clear();
         }
+    };
+    if kill(Pid::from_raw(-pgid), Signal::SIGKILL).is_err() {
+        // Nobody was left in the group.
+        return 0;
     }
-    let _ = kill(Pid::from_raw(-pgid), Signal::SIGKILL);
+    // The monotonic stamp lines the kill up with `journalctl -o short-monotonic` and with the
+    // clocks of other processes on the machine (the fault harness reads it).
+    let at = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| format!(" [monotonic {}.{:06}]", t.tv_sec(), t.tv_nsec() / 1000))
+        .unwrap_or_default();
+    // Not eprintln!: a reader that went away must not make the sentinel panic.
+    let _ = writeln!(
+        std::io::stderr(),
+        "dlock: {why}: killed the command's process group before its lease could end{at}"
+    );
     0
 }
 

@@ -346,7 +346,8 @@ fn revoke_ends_a_hold_at_least_window(s: Store) {
 
 /// A paused dlock (SIGSTOP) keeps others out for about its `--ttl` (the lease; ZooKeeper's
 /// session timeout; in SQL session mode the server ends the idle session), not for longer and
-/// not for much less; continued, it finds the lock lost and stops its command (exit 76).
+/// not for much less; its sentinel kills the command when the trust runs out, and says so;
+/// continued, dlock finds the lock lost (exit 76).
 fn paused_dlock_keeps_others_out_for_its_ttl(s: Store) {
     let t = target(s);
     // Verbose, so that a failure shows what each process saw and when.
@@ -366,6 +367,11 @@ fn paused_dlock_keeps_others_out_for_its_ttl(s: Store) {
     holder.signal(Signal::SIGCONT);
     let h = holder.wait(Duration::from_secs(15));
     assert_eq!(h.code, Some(76), "{h:?}");
+    // The sentinel says why the command died, and when.
+    assert!(
+        h.stderr.contains("did not vouch for the hold in time") && h.stderr.contains("[monotonic "),
+        "{h:?}"
+    );
 }
 
 /// A SIGTERM sent to dlock's whole process group (`timeout(1)`) reaches the command once, and a

@@ -52,10 +52,7 @@ impl EtcdCluster {
     /// every member started so far is stopped and the error carries the script's stderr (with the
     /// members' log tails).
     pub fn start() -> io::Result<EtcdCluster> {
-        let dir = tempfile::Builder::new()
-            .prefix("dlock-etcd-")
-            .tempdir()
-            .map_err(|e| io::Error::other(format!("cannot create a temp dir for etcd: {e}")))?;
+        let dir = crate::util::server_dir("dlock-etcd-", "etcd")?;
         let mut etcd = EtcdCluster {
             dir,
             hosts: String::new(),

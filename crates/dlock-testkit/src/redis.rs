@@ -46,10 +46,7 @@ impl RedisServer {
             Some(p) => p,
             None => crate::free_port()?,
         };
-        let dir = tempfile::Builder::new()
-            .prefix("dlock-redis-")
-            .tempdir()
-            .map_err(|e| io::Error::other(format!("cannot create a temp dir for redis: {e}")))?;
+        let dir = crate::util::server_dir("dlock-redis-", "redis")?;
         let mut s = RedisServer {
             port,
             child: None,

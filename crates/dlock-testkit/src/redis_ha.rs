@@ -47,10 +47,7 @@ impl RedisHa {
             Kind::Sentinel => ("dlock-redis-sentinel-", "sentinel-start", 3),
             Kind::Cluster => ("dlock-redis-cluster-", "cluster-start", 6),
         };
-        let dir = tempfile::Builder::new()
-            .prefix(prefix)
-            .tempdir()
-            .map_err(|e| io::Error::other(format!("cannot create a temp dir for redis: {e}")))?;
+        let dir = crate::util::server_dir(prefix, "redis")?;
         let mut ha = RedisHa {
             kind,
             dir,

@@ -100,13 +100,13 @@ impl SqlServer {
         } else {
             None
         };
-        let dir = tempfile::Builder::new()
-            .prefix(match db {
+        let dir = crate::util::server_dir(
+            match db {
                 Db::Postgres => "dlock-postgres-",
                 Db::MariaDb => "dlock-mariadb-",
-            })
-            .tempdir()
-            .map_err(|e| io::Error::other(format!("cannot create a temp dir for {db:?}: {e}")))?;
+            },
+            &format!("{db:?}"),
+        )?;
         let mut s = SqlServer {
             db,
             port: crate::free_port()?,

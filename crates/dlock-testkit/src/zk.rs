@@ -51,12 +51,7 @@ impl ZkEnsemble {
     /// started so far is stopped and the error carries the script's stderr (with the failing
     /// server's log tail).
     pub fn start() -> io::Result<ZkEnsemble> {
-        let dir = tempfile::Builder::new()
-            .prefix("dlock-zk-")
-            .tempdir()
-            .map_err(|e| {
-                io::Error::other(format!("cannot create a temp dir for ZooKeeper: {e}"))
-            })?;
+        let dir = crate::util::server_dir("dlock-zk-", "ZooKeeper")?;
         let mut zk = ZkEnsemble {
             dir,
             hosts: String::new(),
