@@ -168,3 +168,74 @@ async fn a_grant_that_is_due_before_the_watchdog_wakes_it() {
     // short and short2: renewed every ~200 ms for 1.5 s.
     assert!(renewed >= 10, "{renewed} renewals in {:?}", t.elapsed());
 }
+
+/// A campaign whose new term is lost while it is announced (the store stalls past the lease:
+/// renewals fail meanwhile) does not return that term: nobody could see its `lost()` before the
+/// next leader was elected. It campaigns again and returns a later term that holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_lost_before_the_campaign_returns_is_not_handed_out() {
+    let backend = counting("watchdog-elect-late");
+    let lease = Duration::from_millis(400);
+    let client = Client::with_backend(
+        backend.clone(),
+        "mem://watchdog-elect-late",
+        ClientOptions::default().lease(lease),
+    )
+    .unwrap();
+    let election = client.election("late").unwrap();
+    backend.stall_set_value_ms.store(1200, Ordering::SeqCst);
+    let started = Instant::now();
+    let leadership = tokio::time::timeout(Duration::from_secs(10), election.campaign("v"))
+        .await
+        .expect("the campaign ended")
+        .expect("the campaign led");
+    assert!(
+        leadership.is_leader(),
+        "campaign returned a term already lost (term {:?}, after {:?})",
+        leadership.term(),
+        started.elapsed()
+    );
+    // The stalled first term was given up: this one came after it.
+    assert!(started.elapsed() >= Duration::from_millis(1200));
+    assert!(leadership.term() >= Some(2), "term {:?}", leadership.term());
+    assert_eq!(backend.stall_set_value_ms.load(Ordering::SeqCst), 0);
+    leadership.resign().await.unwrap();
+}
+
+/// A multi-lock whose first name is lost while it waits for the second (renewals fail
+/// meanwhile) does not hand out that hold: it lets go of everything and takes the names again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_lock_does_not_return_a_hold_lost_while_it_waited() {
+    let lease = Duration::from_millis(400);
+    let waiter_store = counting("watchdog-multi-late");
+    let waiter = Client::with_backend(
+        waiter_store.clone(),
+        "mem://watchdog-multi-late",
+        ClientOptions::default().lease(lease),
+    )
+    .unwrap();
+    let other = Client::with_backend(
+        counting("watchdog-multi-late"),
+        "mem://watchdog-multi-late",
+        ClientOptions::default().lease(lease),
+    )
+    .unwrap();
+    let b = other.mutex("b").unwrap().acquire().await.unwrap();
+    waiter_store.failing.store(true, Ordering::SeqCst);
+    let both = tokio::spawn(async move { waiter.multi(["a", "b"]).unwrap().acquire().await });
+    // "a" is taken at once and lost at its deadline (its renewals fail) while "b" is waited for.
+    tokio::time::sleep(lease * 2).await;
+    waiter_store.failing.store(false, Ordering::SeqCst);
+    b.release().await.unwrap();
+    let both = tokio::time::timeout(Duration::from_secs(10), both)
+        .await
+        .expect("the multi-lock was granted")
+        .unwrap()
+        .expect("the multi-lock was granted");
+    assert!(
+        both.is_held(),
+        "a multi-lock returned with a lost hold: tokens {:?}",
+        both.tokens()
+    );
+    both.release().await.unwrap();
+}

@@ -109,24 +109,39 @@ impl Election {
     async fn run(&self, value: String, wait: Wait) -> Result<Leadership> {
         check_lease(self.lease)?;
         let value = checked_value(&self.client, value)?;
-        let hold = self
-            .client
-            .inner
-            .acquire(&self.spec(value.clone()), wait)
-            .await?;
-        let guard = Guard::new(hold);
-        // A grant sends no notification on the lease stores: the new term announces itself by
-        // writing its value again, which wakes the followers' observers as a release does.
-        if self.client.capabilities().values {
-            if let Err(e) = guard.set_value(value.as_deref().unwrap_or("")).await {
-                tracing::debug!(error = %e, "announcing a new term");
+        loop {
+            let hold = self
+                .client
+                .inner
+                .acquire(&self.spec(value.clone()), wait)
+                .await?;
+            let guard = Guard::new(hold);
+            // A grant sends no notification on the lease stores: the new term announces itself
+            // by writing its value again, which wakes the followers' observers as a release does.
+            if self.client.capabilities().values {
+                if let Err(e) = guard.set_value(value.as_deref().unwrap_or("")).await {
+                    tracing::debug!(error = %e, "announcing a new term");
+                }
+            }
+            // A term lost while it was announced (a store too slow to renew it in time) is not
+            // handed out: its caller could not have seen `lost()` before the next leader was
+            // elected. The campaign goes on, within the same wait.
+            if guard.is_held() {
+                return Ok(Leadership {
+                    client: self.client.clone(),
+                    guard,
+                    value: StdMutex::new(value),
+                });
+            }
+            tracing::debug!(
+                name = self.name.as_str(),
+                term = ?guard.token(),
+                "a term was lost before the campaign returned; campaigning again"
+            );
+            if let Err(e) = guard.release().await {
+                tracing::debug!(error = %e, "giving back a term lost before it began");
             }
         }
-        Ok(Leadership {
-            client: self.client.clone(),
-            guard,
-            value: StdMutex::new(value),
-        })
     }
 
     /// Waits until this client leads, publishing `value` as the leader's value (`""`: none).

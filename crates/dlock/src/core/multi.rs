@@ -63,7 +63,9 @@ impl Takes {
     }
 
     /// Takes every name of `names` in their order, all or nothing: on any error the holds taken
-    /// so far are released before the error is returned.
+    /// so far are released before the error is returned. A hold lost while the later names were
+    /// waited for (its renewals failed) is not handed out: everything is let go and taken again,
+    /// within the same wait, since nobody could have seen its `lost()` before another grant.
     pub(crate) async fn all(
         &self,
         names: &[LockName],
@@ -72,17 +74,24 @@ impl Takes {
         wait: Wait,
     ) -> Result<MultiGuard> {
         check_lease(self.lease)?;
-        let mut guards = Vec::with_capacity(names.len());
-        for name in names {
-            match self.one(name, kind, mode, wait).await {
-                Ok(g) => guards.push(g),
-                Err(e) => {
-                    MultiGuard { guards }.let_go().await;
-                    return Err(e);
+        loop {
+            let mut guards = Vec::with_capacity(names.len());
+            for name in names {
+                match self.one(name, kind, mode, wait).await {
+                    Ok(g) => guards.push(g),
+                    Err(e) => {
+                        MultiGuard { guards }.let_go().await;
+                        return Err(e);
+                    }
                 }
             }
+            let taken = MultiGuard { guards };
+            if taken.is_held() {
+                return Ok(taken);
+            }
+            tracing::debug!("a hold was lost while the other names were taken; taking them again");
+            taken.let_go().await;
         }
-        Ok(MultiGuard { guards })
     }
 }
 

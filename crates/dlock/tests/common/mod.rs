@@ -22,6 +22,8 @@ pub struct Counting {
     pub failed_calls: AtomicUsize,
     /// Milliseconds every `release` and `cancel` sleeps before it is sent (a slow store).
     pub slow_cleanup_ms: Arc<AtomicU64>,
+    /// Milliseconds the next `set_value` stalls the store (renewals fail meanwhile); once.
+    pub stall_set_value_ms: AtomicU64,
 }
 
 async fn slow(ms: &AtomicU64) {
@@ -68,6 +70,15 @@ impl Backend for Counting {
     async fn describe(&self, prefix: &str) -> dlock::Result<Vec<LockInfo>> {
         self.inner.describe(prefix).await
     }
+    async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> dlock::Result<Released> {
+        let stall = self.stall_set_value_ms.swap(0, Ordering::SeqCst);
+        if stall > 0 {
+            self.failing.store(true, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(stall)).await;
+            self.failing.store(false, Ordering::SeqCst);
+        }
+        self.inner.set_value(hold, value).await
+    }
     async fn force_release(
         &self,
         name: &LockName,
@@ -89,6 +100,7 @@ pub fn counting(store: &str) -> Arc<Counting> {
         failing: AtomicBool::new(false),
         failed_calls: AtomicUsize::new(0),
         slow_cleanup_ms: Arc::new(AtomicU64::new(0)),
+        stall_set_value_ms: AtomicU64::new(0),
     })
 }
 
