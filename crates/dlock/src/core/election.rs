@@ -147,7 +147,9 @@ impl Election {
     /// Waits until this client leads, publishing `value` as the leader's value (`""`: none).
     /// A value is at most [`MAX_VALUE_LEN`] bytes without NUL ([`Error::InvalidConfig`]); a
     /// store that cannot keep values ([`crate::Capabilities::values`]) takes only `""`
-    /// ([`Error::Unsupported`]). A campaign after a lost term starts afresh.
+    /// ([`Error::Unsupported`]). A campaign after a lost term starts afresh. It never returns a
+    /// term that was lost before it returned (the store too slow to renew it while it was
+    /// announced): such a term is given back and the campaign goes on.
     pub async fn campaign(&self, value: impl Into<String>) -> Result<Leadership> {
         self.run(value.into(), Wait::Forever).await
     }
