@@ -152,7 +152,7 @@ impl StoreEnv {
     /// Starts the private servers of `backend` (blocking: up to tens of seconds for databases,
     /// ZooKeeper, etcd and the Redis fail-over topologies).
     pub fn start(backend: Backend, lease: Duration) -> io::Result<StoreEnv> {
-        let dir = tempfile::Builder::new().prefix("dlock-chaos-").tempdir()?;
+        let dir = dlock_testkit::server_dir("dlock-chaos-", backend.label())?;
         let no_persistence = ["--save", "", "--appendonly", "no"];
         let servers = match backend {
             Backend::Sqlite => Servers::Sqlite(dir.path().join("chaos.db")),

@@ -436,7 +436,8 @@ pub fn reap_group(pgid: i32) -> i32 {
         return 0;
     }
     // The monotonic stamp lines the kill up with `journalctl -o short-monotonic` and with the
-    // clocks of other processes on the machine (the fault harness reads it).
+    // clocks of other processes on the machine. The fault harness's worker (dlock-chaos
+    // `sentinel_kill`) reads this line by its reason text and stamp; run_safety pins both.
     let at = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .map(|t| format!(" [monotonic {}.{:06}]", t.tv_sec(), t.tv_nsec() / 1000))
         .unwrap_or_default();

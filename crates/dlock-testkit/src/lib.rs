@@ -29,6 +29,7 @@ pub use proxy::TcpProxy;
 pub use redis::RedisServer;
 pub use redis_ha::{RedisCluster, RedisHa, RedisSentinel, SlotMove, SENTINEL_MASTER_NAME};
 pub use sql::{pg_bin, Db, SqlServer};
+pub use util::server_dir;
 pub use zk::ZkEnsemble;
 
 use std::io;

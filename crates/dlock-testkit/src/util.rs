@@ -93,10 +93,11 @@ pub(crate) fn run_ok(cmd: &mut Command, limit: Duration, what: &str) -> io::Resu
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// A temporary directory for a private server's data and logs, named `PREFIX…` in the system's
-/// temp dir. Removed when dropped, unless `DLOCK_KEEP_SERVER_DIRS` is set (the scale run sets it,
-/// so that a server's log outlives the run that needs reading); then its path goes to stderr.
-pub(crate) fn server_dir(prefix: &str, what: &str) -> io::Result<tempfile::TempDir> {
+/// A temporary directory for a private server's data and logs (the servers of this crate, and
+/// dlock-chaos's SQLite file), named `PREFIX…` in the system's temp dir. Removed when dropped,
+/// unless `DLOCK_KEEP_SERVER_DIRS` is set (the scale run sets it, so that a server's log outlives
+/// the run that needs reading); then its path goes to stderr.
+pub fn server_dir(prefix: &str, what: &str) -> io::Result<tempfile::TempDir> {
     let keep = std::env::var_os("DLOCK_KEEP_SERVER_DIRS").is_some_and(|v| !v.is_empty());
     let dir = tempfile::Builder::new()
         .prefix(prefix)
