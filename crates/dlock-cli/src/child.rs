@@ -10,7 +10,8 @@
 //!   the command's group when dlock's end of a pipe closes without a word, which is what happens
 //!   when dlock is killed.
 //! - It **does not outlive the lock when dlock freezes**: dlock tells the sentinel every 100 ms
-//!   how long its hold is still trusted; a dlock that is stopped (SIGSTOP) or frozen stops
+//!   until when its hold is still trusted (a time of the machine's monotonic clock, so that a
+//!   word read late does not stretch it); a dlock that is stopped (SIGSTOP) or frozen stops
 //!   telling, and the sentinel kills the group when the last trust runs out, which is before the
 //!   store may grant the lock to anyone else.
 //! - When dlock is the foreground job of a terminal, the command's group gets the terminal while
@@ -303,9 +304,13 @@ impl Child {
 
     /// The hold is trusted for `v` from now: unless told again within `v`, the sentinel kills
     /// the command's group (dlock is stopped or frozen, and cannot stop it itself before the
-    /// store may grant the lock to someone else).
+    /// store may grant the lock to someone else). The word carries the end as a time of the
+    /// machine's monotonic clock, not a span: a sentinel that reads it late (still starting, or
+    /// starved of CPU) must not move the end later by its own delay.
     pub fn trust_for(&self, v: Duration) {
-        self.tell(&format!("T{}\n", v.as_millis()));
+        if let Some(now) = monotonic_now() {
+            self.tell(&format!("U{}\n", (now + v).as_micros()));
+        }
     }
 
     /// dlock stops the command itself (the lock was lost): the sentinel no longer watches the
@@ -367,9 +372,18 @@ fn spawn_sentinel(group: Pid) -> io::Result<OwnedFd> {
     Ok(wr)
 }
 
+/// The machine's monotonic clock (CLOCK_MONOTONIC, the same for every process), from its zero.
+fn monotonic_now() -> Option<Duration> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).ok()?;
+    Some(Duration::new(
+        u64::try_from(t.tv_sec()).ok()?,
+        u32::try_from(t.tv_nsec()).ok()?,
+    ))
+}
+
 /// `dlock reap-group PGID`: the sentinel. It reads what dlock says on its stdin, one word per
-/// line: `T<ms>` (the hold is trusted that long from now: if no word comes within it, dlock is
-/// stopped or frozen, and the group is killed), `L` (the lock was lost and dlock stops the command
+/// line: `U<µs>` (the hold is trusted until that time of the machine's monotonic clock: if no
+/// later word comes by then, dlock is stopped or frozen, and the group is killed), `L` (the lock was lost and dlock stops the command
 /// itself: no more deadline), `done` (leave, killing nothing). If stdin closes without `done`,
 /// dlock died, and every process left in group PGID is killed. A kill is reported on stderr with
 /// its reason and the time of the machine's monotonic clock. Ignores the signals a terminal or
@@ -388,19 +402,24 @@ pub fn reap_group(pgid: i32) -> i32 {
     if pgid <= 1 {
         return crate::exit::USAGE;
     }
-    let mut deadline: Option<Instant> = None;
+    // On the monotonic clock (see `monotonic_now`).
+    let mut deadline: Option<Duration> = None;
     let mut line = Vec::new();
     let mut buf = [0u8; 256];
     let why = loop {
         if let Some(d) = deadline {
-            let left = d.saturating_duration_since(Instant::now());
-            let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+            let Some(now) = monotonic_now() else {
+                break "the sentinel could not read the clock";
+            };
+            if now >= d {
+                break "dlock did not vouch for the hold in time (stopped, or starved of CPU)";
+            }
+            // Rounded up, so that the wake is not before the deadline.
+            let ms = (d - now).as_micros().div_ceil(1000);
+            let ms = u16::try_from(ms).unwrap_or(u16::MAX);
             let fd = stdin_fd();
             let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
             match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
-                Ok(0) if Instant::now() >= d => {
-                    break "dlock did not vouch for the hold in time (stopped, or starved of CPU)";
-                }
                 Ok(0) | Err(Errno::EINTR) => continue,
                 Ok(_) => {}
                 Err(_) => break "the sentinel could not watch dlock",
@@ -421,9 +440,9 @@ pub fn reap_group(pgid: i32) -> i32 {
             match line.as_slice() {
                 b"done" => return 0,
                 b"L" => deadline = None,
-                [b'T', ms @ ..] => {
-                    if let Some(ms) = std::str::from_utf8(ms).ok().and_then(|m| m.parse().ok()) {
-                        deadline = Some(Instant::now() + Duration::from_millis(ms));
+                [b'U', us @ ..] => {
+                    if let Some(us) = std::str::from_utf8(us).ok().and_then(|u| u.parse().ok()) {
+                        deadline = Some(Duration::from_micros(us));
                     }
                 }
                 _ => {}
@@ -438,8 +457,8 @@ pub fn reap_group(pgid: i32) -> i32 {
     // The monotonic stamp lines the kill up with `journalctl -o short-monotonic` and with the
     // clocks of other processes on the machine. The fault harness's worker (dlock-chaos
     // `sentinel_kill`) reads this line by its reason text and stamp; run_safety pins both.
-    let at = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| format!(" [monotonic {}.{:06}]", t.tv_sec(), t.tv_nsec() / 1000))
+    let at = monotonic_now()
+        .map(|t| format!(" [monotonic {}.{:06}]", t.as_secs(), t.subsec_micros()))
         .unwrap_or_default();
     // Not eprintln!: a reader that went away must not make the sentinel panic.
     let _ = writeln!(

@@ -1157,3 +1157,47 @@ fn list_watch_on_a_terminal_redraws_and_ends_cleanly_on_sigterm() {
     assert!(round.contains(&holder.child.id().to_string()), "{round:?}");
     drop(holder);
 }
+
+/// The sentinel of `dlock run` (`dlock reap-group`) takes the end of the trust as a time of the
+/// machine's monotonic clock: a word it reads late (the sentinel still starting, or starved of
+/// CPU) does not give the command more time than dlock gave it.
+#[test]
+fn the_sentinel_does_not_extend_a_trust_it_reads_late() {
+    use std::io::Write as _;
+    use std::os::unix::process::CommandExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The command: a process group of its own that would live 30 s.
+    let mut cmd = Command::new("sleep");
+    cmd.arg("30").process_group(0);
+    let command = Proc::spawn(cmd, dir.path());
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
+    let until = Duration::from(now) + Duration::from_secs(2);
+    // dlock wrote the word with 2 s of trust left; the sentinel reads it 2.2 s later.
+    std::thread::sleep(Duration::from_millis(2200));
+    let err = std::fs::File::create(dir.path().join("sentinel-err")).expect("stderr file");
+    let mut sentinel = Command::new(BIN)
+        .args(["reap-group", &command.pid().as_raw().to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stderr(err)
+        .spawn()
+        .expect("spawn the sentinel");
+    let mut words = sentinel.stdin.take().expect("stdin");
+    let told = Instant::now();
+    words
+        .write_all(format!("U{}\n", until.as_micros()).as_bytes())
+        .expect("write the word");
+    // Kept open: a closed pipe would make the sentinel kill the group for another reason.
+    let ended = command.wait(Duration::from_secs(5));
+    let took = told.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "the command was killed {took:?} after the sentinel read a trust that had run out: {ended:?}"
+    );
+    assert_eq!(sentinel.wait().expect("sentinel").code(), Some(0));
+    drop(words);
+    let said = std::fs::read_to_string(dir.path().join("sentinel-err")).unwrap_or_default();
+    assert!(
+        said.contains("did not vouch for the hold in time") && said.contains("[monotonic "),
+        "{said}"
+    );
+}
