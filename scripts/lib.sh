@@ -1,6 +1,7 @@
 # Shared by scripts/test.sh and scripts/chaos.sh (sourced, not run).
 
-log() { printf '\n== %s\n' "$*" >&2; }
+# Each line says how long the script has run (bash SECONDS), so a log shows where the time went.
+log() { printf '\n== [+%ss] %s\n' "$SECONDS" "$*" >&2; }
 
 # A free loopback TCP port, below the ephemeral range (scripts/ports.sh).
 . "$(dirname "${BASH_SOURCE[0]}")/ports.sh"

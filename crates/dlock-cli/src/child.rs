@@ -13,7 +13,9 @@
 //!   until when its hold is still trusted (a time of the machine's monotonic clock, so that a
 //!   word read late does not stretch it); a dlock that is stopped (SIGSTOP) or frozen stops
 //!   telling, and the sentinel kills the group when the last trust runs out, which is before the
-//!   store may grant the lock to anyone else.
+//!   store may grant the lock to anyone else. The sentinel starts with the trust of the hold at
+//!   the command's start, so a dlock stopped before its first word is covered too; only a dlock
+//!   stopped between starting the command and forking the sentinel (a fork's time) is not.
 //! - When dlock is the foreground job of a terminal, the command's group gets the terminal while
 //!   it runs (as a shell gives it to a job): Ctrl-C and Ctrl-\ reach the command directly, once,
 //!   and Ctrl-Z stops it; dlock then stops too, so the shell sees the job stopped, and `fg`
@@ -96,12 +98,17 @@ fn ignore_sigttou(ignore: bool) -> bool {
 
 impl Child {
     /// Starts `program` with `args` and the extra `env`, in a process group of its own, tied to
-    /// dlock's life (see the module docs). Call from the main thread.
+    /// dlock's life (see the module docs), with the hold trusted for `trusted` from now. Call
+    /// from the main thread.
     pub fn spawn(
         program: &OsString,
         args: &[OsString],
         env: &[(&str, Option<String>)],
+        trusted: Duration,
     ) -> io::Result<Child> {
+        // Taken before the command starts, so the sentinel's first deadline is never later
+        // than the trust of the hold when the command began.
+        let until = monotonic_now().map(|n| n + trusted);
         // The parent-death signal follows the forking thread: only the main thread lives as
         // long as dlock.
         #[cfg(target_os = "linux")]
@@ -167,7 +174,7 @@ impl Child {
         }
         // The command is reaped here (waitpid), not by std's handle.
         drop(std_child);
-        let sentinel = match spawn_sentinel(pid) {
+        let sentinel = match spawn_sentinel(pid, until) {
             Ok(fd) => Some(fd),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot start the process that stops the command's group if dlock dies; the command itself still dies with dlock");
@@ -351,8 +358,10 @@ pub fn become_subreaper() {
     }
 }
 
-/// Starts the sentinel: `dlock reap-group PGID`, reading a pipe whose write end only dlock holds.
-fn spawn_sentinel(group: Pid) -> io::Result<OwnedFd> {
+/// Starts the sentinel: `dlock reap-group PGID --until µs`, reading a pipe whose write end only
+/// dlock holds. Its first deadline comes with it, not as a word: a dlock stopped before its first
+/// word must not leave the command unwatched.
+fn spawn_sentinel(group: Pid, until: Option<Duration>) -> io::Result<OwnedFd> {
     let (rd, wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     // `/proc/self/exe` is dlock's own binary even if its file was replaced since it started.
     let exe = if cfg!(target_os = "linux") {
@@ -361,9 +370,11 @@ fn spawn_sentinel(group: Pid) -> io::Result<OwnedFd> {
         std::env::current_exe()?
     };
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg("reap-group")
-        .arg(group.as_raw().to_string())
-        .stdin(std::process::Stdio::from(rd))
+    cmd.arg("reap-group").arg(group.as_raw().to_string());
+    if let Some(u) = until {
+        cmd.arg("--until").arg(u.as_micros().to_string());
+    }
+    cmd.stdin(std::process::Stdio::from(rd))
         .stdout(std::process::Stdio::null())
         .process_group(0);
     let child = cmd.spawn()?;
@@ -381,14 +392,15 @@ fn monotonic_now() -> Option<Duration> {
     ))
 }
 
-/// `dlock reap-group PGID`: the sentinel. It reads what dlock says on its stdin, one word per
-/// line: `U<µs>` (the hold is trusted until that time of the machine's monotonic clock: if no
+/// `dlock reap-group PGID [--until µs]`: the sentinel. `until` is its first deadline (as `U`
+/// below); without it, it watches only for dlock's death until the first `U`. It reads what dlock
+/// says on its stdin, one word per line: `U<µs>` (the hold is trusted until that time of the machine's monotonic clock: if no
 /// later word comes by then, dlock is stopped or frozen, and the group is killed), `L` (the lock was lost and dlock stops the command
 /// itself: no more deadline), `done` (leave, killing nothing). If stdin closes without `done`,
 /// dlock died, and every process left in group PGID is killed. A kill is reported on stderr with
 /// its reason and the time of the machine's monotonic clock. Ignores the signals a terminal or
 /// a supervisor sends to a group, so only dlock's words decide.
-pub fn reap_group(pgid: i32) -> i32 {
+pub fn reap_group(pgid: i32, until: Option<u64>) -> i32 {
     let job_control = [
         Signal::SIGTSTP,
         Signal::SIGTTIN,
@@ -403,7 +415,7 @@ pub fn reap_group(pgid: i32) -> i32 {
         return crate::exit::USAGE;
     }
     // On the monotonic clock (see `monotonic_now`).
-    let mut deadline: Option<Duration> = None;
+    let mut deadline: Option<Duration> = until.map(Duration::from_micros);
     let mut line = Vec::new();
     let mut buf = [0u8; 256];
     let why = loop {

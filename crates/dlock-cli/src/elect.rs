@@ -101,7 +101,7 @@ pub async fn elect(o: ElectOpts) -> CliResult {
             ("DLOCK_TOKEN", term.clone()),
             ("DLOCK_TERM", term),
         ];
-        let child = match start(&o.cmd, &env) {
+        let child = match start(&o.cmd, &env, leading.guard()) {
             Ok(c) => c,
             Err(f) => {
                 let _ = tokio::time::timeout(RESIGN_TIMEOUT, leading.resign()).await;

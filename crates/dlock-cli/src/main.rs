@@ -259,6 +259,9 @@ struct HoldArgs {
 #[derive(Debug, Args)]
 struct ReapArgs {
     pgid: i32,
+    /// The first deadline, µs of the machine's monotonic clock.
+    #[arg(long)]
+    until: Option<u64>,
 }
 
 /// List the locks held now, with their holders and waiters.
@@ -507,7 +510,7 @@ fn real_main() -> i32 {
         }
     };
     if let Cmd::ReapGroup(a) = &cli.command {
-        return child::reap_group(a.pgid);
+        return child::reap_group(a.pgid, a.until);
     }
     init_logging();
     if !matches!(cli.command, Cmd::Run(_) | Cmd::Elect(_) | Cmd::Hold(_)) {

@@ -84,7 +84,7 @@ pub async fn run(o: RunOpts) -> CliResult {
         ("DLOCK_NAME", Some(name.to_string())),
         ("DLOCK_TOKEN", token),
     ];
-    let child = match start(&o.cmd, &env) {
+    let child = match start(&o.cmd, &env, &guard) {
         Ok(c) => c,
         Err(f) => {
             if let Ok(Err(e)) = tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await {
@@ -116,11 +116,23 @@ pub async fn run(o: RunOpts) -> CliResult {
     }
 }
 
-/// Starts CMD (`cmd[0]` with the rest as arguments) tied to dlock (see `child`); a command that
-/// cannot be started is exit 127 (not found) or 126.
-pub fn start(cmd: &[OsString], env: &[(&str, Option<String>)]) -> Result<Child, Failure> {
+/// Starts CMD (`cmd[0]` with the rest as arguments) tied to dlock (see `child`) while `guard`
+/// holds; a command that cannot be started is exit 127 (not found) or 126, and one whose lock is
+/// no longer trusted is not started (exit 76).
+pub fn start(
+    cmd: &[OsString],
+    env: &[(&str, Option<String>)],
+    guard: &dlock::Guard,
+) -> Result<Child, Failure> {
     let program = &cmd[0];
-    Child::spawn(program, &cmd[1..], env).map_err(|e| {
+    // dlock may have been stopped or starved between the grant and here.
+    let Some(trusted) = guard.valid_for() else {
+        return Err(Failure::new(
+            exit::LOST,
+            "the lock was lost before the command could start; it did not run".to_string(),
+        ));
+    };
+    Child::spawn(program, &cmd[1..], env, trusted).map_err(|e| {
         let (code, what) = match e.kind() {
             std::io::ErrorKind::NotFound => (exit::NOT_FOUND, "command not found".to_string()),
             std::io::ErrorKind::PermissionDenied => {

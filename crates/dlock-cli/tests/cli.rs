@@ -1201,3 +1201,39 @@ fn the_sentinel_does_not_extend_a_trust_it_reads_late() {
         "{said}"
     );
 }
+
+/// The sentinel starts with its first deadline (`--until`): a dlock stopped before it says a
+/// word still has its command killed when the trust it had at the start runs out.
+#[test]
+fn the_sentinel_kills_at_its_first_deadline_without_a_word() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = Command::new("sleep");
+    std::os::unix::process::CommandExt::process_group(cmd.arg("30"), 0);
+    let command = Proc::spawn(cmd, dir.path());
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
+    let until = Duration::from(now) + Duration::from_millis(500);
+    let err = std::fs::File::create(dir.path().join("sentinel-err")).expect("stderr file");
+    let started = Instant::now();
+    let mut sentinel = Command::new(BIN)
+        .args(["reap-group", &command.pid().as_raw().to_string()])
+        .args(["--until", &until.as_micros().to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stderr(err)
+        .spawn()
+        .expect("spawn the sentinel");
+    // Open and silent, as the pipe of a stopped dlock is.
+    let words = sentinel.stdin.take().expect("stdin");
+    let ended = command.wait(Duration::from_secs(10));
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_secs(3),
+        "killed {took:?} after the start with 500 ms of trust: {ended:?}"
+    );
+    assert_eq!(sentinel.wait().expect("sentinel").code(), Some(0));
+    drop(words);
+    let said = std::fs::read_to_string(dir.path().join("sentinel-err")).unwrap_or_default();
+    assert!(
+        said.contains("did not vouch for the hold in time"),
+        "{said}"
+    );
+}

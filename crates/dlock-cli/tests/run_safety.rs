@@ -350,10 +350,20 @@ fn revoke_ends_a_hold_at_least_window(s: Store) {
 /// continued, dlock finds the lock lost (exit 76).
 fn paused_dlock_keeps_others_out_for_its_ttl(s: Store) {
     let t = target(s);
+    let ready = t.path("ready");
     // Verbose, so that a failure shows what each process saw and when.
-    let holder = t.spawn_run(&["-v", "--ttl", "3s", "--kill-after", "1s"], "sleep 60");
-    until(Duration::from_secs(10), "the holder to hold", || {
-        t.try_now(&[]).code == Some(75)
+    let holder = t.spawn_run(
+        &["-v", "--ttl", "3s", "--kill-after", "1s"],
+        &format!("touch {}; sleep 60", ready.display()),
+    );
+    // Paused once its command runs under the sentinel's watch (a dlock stopped before it starts
+    // the sentinel is the one case the sentinel cannot cover; see child.rs).
+    assert!(
+        wait_for_file(&ready, Duration::from_secs(10)),
+        "the command did not start"
+    );
+    until(Duration::from_secs(5), "the sentinel to run", || {
+        has_sentinel(holder.pid())
     });
     holder.signal(Signal::SIGSTOP);
     let paused = Instant::now();
@@ -372,6 +382,24 @@ fn paused_dlock_keeps_others_out_for_its_ttl(s: Store) {
         h.stderr.contains("did not vouch for the hold in time") && h.stderr.contains("[monotonic "),
         "{h:?}"
     );
+}
+
+/// Whether `dlock` process `pid` has its sentinel (`dlock reap-group`) as a child.
+fn has_sentinel(pid: nix::unistd::Pid) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        let p = e.path();
+        // `pid (comm) state ppid ...`: the parent is the second field after the comm.
+        let parent = std::fs::read_to_string(p.join("stat")).ok().and_then(|st| {
+            let rest = st.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(1)?.parse::<i32>().ok()
+        });
+        parent == Some(pid.as_raw())
+            && std::fs::read(p.join("cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"reap-group"))
+    })
 }
 
 /// A SIGTERM sent to dlock's whole process group (`timeout(1)`) reaches the command once, and a
