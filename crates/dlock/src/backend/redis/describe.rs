@@ -113,12 +113,12 @@ impl RedisBackend {
                     (
                         vec![
                             base.clone(),
-                            format!("{base}:exp"),
-                            format!("{base}:q"),
-                            format!("{base}:qexp"),
-                            format!("{base}:qinfo"),
+                            [&*base, ":exp"].concat(),
+                            [&*base, ":q"].concat(),
+                            [&*base, ":qexp"].concat(),
+                            [&*base, ":qinfo"].concat(),
                         ],
-                        vec![format!("{base}:meta:")],
+                        vec![[&*base, ":meta:"].concat()],
                     )
                 })
                 .collect();

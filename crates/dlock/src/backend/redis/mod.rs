@@ -476,9 +476,9 @@ impl RedisBackend {
         let sh = &self.shared;
         let (base, exp, meta) = self.hold_keys(name.as_str(), owner);
         let (fence, w, q) = (
-            format!("{base}:fence"),
-            format!("{base}:w"),
-            format!("{base}:q"),
+            [&*base, ":fence"].concat(),
+            [&*base, ":w"].concat(),
+            [&*base, ":q"].concat(),
         );
         let v = sh
             .eval(
@@ -488,7 +488,7 @@ impl RedisBackend {
                     owner.to_owned(),
                     String::new(),
                     String::new(),
-                    format!("{base}:meta:"),
+                    [&*base, ":meta:"].concat(),
                     Shared::changed_channel(&base),
                 ],
             )
@@ -528,10 +528,10 @@ impl RedisBackend {
                 .map_or((String::new(), false), |r| (r.record.clone(), r.registered));
             let keys = [
                 base.clone(),
-                format!("{base}:fence"),
+                [&*base, ":fence"].concat(),
                 meta.clone(),
-                format!("{base}:q"),
-                format!("{base}:w"),
+                [&*base, ":q"].concat(),
+                [&*base, ":w"].concat(),
             ];
             let args = [
                 req.owner.to_owned(),
@@ -576,14 +576,14 @@ impl RedisBackend {
         }
         let keys = [
             base.clone(),
-            format!("{base}:fence"),
+            [&*base, ":fence"].concat(),
             exp,
-            format!("{base}:q"),
-            format!("{base}:qexp"),
-            format!("{base}:qinfo"),
-            format!("{base}:qseq"),
+            [&*base, ":q"].concat(),
+            [&*base, ":qexp"].concat(),
+            [&*base, ":qinfo"].concat(),
+            [&*base, ":qseq"].concat(),
             meta,
-            format!("{base}:w"),
+            [&*base, ":w"].concat(),
         ];
         let (kind, permits) = kind_args(req.kind);
         let info = format!(
@@ -703,13 +703,13 @@ impl RedisBackend {
         let sh = &self.shared;
         let base = sh.base(req.name.as_str());
         let keys = [
-            format!("{base}:q"),
-            format!("{base}:qexp"),
-            format!("{base}:qinfo"),
-            format!("{base}:qseq"),
-            format!("{base}:w"),
+            [&*base, ":q"].concat(),
+            [&*base, ":qexp"].concat(),
+            [&*base, ":qinfo"].concat(),
+            [&*base, ":qseq"].concat(),
+            [&*base, ":w"].concat(),
             base.clone(),
-            format!("{base}:fence"),
+            [&*base, ":fence"].concat(),
             format!("{base}:meta:{}", req.owner),
         ];
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -721,7 +721,7 @@ impl RedisBackend {
                 Shared::channel(&base),
                 record.unwrap_or_default().to_owned(),
                 Shared::handoff_prefix(&base),
-                format!("{base}:meta:"),
+                [&*base, ":meta:"].concat(),
                 Shared::changed_channel(&base),
             ],
         )
@@ -840,9 +840,9 @@ impl Backend for RedisBackend {
             String::new()
         };
         let (fence, w, q) = (
-            format!("{base}:fence"),
-            format!("{base}:w"),
-            format!("{base}:q"),
+            [&*base, ":fence"].concat(),
+            [&*base, ":w"].concat(),
+            [&*base, ":q"].concat(),
         );
         let v = sh
             .eval(
@@ -852,7 +852,7 @@ impl Backend for RedisBackend {
                     hold.owner.to_owned(),
                     channel,
                     handoff,
-                    format!("{base}:meta:"),
+                    [&*base, ":meta:"].concat(),
                     Shared::changed_channel(&base),
                 ],
             )
@@ -907,11 +907,11 @@ impl Backend for RedisBackend {
         let base = sh.base(name.as_str());
         let keys = [
             base.clone(),
-            format!("{base}:exp"),
-            format!("{base}:q"),
-            format!("{base}:qexp"),
-            format!("{base}:qinfo"),
-            format!("{base}:qseq"),
+            [&*base, ":exp"].concat(),
+            [&*base, ":q"].concat(),
+            [&*base, ":qexp"].concat(),
+            [&*base, ":qinfo"].concat(),
+            [&*base, ":qseq"].concat(),
         ];
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let mode = match how {
@@ -924,7 +924,7 @@ impl Backend for RedisBackend {
                 &key_refs,
                 &[
                     Shared::channel(&base),
-                    format!("{base}:meta:"),
+                    [&*base, ":meta:"].concat(),
                     mode.to_owned(),
                 ],
             )
