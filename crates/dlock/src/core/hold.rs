@@ -32,6 +32,9 @@ pub(crate) struct Store {
     next_seq: AtomicU64,
     /// Wakes the watchdog.
     pub(crate) kick: Arc<Notify>,
+    /// From grant to first renewal of the latest hold, ns (0: none yet): how soon an idle
+    /// watchdog wakes (see [`Store::idle_wake`]).
+    first_renewal_ns: AtomicU64,
     /// Releases and cancels of this client still running in the background, per name.
     pub(crate) settling: Arc<Settling>,
     /// Whether per-lock metrics carry the lock name ([`crate::ClientOptions::metrics_name_label`]).
@@ -55,6 +58,7 @@ impl Store {
             holds: StdMutex::new(BTreeMap::new()),
             next_seq: AtomicU64::new(0),
             kick: Arc::new(Notify::new()),
+            first_renewal_ns: AtomicU64::new(0),
             settling: Arc::default(),
             name_label,
         }
@@ -82,7 +86,26 @@ impl Store {
 
     /// Hands a new hold to the watchdog.
     pub(crate) fn keep(&self, hold: &Arc<Hold>) {
+        if let HoldState::Held { renew_at, .. } = hold.state() {
+            let first = renew_at.saturating_duration_since(crate::clock::now());
+            let ns = u64::try_from(first.as_nanos()).unwrap_or(u64::MAX);
+            self.first_renewal_ns.store(ns.max(1), Ordering::Relaxed);
+        }
         self.holds().insert(hold.seq, Arc::downgrade(hold));
+    }
+
+    /// How long after a round without holds the watchdog wakes: the time from grant to first
+    /// renewal of the latest hold. Released holds leave the watchdog's set before their release
+    /// is sent, so without this an idle watchdog would sleep for an hour and every grant of an
+    /// acquire/release loop would kick it (a task wake-up each time); waking this soon, it
+    /// needs no kick for the next grant of the same lease, whose first renewal comes later.
+    /// At least a second, so that a client idle after a hold of a short lease does not wake
+    /// often for nothing (its grants kick the watchdog as before).
+    pub(crate) fn idle_wake(&self) -> Option<Duration> {
+        match self.first_renewal_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(Duration::from_nanos(ns).max(Duration::from_secs(1))),
+        }
     }
 
     /// The live holds (forgetting those whose guards are all gone).

@@ -73,11 +73,17 @@ pub(crate) async fn watchdog(store: Weak<Store>, schedule: Arc<Schedule>) {
 /// One watchdog round; returns when the next round is due.
 async fn renew_due(inner: &Arc<Store>) -> Instant {
     let now = crate::clock::now();
-    let mut next = now + Duration::from_secs(3600);
+    let holds = inner.live();
+    // With no hold, not an hour: see `Store::idle_wake`.
+    let idle = if holds.is_empty() {
+        inner.idle_wake()
+    } else {
+        None
+    };
+    let mut next = now + idle.unwrap_or(Duration::from_secs(3600));
     let mut batch: Vec<Arc<Hold>> = Vec::new();
     let mut nearly: Vec<Arc<Hold>> = Vec::new();
     let mut due = false;
-    let holds = inner.live();
     for h in holds {
         match h.state() {
             HoldState::Held { deadline, renew_at } => {
