@@ -16,14 +16,7 @@ use std::time::{Duration, Instant};
 async fn attempts_per_acquisition(store: &str, clients: usize, tasks: usize, rounds: usize) -> f64 {
     let backend = counting(store);
     let clients: Vec<Client> = (0..clients)
-        .map(|_| {
-            Client::with_backend(
-                backend.clone(),
-                format!("mem://{store}"),
-                ClientOptions::default(),
-            )
-            .unwrap()
-        })
+        .map(|_| backend.client(ClientOptions::default()))
         .collect();
     let inside = Arc::new(AtomicUsize::new(0));
     let mut joins = Vec::new();
@@ -74,12 +67,7 @@ async fn four_clients_sixteen_waiters_cost_about_one_attempt_per_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_waiting_reader_gets_in_when_the_writer_leaves() {
     let backend = counting("line-readers");
-    let client = Client::with_backend(
-        backend.clone(),
-        "mem://line-readers",
-        ClientOptions::default(),
-    )
-    .unwrap();
+    let client = backend.client(ClientOptions::default());
     let w = client.rwlock("rw").unwrap().write().await.unwrap();
     let inside = Arc::new(AtomicUsize::new(0));
     let all_in = Arc::new(tokio::sync::Barrier::new(9));
@@ -116,8 +104,7 @@ async fn every_waiting_reader_gets_in_when_the_writer_leaves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_permits_are_all_used_by_lined_up_waiters() {
     let backend = counting("line-sem");
-    let client =
-        Client::with_backend(backend.clone(), "mem://line-sem", ClientOptions::default()).unwrap();
+    let client = backend.client(ClientOptions::default());
     let holders: Vec<_> = {
         let s = client.semaphore("sem", 3).unwrap();
         let mut v = Vec::new();
@@ -161,12 +148,7 @@ async fn semaphore_permits_are_all_used_by_lined_up_waiters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_gives_up_at_the_head_hands_on_its_turn() {
     let backend = counting("line-timeout");
-    let client = Client::with_backend(
-        backend.clone(),
-        "mem://line-timeout",
-        ClientOptions::default(),
-    )
-    .unwrap();
+    let client = backend.client(ClientOptions::default());
     let holder = client.mutex("m").unwrap().acquire().await.unwrap();
     // The head gives up after 200 ms; the one behind it waits without a deadline.
     let impatient = client.mutex("m").unwrap();

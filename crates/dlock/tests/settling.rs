@@ -4,7 +4,7 @@
 mod common;
 
 use common::counting;
-use dlock::{Client, ClientOptions, Error};
+use dlock::{ClientOptions, Error};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -13,12 +13,7 @@ const SLOW: Duration = Duration::from_millis(300);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_guard_does_not_keep_its_own_client_out() {
     let backend = counting("settle-guard");
-    let c = Client::with_backend(
-        backend.clone(),
-        "mem://settle-guard",
-        ClientOptions::default(),
-    )
-    .unwrap();
+    let c = backend.client(ClientOptions::default());
     let m = c.mutex("job").unwrap();
     let g = m.acquire().await.unwrap();
     backend
@@ -46,12 +41,7 @@ async fn a_dropped_guard_does_not_keep_its_own_client_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_fair_waiter_leaves_no_place_in_front_of_its_client() {
     let backend = counting("settle-waiter");
-    let c = Client::with_backend(
-        backend.clone(),
-        "mem://settle-waiter",
-        ClientOptions::default(),
-    )
-    .unwrap();
+    let c = backend.client(ClientOptions::default());
     let holder = c.mutex("job").unwrap().acquire().await.unwrap();
     // A fair waiter takes a queue place, then its caller gives up (the future is dropped).
     backend

@@ -5,7 +5,7 @@
 mod common;
 
 use common::counting;
-use dlock::{Client, ClientOptions};
+use dlock::ClientOptions;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -13,12 +13,7 @@ use std::time::{Duration, Instant};
 async fn all_holds_of_a_client_are_renewed_in_one_call_per_round() {
     let backend = counting("watchdog-batch");
     let lease = Duration::from_millis(600);
-    let client = Client::with_backend(
-        backend.clone(),
-        "mem://watchdog-batch",
-        ClientOptions::default().lease(lease),
-    )
-    .unwrap();
+    let client = backend.client(ClientOptions::default().lease(lease));
     let mut guards = Vec::new();
     for i in 0..50 {
         guards.push(
@@ -53,12 +48,7 @@ async fn all_holds_of_a_client_are_renewed_in_one_call_per_round() {
 async fn a_failing_store_is_retried_calmly_and_the_hold_is_lost_at_its_deadline() {
     let backend = counting("watchdog-fail");
     let lease = Duration::from_millis(1000);
-    let client = Client::with_backend(
-        backend.clone(),
-        "mem://watchdog-fail",
-        ClientOptions::default().lease(lease),
-    )
-    .unwrap();
+    let client = backend.client(ClientOptions::default().lease(lease));
     let guard = client.mutex("x").unwrap().acquire().await.unwrap();
     let granted = Instant::now();
     backend.failing.store(true, Ordering::SeqCst);
@@ -81,12 +71,7 @@ async fn a_failing_store_is_retried_calmly_and_the_hold_is_lost_at_its_deadline(
 async fn thousands_of_holds_are_renewed_in_calls_of_at_most_500() {
     let backend = counting("watchdog-many");
     let lease = Duration::from_millis(1500);
-    let client = Client::with_backend(
-        backend.clone(),
-        "mem://watchdog-many",
-        ClientOptions::default().lease(lease),
-    )
-    .unwrap();
+    let client = backend.client(ClientOptions::default().lease(lease));
     let mut guards = Vec::new();
     for i in 0..1_700 {
         guards.push(
@@ -125,12 +110,7 @@ async fn thousands_of_holds_are_renewed_in_calls_of_at_most_500() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_that_is_due_before_the_watchdog_wakes_it() {
     let backend = counting("watchdog-kick");
-    let client = Client::with_backend(
-        backend.clone(),
-        "mem://watchdog-kick",
-        ClientOptions::default(),
-    )
-    .unwrap();
+    let client = backend.client(ClientOptions::default());
     let long = client
         .mutex("long")
         .unwrap()
@@ -176,12 +156,7 @@ async fn a_grant_that_is_due_before_the_watchdog_wakes_it() {
 async fn a_term_lost_before_the_campaign_returns_is_not_handed_out() {
     let backend = counting("watchdog-elect-late");
     let lease = Duration::from_millis(400);
-    let client = Client::with_backend(
-        backend.clone(),
-        "mem://watchdog-elect-late",
-        ClientOptions::default().lease(lease),
-    )
-    .unwrap();
+    let client = backend.client(ClientOptions::default().lease(lease));
     let election = client.election("late").unwrap();
     backend.stall_set_value_ms.store(1200, Ordering::SeqCst);
     let started = Instant::now();
@@ -208,18 +183,8 @@ async fn a_term_lost_before_the_campaign_returns_is_not_handed_out() {
 async fn a_multi_lock_does_not_return_a_hold_lost_while_it_waited() {
     let lease = Duration::from_millis(400);
     let waiter_store = counting("watchdog-multi-late");
-    let waiter = Client::with_backend(
-        waiter_store.clone(),
-        "mem://watchdog-multi-late",
-        ClientOptions::default().lease(lease),
-    )
-    .unwrap();
-    let other = Client::with_backend(
-        counting("watchdog-multi-late"),
-        "mem://watchdog-multi-late",
-        ClientOptions::default().lease(lease),
-    )
-    .unwrap();
+    let waiter = waiter_store.client(ClientOptions::default().lease(lease));
+    let other = counting("watchdog-multi-late").client(ClientOptions::default().lease(lease));
     let b = other.mutex("b").unwrap().acquire().await.unwrap();
     waiter_store.failing.store(true, Ordering::SeqCst);
     let both = tokio::spawn(async move { waiter.multi(["a", "b"]).unwrap().acquire().await });

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct Counting {
     inner: MemoryBackend,
+    /// The name of the in-memory store (`mem://<store>`).
+    store: String,
     pub acquires: Arc<AtomicUsize>,
     pub batches: Mutex<Vec<usize>>,
     pub failing: AtomicBool,
@@ -95,6 +97,7 @@ impl Backend for Counting {
 pub fn counting(store: &str) -> Arc<Counting> {
     Arc::new(Counting {
         inner: MemoryBackend::named(store),
+        store: store.to_owned(),
         acquires: Arc::new(AtomicUsize::new(0)),
         batches: Mutex::new(Vec::new()),
         failing: AtomicBool::new(false),
@@ -102,6 +105,14 @@ pub fn counting(store: &str) -> Arc<Counting> {
         slow_cleanup_ms: Arc::new(AtomicU64::new(0)),
         stall_set_value_ms: AtomicU64::new(0),
     })
+}
+
+impl Counting {
+    /// A client of this store with `options`.
+    pub fn client(self: &Arc<Self>, options: dlock::ClientOptions) -> dlock::Client {
+        dlock::Client::with_backend(self.clone(), format!("mem://{}", self.store), options)
+            .expect("a client of the in-memory store")
+    }
 }
 
 /// An acquisition of the in-memory store whose attempts are counted.
