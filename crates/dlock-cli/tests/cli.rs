@@ -1158,48 +1158,73 @@ fn list_watch_on_a_terminal_redraws_and_ends_cleanly_on_sigterm() {
     drop(holder);
 }
 
+/// A command for a sentinel to kill: `sleep 30` in a process group of its own.
+fn group_to_reap(dir: &std::path::Path) -> Proc {
+    let mut cmd = Command::new("sleep");
+    std::os::unix::process::CommandExt::process_group(cmd.arg("30"), 0);
+    Proc::spawn(cmd, dir)
+}
+
+/// `in_` from now, as a time of the machine's monotonic clock (what the sentinel is told).
+fn monotonic_in(in_: Duration) -> Duration {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
+    Duration::from(now) + in_
+}
+
+/// `dlock reap-group` of `command`'s group with `extra` arguments, its stderr in
+/// `dir/sentinel-err`, and the write end of its pipe (kept open: a closed pipe makes the sentinel
+/// kill the group for another reason).
+fn start_sentinel(
+    command: &Proc,
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::Child, std::process::ChildStdin) {
+    let err = std::fs::File::create(dir.join("sentinel-err")).expect("stderr file");
+    let mut sentinel = Command::new(BIN)
+        .args(["reap-group", &command.pid().as_raw().to_string()])
+        .args(extra)
+        .stdin(std::process::Stdio::piped())
+        .stderr(err)
+        .spawn()
+        .expect("spawn the sentinel");
+    let words = sentinel.stdin.take().expect("stdin");
+    (sentinel, words)
+}
+
+/// The sentinel ended by itself (exit 0) and said it killed the group because dlock was silent.
+fn assert_sentinel_killed_for_silence(mut sentinel: std::process::Child, dir: &std::path::Path) {
+    assert_eq!(sentinel.wait().expect("sentinel").code(), Some(0));
+    let said = std::fs::read_to_string(dir.join("sentinel-err")).unwrap_or_default();
+    assert!(
+        said.contains("did not vouch for the hold in time") && said.contains("[monotonic "),
+        "{said}"
+    );
+}
+
 /// The sentinel of `dlock run` (`dlock reap-group`) takes the end of the trust as a time of the
 /// machine's monotonic clock: a word it reads late (the sentinel still starting, or starved of
 /// CPU) does not give the command more time than dlock gave it.
 #[test]
 fn the_sentinel_does_not_extend_a_trust_it_reads_late() {
     use std::io::Write as _;
-    use std::os::unix::process::CommandExt as _;
     let dir = tempfile::tempdir().expect("tempdir");
-    // The command: a process group of its own that would live 30 s.
-    let mut cmd = Command::new("sleep");
-    cmd.arg("30").process_group(0);
-    let command = Proc::spawn(cmd, dir.path());
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
-    let until = Duration::from(now) + Duration::from_secs(2);
+    let command = group_to_reap(dir.path());
+    let until = monotonic_in(Duration::from_secs(2));
     // dlock wrote the word with 2 s of trust left; the sentinel reads it 2.2 s later.
     std::thread::sleep(Duration::from_millis(2200));
-    let err = std::fs::File::create(dir.path().join("sentinel-err")).expect("stderr file");
-    let mut sentinel = Command::new(BIN)
-        .args(["reap-group", &command.pid().as_raw().to_string()])
-        .stdin(std::process::Stdio::piped())
-        .stderr(err)
-        .spawn()
-        .expect("spawn the sentinel");
-    let mut words = sentinel.stdin.take().expect("stdin");
+    let (sentinel, mut words) = start_sentinel(&command, dir.path(), &[]);
     let told = Instant::now();
     words
         .write_all(format!("U{}\n", until.as_micros()).as_bytes())
         .expect("write the word");
-    // Kept open: a closed pipe would make the sentinel kill the group for another reason.
     let ended = command.wait(Duration::from_secs(5));
     let took = told.elapsed();
     assert!(
         took < Duration::from_secs(1),
         "the command was killed {took:?} after the sentinel read a trust that had run out: {ended:?}"
     );
-    assert_eq!(sentinel.wait().expect("sentinel").code(), Some(0));
+    assert_sentinel_killed_for_silence(sentinel, dir.path());
     drop(words);
-    let said = std::fs::read_to_string(dir.path().join("sentinel-err")).unwrap_or_default();
-    assert!(
-        said.contains("did not vouch for the hold in time") && said.contains("[monotonic "),
-        "{said}"
-    );
 }
 
 /// The sentinel starts with its first deadline (`--until`): a dlock stopped before it says a
@@ -1207,33 +1232,21 @@ fn the_sentinel_does_not_extend_a_trust_it_reads_late() {
 #[test]
 fn the_sentinel_kills_at_its_first_deadline_without_a_word() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cmd = Command::new("sleep");
-    std::os::unix::process::CommandExt::process_group(cmd.arg("30"), 0);
-    let command = Proc::spawn(cmd, dir.path());
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
-    let until = Duration::from(now) + Duration::from_millis(500);
-    let err = std::fs::File::create(dir.path().join("sentinel-err")).expect("stderr file");
+    let command = group_to_reap(dir.path());
+    let until = monotonic_in(Duration::from_millis(500));
     let started = Instant::now();
-    let mut sentinel = Command::new(BIN)
-        .args(["reap-group", &command.pid().as_raw().to_string()])
-        .args(["--until", &until.as_micros().to_string()])
-        .stdin(std::process::Stdio::piped())
-        .stderr(err)
-        .spawn()
-        .expect("spawn the sentinel");
     // Open and silent, as the pipe of a stopped dlock is.
-    let words = sentinel.stdin.take().expect("stdin");
+    let (sentinel, words) = start_sentinel(
+        &command,
+        dir.path(),
+        &["--until", &until.as_micros().to_string()],
+    );
     let ended = command.wait(Duration::from_secs(10));
     let took = started.elapsed();
     assert!(
         took >= Duration::from_millis(450) && took < Duration::from_secs(3),
         "killed {took:?} after the start with 500 ms of trust: {ended:?}"
     );
-    assert_eq!(sentinel.wait().expect("sentinel").code(), Some(0));
+    assert_sentinel_killed_for_silence(sentinel, dir.path());
     drop(words);
-    let said = std::fs::read_to_string(dir.path().join("sentinel-err")).unwrap_or_default();
-    assert!(
-        said.contains("did not vouch for the hold in time"),
-        "{said}"
-    );
 }
