@@ -385,21 +385,20 @@ fn spawn_sentinel(group: Pid, until: Option<Duration>) -> io::Result<OwnedFd> {
 
 /// The machine's monotonic clock (CLOCK_MONOTONIC, the same for every process), from its zero.
 fn monotonic_now() -> Option<Duration> {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).ok()?;
-    Some(Duration::new(
-        u64::try_from(t.tv_sec()).ok()?,
-        u32::try_from(t.tv_nsec()).ok()?,
-    ))
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .ok()
+        .map(Duration::from)
 }
 
 /// `dlock reap-group PGID [--until µs]`: the sentinel. `until` is its first deadline (as `U`
 /// below); without it, it watches only for dlock's death until the first `U`. It reads what dlock
-/// says on its stdin, one word per line: `U<µs>` (the hold is trusted until that time of the machine's monotonic clock: if no
-/// later word comes by then, dlock is stopped or frozen, and the group is killed), `L` (the lock was lost and dlock stops the command
-/// itself: no more deadline), `done` (leave, killing nothing). If stdin closes without `done`,
-/// dlock died, and every process left in group PGID is killed. A kill is reported on stderr with
-/// its reason and the time of the machine's monotonic clock. Ignores the signals a terminal or
-/// a supervisor sends to a group, so only dlock's words decide.
+/// says on its stdin, one word per line: `U<µs>` (the hold is trusted until that time of the
+/// machine's monotonic clock: if no later word comes by then, dlock is stopped or frozen, and the
+/// group is killed), `L` (the lock was lost and dlock stops the command itself: no more
+/// deadline), `done` (leave, killing nothing). If stdin closes without `done`, dlock died, and
+/// every process left in group PGID is killed. A kill is reported on stderr with its reason and
+/// the time of the machine's monotonic clock. Ignores the signals a terminal or a supervisor
+/// sends to a group, so only dlock's words decide.
 pub fn reap_group(pgid: i32, until: Option<u64>) -> i32 {
     let job_control = [
         Signal::SIGTSTP,
