@@ -1,28 +1,31 @@
 //! The server-side routines of lease mode, created by the migration when missing.
 //!
-//! **The grant routine** (`<table>_grant_v2` on PostgreSQL, `<table>_grant_v1` on
+//! **The grant routine** (`<table>_grant_v3` on PostgreSQL, `<table>_grant_v1` on
 //! MySQL/MariaDB) answers the two common cases of an exclusive `acquire` that takes no queue
 //! place inside the server in one round trip — a name with no rows at all (grant) and live holds
 //! of other owners (refuse) — and says "take the full path" for everything else. The backend
 //! calls it for no other requests (`p_busy_ok` stays in the signature: the routine may refuse).
 //! The full path (a transaction around `decide`) stays the specification; the routine only ever
-//! answers what `decide` would answer.
+//! answers what `decide` would answer. Both run at `READ COMMITTED` (PostgreSQL's default; dlock
+//! sets it on MySQL sessions): every statement takes a fresh snapshot.
 //!
-//! - Both are procedures called with `CALL` on an autocommitted connection that end their own
-//!   transaction: `COMMIT` after a grant, `ROLLBACK` when the look under the lock finds the race
-//!   lost, so a waiter that loses costs no commit flush. PostgreSQL (11 or newer): PL/pgSQL with
-//!   `INOUT` parameters for the answer; MySQL/MariaDB: the answer is the procedure's result set.
-//! - Both run at `READ COMMITTED` (PostgreSQL's default; dlock sets it on MySQL sessions): every
-//!   statement takes a fresh snapshot, so the look after the fence row lock sees every grant
-//!   committed before the lock was ours.
-//!
-//! On PostgreSQL the routine first looks at the holds and queue without any lock: a refusal or a
-//! "full path" answer costs no write, and only a name that looked empty takes the fence row
-//! lock, looks again, and grants. A refused waiting mutex request registers in
-//! `<table>_waiters` (a row per waiter: its client's hand-off channel and listener lock, its lease
-//! and metadata) for a hand-off. On MySQL/MariaDB, where each
-//! statement of a procedure costs more and a lost race rolls back for free, it takes the lock
-//! and looks once.
+//! - PostgreSQL: a PL/pgSQL function called with `SELECT` on an autocommitted connection. It
+//!   looks at the name's holds, queue and fence in one statement, without any lock; a refusal
+//!   or a "full path" answer writes nothing. A name that looked empty is granted by a
+//!   compare-and-set of its fence row (`UPDATE … SET fence = fence + 1 WHERE fence = <the fence
+//!   it saw>`, or the row's first insert): every transaction that makes a hold live (this one,
+//!   the full path, a release's hand-off, session mode) takes the next fence under that row's
+//!   lock, so an unchanged fence proves that no hold was granted since the look, and an update
+//!   that waited for a grant in progress sees its new fence and changes nothing. A lost race has
+//!   written nothing (no transaction id, so no commit flush) and looks again for its answer. A
+//!   refused waiting mutex request registers in `<table>_waiters` (a row per waiter: its
+//!   client's hand-off channel and listener lock, its lease and metadata) for a hand-off. (The
+//!   earlier `_grant_v2`, a procedure that looked, locked the row, looked again and ended its
+//!   own transaction, cost about twice the server time.)
+//! - MySQL/MariaDB: a procedure called with `CALL` that ends its own transaction (`COMMIT`
+//!   after a grant, `ROLLBACK` otherwise); its answer is its result set. Each statement of a
+//!   procedure costs more there and a lost race rolls back for free, so it locks the fence row
+//!   first and looks once, under the lock.
 //!
 //! **The release function** (PostgreSQL only, `<table>_release_v2`): deletes the owner's hold
 //! and, when a registered mutex waiter of a live client is waiting and nothing else stands in
@@ -48,7 +51,7 @@ use super::config::Dialect;
 /// clients of different dlock versions can share a table).
 pub fn routine(d: Dialect, t: &str) -> String {
     match d {
-        Dialect::Postgres => format!("{t}_grant_v2"),
+        Dialect::Postgres => format!("{t}_grant_v3"),
         Dialect::MySql => format!("{t}_grant_v1"),
     }
 }
@@ -90,8 +93,7 @@ pub(super) fn exists_sql(d: Dialect, t: &str) -> String {
             "SELECT CAST(count(*) AS BIGINT) FROM pg_proc p \
              JOIN pg_namespace n ON n.oid = p.pronamespace \
              WHERE n.nspname = current_schema() AND \
-             ((p.proname = '{r}' AND p.prokind = 'p') OR \
-              (p.proname = '{rel}' AND p.prokind = 'f'))",
+             p.prokind = 'f' AND p.proname IN ('{r}', '{rel}')",
             rel = release_routine(t)
         ),
         Dialect::MySql => format!(
@@ -118,8 +120,8 @@ pub(super) fn call_sql(d: Dialect, t: &str) -> String {
     let r = routine(d, t);
     match d {
         Dialect::Postgres => format!(
-            "CALL {r}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-             NULL, NULL, NULL, NULL)"
+            "SELECT answer, token, wait_ms, seen \
+             FROM {r}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
         ),
         Dialect::MySql => format!("CALL {r}(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
     }
@@ -137,7 +139,7 @@ pub fn drop_sql(d: Dialect, t: &str) -> String {
     match d {
         Dialect::Postgres => format!(
             "DO $dlock$ BEGIN \
-             DROP ROUTINE IF EXISTS {t}_grant_v1, {t}_grant_v2, {t}_release_v1, {rel}; \
+             DROP ROUTINE IF EXISTS {t}_grant_v1, {t}_grant_v2, {t}_grant_v3, {t}_release_v1, {rel}; \
              DROP TABLE IF EXISTS {w}; \
              END $dlock$",
             rel = release_routine(t),
@@ -211,9 +213,10 @@ const INDEX_SCANS: &str = "PERFORM set_config('enable_bitmapscan', 'off', true);
 
 fn pg_grant(t: &str, now: &str) -> String {
     let r = routine(Dialect::Postgres, t);
-    // What the name's hold rows say at v_now: live count, whether a live one is the
-    // requester's or of another kind (then `decide` must judge), the earliest live expiry, the
-    // highest live token, and the expired count.
+    // What the name's rows say at v_now, in one snapshot: live hold count, whether a live one is
+    // the requester's or of another kind (then `decide` must judge), the earliest live expiry,
+    // the highest live token, the expired count, whether a queue place exists, and the name's
+    // fence (NULL: the name never had one).
     let look = format!(
         "SELECT count(*) FILTER (WHERE expires_at_ms > v_now),
                 coalesce(bool_or(expires_at_ms > v_now AND (owner = p_owner
@@ -221,8 +224,9 @@ fn pg_grant(t: &str, now: &str) -> String {
                 min(expires_at_ms) FILTER (WHERE expires_at_ms > v_now),
                 max(fence) FILTER (WHERE expires_at_ms > v_now),
                 count(*) FILTER (WHERE expires_at_ms <= v_now),
-                EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name)
-           INTO v_live, v_odd, v_min, v_top, v_dead, v_queued
+                EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name),
+                (SELECT fence FROM {t}_fences WHERE name = p_name)
+           INTO v_live, v_odd, v_min, v_top, v_dead, v_queued, v_fence
            FROM {t} WHERE name = p_name;"
     );
     let register = format!(
@@ -246,14 +250,23 @@ fn pg_grant(t: &str, now: &str) -> String {
             ]
         )
     );
+    let refuse = format!(
+        "IF v_live > 0 THEN
+            IF p_busy_ok AND NOT v_odd THEN
+                answer := {BUSY}; wait_ms := v_min - v_now; seen := v_top;
+                {register}
+            END IF;
+            RETURN;
+        END IF;"
+    );
     format!(
-        "CREATE OR REPLACE PROCEDURE {r}(
+        "CREATE OR REPLACE FUNCTION {r}(
             p_name TEXT, p_owner TEXT, p_kind TEXT, p_permits BIGINT, p_mode TEXT,
             p_lease BIGINT, p_client TEXT, p_host TEXT, p_pid BIGINT, p_value TEXT,
             p_busy_ok BOOLEAN, p_register BOOLEAN, p_registered BOOLEAN, p_channel TEXT,
             p_lk1 INTEGER, p_lk2 INTEGER,
-            INOUT answer BIGINT, INOUT token BIGINT, INOUT wait_ms BIGINT, INOUT seen BIGINT)
-        LANGUAGE plpgsql SECURITY INVOKER AS $dlock$
+            OUT answer BIGINT, OUT token BIGINT, OUT wait_ms BIGINT, OUT seen BIGINT)
+        LANGUAGE plpgsql VOLATILE SECURITY INVOKER AS $dlock$
         DECLARE
             v_now BIGINT := {now};
             v_live BIGINT;
@@ -262,42 +275,38 @@ fn pg_grant(t: &str, now: &str) -> String {
             v_top BIGINT;
             v_dead BIGINT;
             v_queued BOOLEAN;
+            v_fence BIGINT;
         BEGIN
             {INDEX_SCANS}
             answer := {FULL}; token := 0; wait_ms := 0; seen := 0;
             {look}
-            IF v_live > 0 THEN
-                IF p_busy_ok AND NOT v_odd THEN
-                    answer := {BUSY}; wait_ms := v_min - v_now; seen := v_top;
-                    {register}
-                END IF;
-                RETURN;
-            END IF;
+            {refuse}
             IF v_dead > 0 OR v_queued THEN
                 RETURN;
             END IF;
-            -- Lock the name (every grant passes through this row lock) and take the next
-            -- fence; an exhausted counter is left to the full path, which reports it.
-            INSERT INTO {t}_fences AS f (name, fence) VALUES (p_name, 1)
-                ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1
-                WHERE f.fence < 9223372036854775807
-                RETURNING f.fence INTO token;
-            IF token IS NULL THEN
-                ROLLBACK;
-                token := 0;
-                RETURN;
+            -- The grant is a compare-and-set of the name's fence: every transaction that makes a
+            -- hold live takes the next fence under the fence row's lock, so the fence still
+            -- being the one the look saw means no hold was granted since (a grant still
+            -- uncommitted holds the row lock, and the update waits for it and then sees its
+            -- fence). A lost race wrote nothing: no transaction id, no commit flush.
+            IF v_fence IS NULL THEN
+                -- The name's first grant: the row's insert is the compare (a racing insert
+                -- waits for ours and then conflicts).
+                INSERT INTO {t}_fences (name, fence) VALUES (p_name, 1)
+                    ON CONFLICT (name) DO NOTHING
+                    RETURNING fence INTO token;
+            ELSIF v_fence < 9223372036854775807 THEN
+                UPDATE {t}_fences SET fence = fence + 1
+                    WHERE name = p_name AND fence = v_fence
+                    RETURNING fence INTO token;
             END IF;
-            v_now := {now};
-            -- A fresh snapshot: every grant committed before the lock is visible.
-            {look}
-            IF v_live > 0 OR v_dead > 0 OR v_queued THEN
-                -- Lost the race: undo without a commit (no WAL flush).
-                ROLLBACK;
+            IF token IS NULL THEN
+                -- Lost the race (or an exhausted counter, which the full path reports): look
+                -- again for the answer a waiter needs.
                 token := 0;
-                IF v_live > 0 AND p_busy_ok AND NOT v_odd THEN
-                    answer := {BUSY}; wait_ms := v_min - v_now; seen := v_top;
-                    {register}
-                END IF;
+                v_now := {now};
+                {look}
+                {refuse}
                 RETURN;
             END IF;
             INSERT INTO {t} (name, owner, kind, permits, mode, fence, expires_at_ms,
@@ -307,7 +316,6 @@ fn pg_grant(t: &str, now: &str) -> String {
             IF p_registered THEN
                 DELETE FROM {t}_waiters WHERE name = p_name AND owner = p_owner;
             END IF;
-            COMMIT;
             answer := {GRANTED};
         END
         $dlock$"

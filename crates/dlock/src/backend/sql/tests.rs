@@ -1076,6 +1076,72 @@ async fn postgres_released_holds_leave_the_index() {
     assert!(grown <= 16 * 1024, "the index grew by {grown} bytes");
 }
 
+/// The grant routine's compare-and-set: an attempt that looked at a free name while another
+/// transaction was granting it (the fence row locked, a hold inserted, not yet committed) waits
+/// for that transaction and then refuses; it never grants beside it. Both the name's first
+/// grant (the fence row's insert) and a later one (its update).
+#[cfg(feature = "postgres")]
+async fn postgres_a_grant_in_progress_wins_the_race() {
+    let d = Dialect::Postgres;
+    let table = format!(
+        "dlt_cas_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let a = Arc::new(open(d, &table).await);
+    let m = meta("m");
+    let (used, fresh) = (name(&uniq("used")), name(&uniq("fresh")));
+    // `used` has a fence row (fence 1); `fresh` has none.
+    let r0 = rq(&used, "first", &m);
+    assert_eq!(token(a.acquire(&r0).await.unwrap()), 1);
+    assert_eq!(a.release(&hr(&r0)).await.unwrap(), Released::Released);
+    for (n, take_fence) in [
+        (
+            &used,
+            format!("UPDATE {table}_fences SET fence = fence + 1 WHERE name = '{used}'"),
+        ),
+        (
+            &fresh,
+            format!("INSERT INTO {table}_fences (name, fence) VALUES ('{fresh}', 1)"),
+        ),
+    ] {
+        let mut tx = a.inner.pool.begin().await.unwrap();
+        sqlx::query(&take_fence).execute(&mut *tx).await.unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO {table} (name, owner, kind, permits, mode, fence, expires_at_ms, \
+             acquired_at_ms, client_id, host, pid) VALUES ('{n}', 'granting', 'mutex', 0, \
+             'exclusive', 99, floor(extract(epoch from clock_timestamp()) * 1000)::bigint \
+             + 60000, 0, 'c', 'h', 1)"
+        ))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let before = fast_counts(&a);
+        let attempt = tokio::spawn({
+            let (a, n, m) = (a.clone(), n.clone(), m.clone());
+            async move { a.acquire(&rq(&n, "racer", &m)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !attempt.is_finished(),
+            "the attempt saw {n} free and waits for the grant in progress"
+        );
+        tx.commit().await.unwrap();
+        let retry = busy(attempt.await.unwrap().unwrap()).retry_in.unwrap();
+        assert!(retry > Duration::from_secs(50), "{retry:?}");
+        let after = fast_counts(&a);
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+            (0, 1, 0),
+            "refused by the routine itself, after its second look"
+        );
+    }
+    drop_tables(&a, &table).await;
+    sqlx::query(&fast::drop_sql(d, &table))
+        .execute(&a.inner.pool)
+        .await
+        .unwrap();
+}
+
 #[cfg(feature = "mysql")]
 async fn mysql_polls_and_respects_until() {
     let d = Dialect::MySql;
@@ -1272,7 +1338,7 @@ async fn missing_grant_routine_falls_back(d: Dialect) {
     let a = open(d, &table).await;
     assert!(a.inner.fast.load(Ordering::Relaxed));
     let drop = match d {
-        Dialect::Postgres => format!("DROP PROCEDURE {}", fast::routine(d, &table)),
+        Dialect::Postgres => format!("DROP FUNCTION {}", fast::routine(d, &table)),
         Dialect::MySql => format!("DROP PROCEDURE {}", fast::routine(d, &table)),
     };
     sqlx::query(&drop).execute(&a.inner.pool).await.unwrap();
@@ -1705,6 +1771,11 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn released_holds_leave_the_index() {
         super::postgres_released_holds_leave_the_index().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_in_progress_wins_the_race() {
+        super::postgres_a_grant_in_progress_wins_the_race().await
     }
 }
 
