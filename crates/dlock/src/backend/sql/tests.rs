@@ -21,6 +21,14 @@ fn url(d: Dialect, table: &str, extra: &str) -> String {
     format!("{b}{sep}table={table}{extra}")
 }
 
+/// A table of one test's own: `prefix` and a random suffix.
+fn own_table(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
 fn uniq(prefix: &str) -> String {
     format!("{prefix}/{}", uuid::Uuid::new_v4().simple())
 }
@@ -1027,10 +1035,7 @@ async fn postgres_observers_are_woken() {
 #[cfg(feature = "postgres")]
 async fn postgres_released_holds_leave_the_index() {
     let d = Dialect::Postgres;
-    let table = format!(
-        "dlt_churn_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
+    let table = own_table("dlt_churn");
     let setup = open(d, &table).await;
     // A table grown by earlier churn (dead rows of other names, never vacuumed).
     for stmt in [
@@ -1083,10 +1088,7 @@ async fn postgres_released_holds_leave_the_index() {
 #[cfg(feature = "postgres")]
 async fn postgres_a_grant_in_progress_wins_the_race() {
     let d = Dialect::Postgres;
-    let table = format!(
-        "dlt_cas_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
+    let table = own_table("dlt_cas");
     let a = Arc::new(open(d, &table).await);
     let m = meta("m");
     let (used, fresh) = (name(&uniq("used")), name(&uniq("fresh")));
@@ -1331,10 +1333,7 @@ async fn grant_routine_answers_the_common_cases(d: Dialect) {
 /// A dropped routine is noticed and the backend carries on with the full path; the next backend
 /// to open the table creates it again.
 async fn missing_grant_routine_falls_back(d: Dialect) {
-    let table = format!(
-        "dlt_fastgone_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
+    let table = own_table("dlt_fastgone");
     let a = open(d, &table).await;
     assert!(a.inner.fast.load(Ordering::Relaxed));
     let drop = match d {
@@ -1468,10 +1467,7 @@ async fn mysql_without_routine_privileges_falls_back() {
         v.to_string()
     };
     // A table of its own: the routine cannot be created.
-    let table = format!(
-        "dlt_priv_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
+    let table = own_table("dlt_priv");
     let b = SqlBackend::open(&restricted(&table)).await.unwrap();
     assert!(
         !b.inner.fast.load(Ordering::Relaxed),
@@ -1600,10 +1596,7 @@ async fn session_mode_values(d: Dialect) {
 /// A table made before holds had values (no `value` column) gets the column when a backend
 /// opens it, keeps its holds and its schema version, and its routine's rows still work.
 async fn a_table_without_values_gets_the_column(d: Dialect) {
-    let table = format!(
-        "dlt_novalue_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
+    let table = own_table("dlt_novalue");
     let a = open(d, &table).await;
     let n = name(&uniq("old"));
     let m = meta("old");
@@ -1647,10 +1640,7 @@ async fn a_table_without_values_gets_the_column(d: Dialect) {
 /// another session holds it (a slow migration elsewhere, or a fleet opening at once), the open
 /// still answers at once with the grant routine enabled.
 async fn an_open_table_is_not_migrated_again(d: Dialect) {
-    let table = format!(
-        "dlt_nomigrate_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
+    let table = own_table("dlt_nomigrate");
     let a = open(d, &table).await;
     let mut other = a.inner.pool.acquire().await.unwrap();
     match d {
