@@ -710,7 +710,7 @@ impl RedisBackend {
             [&*base, ":w"].concat(),
             base.clone(),
             [&*base, ":fence"].concat(),
-            format!("{base}:meta:{}", req.owner),
+            [&*base, ":meta:", req.owner].concat(),
         ];
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         sh.eval(

@@ -19,9 +19,9 @@
 //!   that waited for a grant in progress sees its new fence and changes nothing. A lost race has
 //!   written nothing (no transaction id, so no commit flush) and looks again for its answer. A
 //!   refused waiting mutex request registers in `<table>_waiters` (a row per waiter: its
-//!   client's hand-off channel and listener lock, its lease and metadata) for a hand-off. (The
-//!   earlier `_grant_v2`, a procedure that looked, locked the row, looked again and ended its
-//!   own transaction, cost about twice the server time.)
+//!   client's hand-off channel and listener lock, its lease and metadata) for a hand-off. The
+//!   earlier `_grant_v2` (a procedure that looked, locked the row, looked again and ended its
+//!   own transaction) ran more statements for the same answer; it stays for older clients.
 //! - MySQL/MariaDB: a procedure called with `CALL` that ends its own transaction (`COMMIT`
 //!   after a grant, `ROLLBACK` otherwise); its answer is its result set. Each statement of a
 //!   procedure costs more there and a lost race rolls back for free, so it locks the fence row
