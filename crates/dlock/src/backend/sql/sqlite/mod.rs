@@ -30,6 +30,14 @@
 //! only once it is more than a second old, so a polling fair waiter does not cost a synced write
 //! on every attempt.
 //!
+//! Attempts of one backend that arrive while another of its attempts has its transaction under
+//! way wait for that one and then share the next transaction (at most 64, decided in arrival
+//! order, one `COMMIT`): a client taking many names at once pays one synced commit per batch
+//! instead of one per name. An attempt with nothing under way runs its own transaction at once.
+//! Each attempt of a batch gets its own answer: one refused with an error writes nothing, an SQL
+//! error rolls the batch back and runs each of its attempts alone, and an attempt whose caller
+//! went away while its batch ran has its hold and queue place removed again.
+//!
 //! # Clock
 //!
 //! Leases are absolute expiry times in milliseconds on a clock that **every process of the
@@ -105,6 +113,7 @@
 //!   lost and fencing tokens restart.
 //! - On platforms other than Linux, stepping the wall clock (see *Clock*).
 
+mod batch;
 mod machine;
 mod watch;
 
@@ -233,9 +242,14 @@ pub struct SqliteBackend {
     key: Arc<Path>,
     /// Commits by other processes (a watch on the database's files), when it could be set up.
     watch: Arc<FileWatch>,
+    /// Attempts waiting for the next write transaction (group commit, `batch.rs`).
+    batch: Arc<std::sync::Mutex<batch::Queue>>,
     /// Read-only looks of waiters (tests count them).
     #[cfg(test)]
     looks: Arc<std::sync::atomic::AtomicUsize>,
+    /// Batches of queued attempts run (tests count them).
+    #[cfg(test)]
+    batches: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl SqliteBackend {
@@ -335,8 +349,11 @@ impl SqliteBackend {
             path: path.into(),
             watch: file_watch_for(&key),
             key: key.into(),
+            batch: Default::default(),
             #[cfg(test)]
             looks: Default::default(),
+            #[cfg(test)]
+            batches: Default::default(),
         };
         if let Err(e) = backend.migrate().await {
             backend.pool.close().await;
@@ -507,9 +524,10 @@ impl SqliteBackend {
         Ok(())
     }
 
-    /// `acquire_tx`, with a write lock that stayed taken under a herd answered as busy.
-    async fn acquire_answer(&self, req: &Request<'_>) -> Result<Attempt> {
-        match self.acquire_tx(req).await {
+    /// `r` (an attempt's answer), with a write lock that stayed taken under a herd answered as
+    /// busy.
+    fn busy_answer(r: Result<Attempt>) -> Result<Attempt> {
+        match r {
             // The database's write lock stayed taken for the whole busy timeout: under a herd of
             // processes that is contention for the lock, not an unreachable store. Answer "busy"
             // so a waiter keeps waiting (and `try_acquire` reports Busy) instead of failing.
@@ -524,18 +542,35 @@ impl SqliteBackend {
         }
     }
 
-    async fn acquire_tx(&self, req: &Request<'_>) -> Result<Attempt> {
-        let name = req.name.as_str();
+    /// `req`'s attempt in a write transaction of its own.
+    async fn acquire_alone(&self, req: &Request<'_>) -> Result<Attempt> {
         let mut tx = self.begin_write().await?;
         // Read the clock only once the write lock is ours.
         let now = now_ms();
+        let attempt = match self.grant_in(&mut tx, req, now).await {
+            Ok(attempt) => attempt,
+            Err(TxError::Sql(e)) => return Err(self.err(e)),
+            Err(TxError::Dlock(e)) => return Err(e),
+        };
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(attempt)
+    }
+
+    /// Decides `req` at `now` inside `tx` (which holds the write lock) and writes the decision.
+    /// A [`TxError::Dlock`] comes before any write of `req` but the removal of its name's
+    /// expired rows.
+    async fn grant_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        req: &Request<'_>,
+        now: i64,
+    ) -> std::result::Result<Attempt, TxError> {
+        let name = req.name.as_str();
         let Loaded {
             state,
             fence: stored,
             expired,
-        } = load_state(&mut tx, name, now)
-            .await
-            .map_err(|e| self.err(e))??;
+        } = load_state(tx, name, now).await??;
         if expired {
             for stmt in [
                 "DELETE FROM dlock_holds WHERE name = ? AND expires_ms <= ?",
@@ -544,22 +579,15 @@ impl SqliteBackend {
                 sqlx::query(stmt)
                     .bind(name)
                     .bind(now)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| self.err(e))?;
+                    .execute(&mut **tx)
+                    .await?;
             }
         }
         let stored = match stored {
             Some(f) => Some(ROWS.token(f)?),
             None => None,
         };
-        let mut writes = SqliteWrites(&mut tx);
-        let (attempt, _) = match grant(&mut writes, &state, req, stored, now).await {
-            Ok(done) => done,
-            Err(TxError::Sql(e)) => return Err(self.err(e)),
-            Err(TxError::Dlock(e)) => return Err(e),
-        };
-        tx.commit().await.map_err(|e| self.err(e))?;
+        let (attempt, _) = grant(&mut SqliteWrites(tx), &state, req, stored, now).await?;
         Ok(attempt)
     }
 }
@@ -1045,7 +1073,7 @@ impl Acquisition for SqliteAcquisition {
         if self.want.waiting {
             self.mark();
         }
-        self.store.acquire_answer(&self.want.req()).await
+        self.store.attempt_grouped(&self.want.req()).await
     }
 
     fn mark(&mut self) -> bool {
