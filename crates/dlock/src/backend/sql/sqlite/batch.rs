@@ -139,32 +139,13 @@ impl SqliteBackend {
     async fn answer(&self, job: Job, a: Result<Attempt>) {
         let Job { want, answer } = job;
         if answer.send(a).is_err() {
-            let r = self.drop_owner(want.name.as_str(), &want.owner).await;
+            let r = self
+                .remove_owner(want.name.as_str(), &want.owner, true)
+                .await;
             if let Err(e) = r {
                 tracing::debug!(error = %e, "removing an abandoned attempt's grant");
             }
         }
-    }
-
-    /// Removes `owner`'s hold and queue place of `name` (waking the watchers if there were any).
-    async fn drop_owner(&self, name: &str, owner: &str) -> Result<()> {
-        let mut changed = 0;
-        for sql in [
-            "DELETE FROM dlock_holds WHERE name = ? AND owner = ?",
-            "DELETE FROM dlock_queue WHERE name = ? AND owner = ?",
-        ] {
-            changed += sqlx::query(sql)
-                .bind(name)
-                .bind(owner)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?
-                .rows_affected();
-        }
-        if changed > 0 {
-            self.watch.poke();
-        }
-        Ok(())
     }
 }
 
@@ -292,6 +273,11 @@ mod tests {
             };
             b.attempt_grouped(&r).await
         })
+    }
+
+    async fn held_names(b: &SqliteBackend) -> Vec<String> {
+        let all = b.describe("").await.unwrap();
+        all.into_iter().map(|l| l.name).collect()
     }
 
     async fn fence_rows(b: &SqliteBackend, n: &str) -> Vec<i64> {
@@ -423,14 +409,7 @@ mod tests {
             }
         }
         assert!(fence_rows(&b, "boom").await.is_empty());
-        let names: Vec<_> = b
-            .describe("")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|l| l.name)
-            .collect();
-        assert_eq!(names, ["a", "c", "first"]);
+        assert_eq!(held_names(&b).await, ["a", "c", "first"]);
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -464,13 +443,6 @@ mod tests {
         let want = Want::new(&rq(&n, "o-late", &m));
         b.run_batch(vec![Job { want, answer }]).await;
         assert_eq!(fence_rows(&b, "late").await, vec![1], "it was granted");
-        let names: Vec<_> = b
-            .describe("")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|l| l.name)
-            .collect();
-        assert_eq!(names, ["first", "kept"]);
+        assert_eq!(held_names(&b).await, ["first", "kept"]);
     }
 }

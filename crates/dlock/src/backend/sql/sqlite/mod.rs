@@ -511,13 +511,30 @@ impl SqliteBackend {
     }
     /// Removes `req`'s queue place, if any (waking the other processes' waiters).
     async fn cancel_place(&self, req: &Request<'_>) -> Result<()> {
-        let removed = sqlx::query("DELETE FROM dlock_queue WHERE name = ? AND owner = ?")
-            .bind(req.name.as_str())
-            .bind(req.owner)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?
-            .rows_affected();
+        self.remove_owner(req.name.as_str(), req.owner, false).await
+    }
+
+    /// Removes `owner`'s queue place of `name` and, with `hold`, its hold (each one
+    /// autocommitted statement), waking the other processes' waiters when a row went.
+    async fn remove_owner(&self, name: &str, owner: &str, hold: bool) -> Result<()> {
+        let tables: &[&str] = if hold {
+            &[
+                "DELETE FROM dlock_queue WHERE name = ? AND owner = ?",
+                "DELETE FROM dlock_holds WHERE name = ? AND owner = ?",
+            ]
+        } else {
+            &["DELETE FROM dlock_queue WHERE name = ? AND owner = ?"]
+        };
+        let mut removed = 0;
+        for sql in tables {
+            removed += sqlx::query(sql)
+                .bind(name)
+                .bind(owner)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+        }
         if removed > 0 {
             self.watch.poke();
         }
