@@ -225,23 +225,30 @@ cmd_start() {
             die "member $i of $dir is already running (pid $(cat "$dir/m$i/pid")); stop it first"
         fi
     done
-    local ports
-    read -r -a ports <<<"$(free_ports $((2 * N)))"
-    ((${#ports[@]} == 2 * N)) || die "could not find free ports"
-    echo "dlock-test-$(date +%s%N)-$$-$RANDOM" >"$dir/token"
-    for i in $(seq 1 $N); do
-        rm -rf "$dir/m$i"
-        mkdir -p "$dir/m$i"
-        echo "${ports[$((2 * (i - 1)))]} ${ports[$((2 * (i - 1) + 1))]}" >"$dir/m$i/ports"
-    done
-    for i in $(seq 1 $N); do
-        start_member "$dir" "$i"
-    done
-    if ! wait_healthy "$dir" 1 2 3; then
+    # A free port can be taken by another process between free_ports and etcd's bind, and a member
+    # then exits at once: a failed start is retried on fresh ports and a fresh data dir (the logs
+    # of each failed try are printed first).
+    local ports try
+    for try in 1 2 3; do
+        read -r -a ports <<<"$(free_ports $((2 * N)))"
+        ((${#ports[@]} == 2 * N)) || die "could not find free ports"
+        echo "dlock-test-$(date +%s%N)-$$-$RANDOM" >"$dir/token"
+        for i in $(seq 1 $N); do
+            rm -rf "$dir/m$i"
+            mkdir -p "$dir/m$i"
+            echo "${ports[$((2 * (i - 1)))]} ${ports[$((2 * (i - 1) + 1))]}" >"$dir/m$i/ports"
+        done
+        for i in $(seq 1 $N); do
+            start_member "$dir" "$i"
+        done
+        if wait_healthy "$dir" 1 2 3; then
+            endpoints "$dir"
+            return
+        fi
         cmd_stop "$dir"
-        exit 1
-    fi
-    endpoints "$dir"
+        echo "etcd-cluster: start try $try of 3 failed (ports ${ports[*]})" >&2
+    done
+    exit 1
 }
 
 cmd_stop() {
