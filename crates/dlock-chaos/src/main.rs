@@ -21,6 +21,7 @@ use clap::{Parser, Subcommand};
 use resource::Mode;
 use run::{Fault, Settings};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stores::{Backend, StoreEnv};
 
@@ -77,6 +78,10 @@ struct Cli {
     /// faults) to DIR/BACKEND.FAULT.MODE.json
     #[arg(long, value_name = "DIR")]
     events: Option<PathBuf>,
+    /// Backends run at a time (1-4), each on its own private servers; the scenarios of one
+    /// backend run one after another
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4))]
+    jobs: u32,
 }
 
 #[derive(Debug, Subcommand)]
@@ -169,13 +174,19 @@ async fn harness(cli: Cli) -> i32 {
     } else {
         cli.backends.clone()
     };
-    let mut report = report::Report {
+    let report = report::Report {
         machine: report::Machine::here(),
         settings: settings.clone(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
         outcomes: Vec::new(),
         setup_errors: Vec::new(),
     };
+    // Backends run `--jobs` at a time (each on its own private servers); their rows keep the
+    // order of `backends` in the report, and the report is saved after every scenario.
+    let shared = Arc::new(Mutex::new(report));
+    let jobs = Arc::new(tokio::sync::Semaphore::new(cli.jobs as usize));
+    let cli = Arc::new(cli);
+    let mut tasks = Vec::new();
     for b in backends {
         let plan: Vec<(Fault, Mode)> = run::scenarios(b, cli.quick)
             .into_iter()
@@ -184,48 +195,32 @@ async fn harness(cli: Cli) -> i32 {
         if plan.is_empty() {
             continue;
         }
-        eprintln!("dlock-chaos: {}: starting private servers", b.label());
-        let lease = settings.lease;
-        let env = match tokio::task::spawn_blocking(move || StoreEnv::start(b, lease)).await {
-            Ok(Ok(env)) => env,
-            Ok(Err(e)) => {
-                eprintln!("dlock-chaos: {}: {e}", b.label());
-                report.setup_errors.push((b.label().into(), e.to_string()));
-                continue;
-            }
+        let (jobs, shared, cli, settings, exe) = (
+            jobs.clone(),
+            shared.clone(),
+            cli.clone(),
+            settings.clone(),
+            exe.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let _permit = jobs.acquire_owned().await;
+            run_backend(b, plan, &settings, exe, &cli, &shared).await
+        }));
+    }
+    let mut outcomes = Vec::new();
+    let mut setup_errors = Vec::new();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(mut done)) => outcomes.append(&mut done),
+            Ok(Err(e)) => setup_errors.push(e),
             Err(e) => {
-                report.setup_errors.push((b.label().into(), e.to_string()));
-                continue;
-            }
-        };
-        for (f, mode) in plan {
-            eprintln!("dlock-chaos: {} / {} / {mode}", b.label(), f.label());
-            let o = run::run(&env, f, mode, &settings, exe.clone()).await;
-            eprintln!(
-                "dlock-chaos: {} / {} / {mode}: {} in {:.1} s ({} acquisitions)",
-                b.label(),
-                f.label(),
-                o.verdict(),
-                o.seconds,
-                o.figures.acquisitions
-            );
-            // What failed, at once (the report comes at the end of the run).
-            for c in o.checks.iter().filter(|c| c.status == run::Status::Fail) {
-                eprintln!("dlock-chaos:   FAIL: {} — {}", c.what, c.detail);
-            }
-            for e in &o.harness_errors {
-                eprintln!("dlock-chaos:   FAIL: harness: {e}");
-            }
-            report.outcomes.push(o);
-            // Written after every scenario, so that a long run stopped early keeps its rows.
-            if let Err(e) = save(&cli, &report) {
-                eprintln!("dlock-chaos: {e}");
+                setup_errors.push(("harness".into(), format!("a backend's task failed: {e}")))
             }
         }
-        // Servers stop on drop, which waits for them: off the async threads.
-        let _ = tokio::task::spawn_blocking(move || drop(env)).await;
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let mut report = lock(&shared).clone();
+    report.outcomes = outcomes;
+    report.setup_errors = setup_errors;
     let md = report::markdown(&report);
     println!("{md}");
     if let Err(e) = save(&cli, &report) {
@@ -237,6 +232,65 @@ async fn harness(cli: Cli) -> i32 {
     } else {
         1
     }
+}
+
+/// Starts `b`'s private servers and runs its scenarios one after another; returns their
+/// outcomes (also added to `shared`, which is saved after each), or the servers' setup error.
+async fn run_backend(
+    b: Backend,
+    plan: Vec<(Fault, Mode)>,
+    settings: &Settings,
+    exe: PathBuf,
+    cli: &Cli,
+    shared: &Mutex<report::Report>,
+) -> Result<Vec<run::Outcome>, (String, String)> {
+    eprintln!("dlock-chaos: {}: starting private servers", b.label());
+    let lease = settings.lease;
+    let env = match tokio::task::spawn_blocking(move || StoreEnv::start(b, lease)).await {
+        Ok(Ok(env)) => env,
+        Ok(Err(e)) => {
+            eprintln!("dlock-chaos: {}: {e}", b.label());
+            return Err((b.label().into(), e.to_string()));
+        }
+        Err(e) => return Err((b.label().into(), e.to_string())),
+    };
+    let mut outcomes = Vec::new();
+    for (f, mode) in plan {
+        eprintln!("dlock-chaos: {} / {} / {mode}", b.label(), f.label());
+        let o = run::run(&env, f, mode, settings, exe.clone()).await;
+        eprintln!(
+            "dlock-chaos: {} / {} / {mode}: {} in {:.1} s ({} acquisitions)",
+            b.label(),
+            f.label(),
+            o.verdict(),
+            o.seconds,
+            o.figures.acquisitions
+        );
+        // What failed, at once (the report comes at the end of the run).
+        for c in o.checks.iter().filter(|c| c.status == run::Status::Fail) {
+            eprintln!("dlock-chaos:   FAIL: {} — {}", c.what, c.detail);
+        }
+        for e in &o.harness_errors {
+            eprintln!("dlock-chaos:   FAIL: harness: {e}");
+        }
+        // Written after every scenario, so that a long run stopped early keeps its rows.
+        {
+            let mut r = lock(shared);
+            r.outcomes.push(o.clone());
+            if let Err(e) = save(cli, &r) {
+                eprintln!("dlock-chaos: {e}");
+            }
+        }
+        outcomes.push(o);
+    }
+    // Servers stop on drop, which waits for them: off the async threads.
+    let _ = tokio::task::spawn_blocking(move || drop(env)).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    Ok(outcomes)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Writes the report to `--markdown` and `--json`, where asked.

@@ -5,7 +5,7 @@ use crate::run::{Outcome, Settings, Status};
 use serde::Serialize;
 
 /// Where and how a run was made.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Machine {
     pub date: String,
     pub cpus: usize,
@@ -34,7 +34,7 @@ impl Machine {
 }
 
 /// The whole report.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub machine: Machine,
     pub settings: Settings,
