@@ -1,6 +1,6 @@
 //! The server-side routines of lease mode, created by the migration when missing.
 //!
-//! **The grant routine** (`<table>_grant_v3` on PostgreSQL, `<table>_grant_v1` on
+//! **The grant routine** (`<table>_grant_v4` on PostgreSQL, `<table>_grant_v1` on
 //! MySQL/MariaDB) answers the two common cases of an exclusive `acquire` that takes no queue
 //! place inside the server in one round trip — a name with no rows at all (grant) and live holds
 //! of other owners (refuse) — and says "take the full path" for everything else. The backend
@@ -27,13 +27,15 @@
 //!   procedure costs more there and a lost race rolls back for free, so it locks the fence row
 //!   first and looks once, under the lock.
 //!
-//! **The release function** (PostgreSQL only, `<table>_release_v2`): deletes the owner's hold
+//! **The release function** (PostgreSQL only, `<table>_release_v3`): deletes the owner's hold
 //! and, when a registered mutex waiter of a live client is waiting and nothing else stands in
 //! the way (no fair queue, no other live hold), grants that waiter the lock in the same
 //! transaction (a new fence token, its lease and metadata from its registration) and tells its
 //! client alone (`NOTIFY` on the client's hand-off channel, payload `"token owner name"`);
 //! otherwise it sends the name's `NOTIFY` only when somebody waits (a registration or a queue
-//! place). A client is live while its listener connection holds the session advisory lock
+//! place). It looks for waiters under the name's wake lock (`WAKE_KEY`); a grant routine call
+//! that registers its waiter takes that lock shared and looks again before it registers. A
+//! client is live while its listener connection holds the session advisory lock
 //! `(lk1, lk2)` its registrations name: the server frees it when the connection ends.
 //!
 //! Every routine sets `enable_bitmapscan = off` for its transaction: a bitmap scan never marks
@@ -51,19 +53,40 @@ use super::config::Dialect;
 /// clients of different dlock versions can share a table).
 pub fn routine(d: Dialect, t: &str) -> String {
     match d {
-        Dialect::Postgres => format!("{t}_grant_v3"),
+        Dialect::Postgres => format!("{t}_grant_v4"),
         Dialect::MySql => format!("{t}_grant_v1"),
     }
 }
 
 /// The release function's name (PostgreSQL).
 pub fn release_routine(t: &str) -> String {
-    format!("{t}_release_v2")
+    format!("{t}_release_v3")
 }
 
 /// The table of waiters registered for hand-offs and wake-ups (PostgreSQL).
 pub fn waiters(t: &str) -> String {
     format!("{t}_waiters")
+}
+
+/// The key of a name's wake lock (PostgreSQL), a transaction-level advisory lock: a release
+/// takes it exclusively before it looks for waiters, and every transaction that makes its
+/// client a waiter of the name (a queue place, a registration) takes it shared before it looks
+/// at the name's holds. So a waiter that a release's look missed is one whose own look comes
+/// after that release's commit and finds the hold gone. `$1` is [`wake_key_text`].
+pub(super) const WAKE_KEY: &str = "hashtextextended($1, 0)";
+
+/// The text [`WAKE_KEY`] hashes for `name` of table `t`.
+pub(super) fn wake_key_text(t: &str, name: &str) -> String {
+    format!("{t}:{name}")
+}
+
+/// A `BEGIN` that also takes the name's wake lock shared (one round trip; a simple query, so
+/// the key text is an escaped literal).
+pub(super) fn begin_wake_sql(t: &str, name: &str) -> String {
+    let text = wake_key_text(t, name)
+        .replace('\\', "\\\\")
+        .replace('\'', "\\'");
+    format!("BEGIN; SELECT pg_advisory_xact_lock_shared(hashtextextended(E'{text}', 0))")
 }
 
 /// The hand-off channel of a client whose listener holds advisory lock `(lk1, lk2)`.
@@ -139,7 +162,8 @@ pub fn drop_sql(d: Dialect, t: &str) -> String {
     match d {
         Dialect::Postgres => format!(
             "DO $dlock$ BEGIN \
-             DROP ROUTINE IF EXISTS {t}_grant_v1, {t}_grant_v2, {t}_grant_v3, {t}_release_v1, {rel}; \
+             DROP ROUTINE IF EXISTS {t}_grant_v1, {t}_grant_v2, {t}_grant_v3, {t}_grant_v4, \
+             {t}_release_v1, {t}_release_v2, {rel}; \
              DROP TABLE IF EXISTS {w}; \
              END $dlock$",
             rel = release_routine(t),
@@ -250,9 +274,19 @@ fn pg_grant(t: &str, now: &str) -> String {
             ]
         )
     );
+    // A waiter that registers looks again under the name's wake lock (see `WAKE_KEY`): a
+    // release under way is waited for, and a name it freed goes to the full path.
     let refuse = format!(
         "IF v_live > 0 THEN
             IF p_busy_ok AND NOT v_odd THEN
+                IF p_register THEN
+                    PERFORM pg_advisory_xact_lock_shared(hashtextextended('{t}:' || p_name, 0));
+                    v_now := {now};
+                    {look}
+                    IF v_live = 0 OR v_odd THEN
+                        RETURN;
+                    END IF;
+                END IF;
                 answer := {BUSY}; wait_ms := v_min - v_now; seen := v_top;
                 {register}
             END IF;
@@ -335,6 +369,9 @@ fn pg_release(t: &str, now: &str) -> String {
             w RECORD;
         BEGIN
             {INDEX_SCANS}
+            -- The name's wake lock (see `WAKE_KEY`): a waiter whose place or registration is
+            -- not committed yet is waited for, so the looks below see it.
+            PERFORM pg_advisory_xact_lock(hashtextextended('{t}:' || p_name, 0));
             -- The releasing owner waits for nothing: a registration of its own goes (a waiter
             -- that gives up; or an attempt that raced the hand-off to it and registered again).
             DELETE FROM {w} WHERE name = p_name AND owner = p_owner;

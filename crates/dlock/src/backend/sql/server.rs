@@ -92,6 +92,9 @@ pub(super) struct Stmts {
     pub(super) set_value: String,
     pub(super) set_value_notify: Option<String>,
     pub(super) release_fn: String,
+    /// The name's wake lock, shared (PostgreSQL; see `fast::WAKE_KEY`): binds
+    /// `fast::wake_key_text`.
+    pub(super) wake_lock: Option<String>,
     pub(super) register: String,
     pub(super) unregister: String,
     pub(super) describe_holds: String,
@@ -227,6 +230,13 @@ impl Stmts {
                 Dialect::MySql => None,
             },
             release_fn: fast::release_sql(t),
+            wake_lock: match d {
+                Dialect::Postgres => Some(format!(
+                    "SELECT pg_advisory_xact_lock_shared({})",
+                    fast::WAKE_KEY
+                )),
+                Dialect::MySql => None,
+            },
             register: fast::register_sql(
                 t,
                 [
@@ -1206,13 +1216,24 @@ impl Sql {
 
     /// Registers `req` to be woken (not handed the lock) by its name's releases: an election's
     /// observer, which never attempts.
+    /// The registration is written under the name's wake lock (see `fast::WAKE_KEY`), and the
+    /// observer looks again after it: a release either sees it or is over before that look.
     async fn register_watcher(&self, req: &Request<'_>, key: (i32, i32)) -> Result<()> {
-        let q = sqlx::query(&self.st.register);
-        bind_registration(q, &self.table, req, false, key)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))
-            .map(drop)
+        let r = async {
+            let mut tx = self.pool.begin().await?;
+            if let Some(stmt) = &self.st.wake_lock {
+                sqlx::query(stmt)
+                    .bind(fast::wake_key_text(&self.table, req.name.as_str()))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let q = sqlx::query(&self.st.register);
+            bind_registration(q, &self.table, req, false, key)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await
+        };
+        r.await.map_err(|e| self.err(e))
     }
 
     /// Sends the wake-up of `name` to every listener (PostgreSQL; the core wakes this process's
@@ -1408,7 +1429,18 @@ impl Sql {
     ) -> std::result::Result<(Attempt, u64), TxError> {
         let name = req.name.as_str();
         let st = &self.st;
-        let mut tx = self.pool.begin().await?;
+        // The name's wake lock first, with the `BEGIN` (PostgreSQL): a place or registration
+        // this transaction writes is seen by every release that has not looked for waiters
+        // yet, and a release that has is waited for, so the look below sees the hold it
+        // removed gone.
+        let mut tx = match st.wake_lock {
+            Some(_) => {
+                self.pool
+                    .begin_with(fast::begin_wake_sql(&self.table, name))
+                    .await?
+            }
+            None => self.pool.begin().await?,
+        };
         // Lock the name: every grant of it passes through this row lock.
         if self.dialect == Dialect::MySql {
             sqlx::query(&st.ensure_fence)

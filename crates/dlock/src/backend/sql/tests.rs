@@ -715,6 +715,115 @@ async fn postgres_notify_wakes_well_before_polling() {
     }
 }
 
+/// A release racing a new waiter's attempt still wakes it: the waiter's transaction has looked
+/// at the name (held) and is writing its queue place (held up here by a lock on the queue table)
+/// when the holder releases. The release must not decide "nobody waits" on a look that misses
+/// that uncommitted place: it waits for the waiter's transaction (the name's wake lock) and then
+/// wakes it, instead of leaving it asleep until its own deadline.
+#[cfg(feature = "postgres")]
+async fn postgres_a_release_racing_a_new_waiter_wakes_it() {
+    let d = Dialect::Postgres;
+    let table = own_table("dlt_race");
+    let a = open_isolated(d, &table).await;
+    let b = open_isolated(d, &table).await;
+    let n = name(&uniq("race"));
+    let (ma, mb) = (meta("A"), meta("B"));
+    let h = rq(&n, "holder", &ma);
+    let w = Request {
+        waiting: true,
+        fair: true,
+        ..rq(&n, "waiter", &mb)
+    };
+    token(a.acquire(&h).await.unwrap());
+    let mut blocker = sqlx::PgConnection::connect(&base(d)).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+    sqlx::query(&format!("LOCK TABLE {table}_queue IN EXCLUSIVE MODE"))
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    // The waiter's transaction gets stuck on its place's insert; then the holder releases, and
+    // a moment later the insert may go on.
+    let mut probe = sqlx::PgConnection::connect(&base(d)).await.unwrap();
+    let stuck = format!(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE wait_event_type = 'Lock' AND query LIKE '%{table}_queue%'"
+    );
+    let control = async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let waiting: i64 = sqlx::query(&stuck)
+                .fetch_one(&mut probe)
+                .await
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the waiter's place insert never waited"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let unblock = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            sqlx::query("COMMIT").execute(&mut blocker).await.unwrap();
+        };
+        let held = hr(&h);
+        tokio::join!(a.release(&held), unblock).0
+    };
+    let (attempt, released) = tokio::join!(b.acquire(&w), control);
+    let bz = busy(attempt.unwrap());
+    assert_eq!(released.unwrap(), Released::Released);
+    let start = Instant::now();
+    b.wait(&w, &bz, start + Duration::from_secs(5))
+        .await
+        .unwrap();
+    let woke = start.elapsed();
+    assert!(
+        woke < Duration::from_secs(1),
+        "the waiter slept {woke:?}: the release did not wake it"
+    );
+    token(b.acquire(&w).await.unwrap());
+    b.release(&hr(&w)).await.unwrap();
+}
+
+/// The wake lock the full path takes with its `BEGIN` (a literal in a simple query) is the one
+/// the routines take from the bound text, whatever the name holds.
+#[cfg(feature = "postgres")]
+async fn postgres_wake_lock_key_survives_any_name() {
+    let d = Dialect::Postgres;
+    let table = own_table("dlt_wakekey");
+    let b = open(d, &table).await;
+    let mut probe = sqlx::PgConnection::connect(&base(d)).await.unwrap();
+    for nasty in [
+        "plain",
+        "it's",
+        "back\\slash\\'",
+        "é/ü ' OR 1=1 --",
+        "$dlock$ \" x",
+    ] {
+        let tx = b
+            .inner
+            .pool
+            .begin_with(fast::begin_wake_sql(&table, nasty))
+            .await
+            .unwrap();
+        let held: i64 = sqlx::query(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+             AND mode = 'ShareLock' \
+             AND ((classid::bigint << 32) | objid::bigint) = hashtextextended($1, 0)",
+        )
+        .bind(fast::wake_key_text(&table, nasty))
+        .fetch_one(&mut probe)
+        .await
+        .unwrap()
+        .get(0);
+        assert_eq!(held, 1, "name {nasty:?}");
+        tx.rollback().await.unwrap();
+    }
+}
+
 /// Notifications on `channel` (PostgreSQL) within `within` of now.
 #[cfg(feature = "postgres")]
 async fn notifications(l: &mut sqlx::postgres::PgListener, within: Duration) -> Vec<String> {
@@ -1736,6 +1845,16 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn release_wakes_only_who_waits() {
         super::postgres_release_wakes_only_who_waits().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_racing_a_new_waiter_wakes_it() {
+        super::postgres_a_release_racing_a_new_waiter_wakes_it().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wake_lock_key_survives_any_name() {
+        super::postgres_wake_lock_key_survives_any_name().await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
