@@ -1399,7 +1399,13 @@ impl Sql {
 
     /// One attempt of `req`: the routine, else the full path. With the answer, the highest
     /// token of the holds that refused it (a hand-off with a higher one came after).
-    async fn acquire_tx(&self, req: &Request<'_>, reg: Option<&RegArgs>) -> Result<(Attempt, u64)> {
+    /// `wake_lock`: the full path takes the name's wake lock (see `fast::WAKE_KEY`).
+    async fn acquire_tx(
+        &self,
+        req: &Request<'_>,
+        reg: Option<&RegArgs>,
+        wake_lock: bool,
+    ) -> Result<(Attempt, u64)> {
         match self.fast_acquire(req, reg).await {
             Ok(Some(a)) => return Ok(a),
             Ok(None) => {}
@@ -1410,7 +1416,7 @@ impl Sql {
         let mut tries = 0;
         loop {
             tries += 1;
-            match self.acquire_once(req, reg).await {
+            match self.acquire_once(req, reg, wake_lock).await {
                 Err(TxError::Sql(e)) if is_retryable(&e) && tries < TX_TRIES => {
                     let pause = rand::thread_rng().gen_range(1..=10 * u64::from(tries));
                     tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -1426,20 +1432,21 @@ impl Sql {
         &self,
         req: &Request<'_>,
         reg: Option<&RegArgs>,
+        wake_lock: bool,
     ) -> std::result::Result<(Attempt, u64), TxError> {
         let name = req.name.as_str();
         let st = &self.st;
-        // The name's wake lock first, with the `BEGIN` (PostgreSQL): a place or registration
-        // this transaction writes is seen by every release that has not looked for waiters
-        // yet, and a release that has is waited for, so the look below sees the hold it
-        // removed gone.
+        // The name's wake lock first, with the `BEGIN` (PostgreSQL, when asked): a place or
+        // registration this transaction writes is seen by every release that has not looked
+        // for waiters yet, and a release that has is waited for, so the look below sees the
+        // hold it removed gone.
         let mut tx = match st.wake_lock {
-            Some(_) => {
+            Some(_) if wake_lock => {
                 self.pool
                     .begin_with(fast::begin_wake_sql(&self.table, name))
                     .await?
             }
-            None => self.pool.begin().await?,
+            _ => self.pool.begin().await?,
         };
         // Lock the name: every grant of it passes through this row lock.
         if self.dialect == Dialect::MySql {
@@ -1651,6 +1658,7 @@ impl Backend for SqlBackend {
             since: None,
             reg,
             attempted: false,
+            placed: false,
         })
     }
 
@@ -1873,6 +1881,9 @@ struct SqlAcquisition {
     reg: Option<Registration>,
     /// It attempted: a waiter. Until then it watches as an observer (an election's follower).
     attempted: bool,
+    /// A waiting attempt was refused: its queue place or registration, if any, is committed
+    /// and every release sees it, so later attempts need not take the name's wake lock.
+    placed: bool,
 }
 
 impl SqlAcquisition {
@@ -1938,11 +1949,18 @@ impl Acquisition for SqlAcquisition {
             registered: r.registered,
             key: key.unwrap_or((0, 0)),
         });
+        // The name's wake lock, while this waiter may write its first queue place or
+        // registration (a place that expired, after 5 s without a refresh, comes back without it).
+        let wake_lock = self.want.waiting
+            && (!self.placed || args.as_ref().is_some_and(|a| a.register && !a.registered));
         let sent = Instant::now();
         let (attempt, seen) = self
             .store
-            .acquire_tx(&self.want.req(), args.as_ref())
+            .acquire_tx(&self.want.req(), args.as_ref(), wake_lock)
             .await?;
+        if self.want.waiting && matches!(attempt, Attempt::Busy(_)) {
+            self.placed = true;
+        }
         if let (Some(r), Some(a)) = (self.reg.as_mut(), args) {
             match &attempt {
                 Attempt::Busy(_) if a.register => {
