@@ -12,7 +12,8 @@
 # Installs the Debian package `zookeeper` with apt-get when it is missing. Every port (client,
 # quorum, election) is a free port on 127.0.0.1 chosen at `start`; tickTime is 200 ms so sessions
 # of 1-4 s are accepted (minSessionTimeout 400 ms, maxSessionTimeout 20 s). The admin server is
-# off; the four-letter words `srvr`/`ruok`/`stat`/`mntr` are on (used to find the leader).
+# off; the four-letter words `srvr`/`ruok`/`stat`/`mntr`/`cons` are on (to find the leader) and `srst`
+# (the bench resets the servers' statistics before a run to read their fsync times over it).
 # Every wait is bounded (ZK_WAIT_SECS, default 60); errors go to stderr with the log's tail.
 set -euo pipefail
 
@@ -141,7 +142,7 @@ cmd_start() {
             echo "clientPortAddress=127.0.0.1"
             echo "clientPort=${ports[$((i - 1))]}"
             echo "admin.enableServer=false"
-            echo "4lw.commands.whitelist=srvr,ruok,stat,mntr,cons"
+            echo "4lw.commands.whitelist=srvr,ruok,stat,mntr,cons,srst"
             echo "maxClientCnxns=0"
             # Empty container nodes are removed after a minute by default; a second here.
             echo "znode.container.checkIntervalMs=1000"

@@ -69,6 +69,10 @@ pub struct BenchArgs {
     /// to 1000]
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     s1_names: Vec<u32>,
+    /// Also write every C1, H1 and F1 run's acquisitions (process, waiter, request, grant,
+    /// release start and end, in ms after the start) as CSV files under DIR/records/
+    #[arg(long)]
+    records: bool,
     /// S1: the lease of the holds (renewed every third of it) [default: 5s; --quick: 2s]
     #[arg(long, value_name = "DUR", value_parser = crate::parse_ttl)]
     s1_lease: Option<std::time::Duration>,
@@ -94,6 +98,8 @@ pub struct TargetReport {
     pub memory_what: String,
     /// What S1's "store keep-alives" counts (stores that count lease renewals).
     pub keepalives_what: Option<String>,
+    /// What the C1, H1 and F1 runs' "store log syncs" read (ZooKeeper, etcd).
+    pub syncs_what: Option<String>,
     /// Store commands per second before the workloads (other users of the server).
     pub background_cmds_per_s: f64,
     /// U1 of dlock and of the peer.
@@ -245,6 +251,12 @@ pub async fn bench(a: BenchArgs) -> CliResult {
         // Long enough to see renewal happen (every third of the lease).
         plan.s1_window_secs = plan.s1_window_secs.max(l.as_secs_f64() * 0.7);
     }
+    if a.records {
+        let dir = out_dir.join("records");
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Failure::unavailable(format!("cannot create {}: {e}", dir.display())))?;
+        plan.records = Some(dir);
+    }
     plan.only = if a.only.is_empty() {
         vec!["u1", "c1", "h1", "f1", "s1", "e1", "t1"]
             .into_iter()
@@ -338,6 +350,7 @@ async fn bench_target(
         commands_what: store::commands_what(t.kind).into(),
         memory_what: store::memory_what(t.kind).into(),
         keepalives_what: store::keepalives_what(t.kind).map(String::from),
+        syncs_what: store::syncs_what(t.kind).map(String::from),
         ..TargetReport::default()
     };
     let probe = match Probe::open(t).await {
@@ -407,6 +420,9 @@ async fn bench_target(
     let contended =
         |lib: Lib, tag: String, waiters: u32, procs: u32, hold: u64, pause: u64, fair| {
             let name = format!("dlockbench/{run}/{}/{tag}", lib.name());
+            let records = plan.records.as_ref().map(|d| {
+                d.join(format!("{}-{}-{tag}.csv", t.label(), lib.name()).replace(['/', ' '], "_"))
+            });
             let probe = &probe;
             async move {
                 workloads::contended(
@@ -423,6 +439,7 @@ async fn bench_target(
                     probe,
                     background,
                     floor_pair,
+                    records.as_deref(),
                 )
                 .await
             }

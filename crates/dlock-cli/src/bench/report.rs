@@ -1,6 +1,7 @@
 //! The Markdown report (results.md and stdout).
 
 use super::stats::{fmt_bytes, fmt_us, Lat};
+use super::store::Syncs;
 use super::workloads::{Contended, Lib};
 use super::{Report, TargetReport};
 use serde::Serialize;
@@ -162,6 +163,19 @@ fn missing(r: &Report, w: &str) -> String {
 
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map(f).unwrap_or_else(|| "n/a".into())
+}
+
+/// A run's store log syncs: count, mean, longest.
+fn syncs(x: &Syncs) -> String {
+    format!(
+        "{}, {}, {}",
+        x.count,
+        opt(x.mean_ms, |v| format!("{v:.2} ms")),
+        opt(x.max_ms, |v| format!(
+            "{}{v:.0} ms",
+            if x.max_is_bound { "≤ " } else { "" }
+        ))
+    )
 }
 
 fn c1_of(t: &TargetReport, lib: Lib, w: u32, h: u64) -> Option<&Contended> {
@@ -397,15 +411,17 @@ pub fn markdown(r: &Report) -> String {
     }
 
     s.push_str("\n## F1 fairness (8 waiters over 4 processes, hold 1 ms)\n\n");
-    s.push_str("| store | fair: acq/s | fair: max/mean wait | fair: Jain (acquisitions per waiter) | not fair: max/mean wait | not fair: Jain |\n|---|---|---|---|---|---|\n");
+    s.push_str("| store | fair: acq/s | fair: max/mean wait | the longest wait's request, s after the start | fair: max/mean of the requests after the first 0.5 s | fair: Jain (acquisitions per waiter) | not fair: max/mean wait | not fair: Jain | the store's log syncs over the fair run: count, mean, longest |\n|---|---|---|---|---|---|---|---|---|\n");
     for t in &r.targets {
         if let Some(f) = &t.f1 {
             let _ = writeln!(
                 s,
-                "| {} | {:.0} | {:.1} | {:.3} | {} | {} |",
+                "| {} | {:.0} | {:.1} | {:.2} | {} | {:.3} | {} | {} | {} |",
                 t.label,
                 f.run.acq_per_s,
                 f.run.max_over_mean_wait,
+                f.run.wait_max_at_s,
+                opt(f.run.max_over_mean_wait_after_start, |v| format!("{v:.1}")),
                 f.run.jain_acquisitions,
                 f.unfair
                     .as_ref()
@@ -415,7 +431,17 @@ pub fn markdown(r: &Report) -> String {
                     .as_ref()
                     .map(|u| format!("{:.3}", u.jain_acquisitions))
                     .unwrap_or_else(|| "—".into()),
+                f.run
+                    .store_syncs
+                    .as_ref()
+                    .map(syncs)
+                    .unwrap_or_else(|| "—".into()),
             );
+        }
+    }
+    for t in r.targets.iter().filter(|t| t.f1.is_some()) {
+        if let Some(w) = &t.syncs_what {
+            let _ = writeln!(s, "\n{}: log syncs are {w}.", t.label);
         }
     }
 

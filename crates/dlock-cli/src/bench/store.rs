@@ -1003,6 +1003,75 @@ pub fn commands_what(kind: Kind) -> &'static str {
     }
 }
 
+/// What [`Probe::syncs`] reads, where the store reports how long its log syncs take.
+pub fn syncs_what(kind: Kind) -> Option<&'static str> {
+    match kind {
+        Kind::Zk => Some(
+            "transaction log fsyncs (mntr zk_cnt/sum/max_fsynctime of every server, reset with \
+             srst before the run; without srst no longest)",
+        ),
+        Kind::Etcd => Some(
+            "WAL fsyncs (/metrics etcd_disk_wal_fsync_duration_seconds of every member, the \
+             difference over the run; the longest is the upper bound of its bucket)",
+        ),
+        _ => None,
+    }
+}
+
+/// The store's log-sync counters at one moment (see [`syncs_what`]).
+#[derive(Debug, Clone, Default)]
+pub struct SyncSnap {
+    count: f64,
+    sum_ms: f64,
+    /// ZooKeeper: the longest since the servers' statistics were reset.
+    max_ms: Option<f64>,
+    /// ZooKeeper: `srst` was answered by every server.
+    reset: bool,
+    /// etcd: the histogram, (upper bound ms, count at or below), summed over the members.
+    buckets: Vec<(f64, f64)>,
+}
+
+impl SyncSnap {
+    /// What happened between `self` (from [`Probe::syncs_start`]) and `later`.
+    pub fn until(&self, later: &SyncSnap) -> Syncs {
+        let count = (later.count - self.count).max(0.0);
+        let max_ms = if later.buckets.is_empty() {
+            later.max_ms.filter(|_| self.reset)
+        } else {
+            // The smallest bound that every sync of the run fell under.
+            let mut b: Vec<(f64, f64)> = later
+                .buckets
+                .iter()
+                .map(|&(le, n)| {
+                    let before = self.buckets.iter().find(|x| x.0 == le).map_or(0.0, |x| x.1);
+                    (le, n - before)
+                })
+                .collect();
+            b.sort_by(|x, y| x.0.total_cmp(&y.0));
+            b.iter().find(|x| x.1 >= count).map(|x| x.0)
+        };
+        Syncs {
+            count: count as u64,
+            mean_ms: (count > 0.0).then(|| (later.sum_ms - self.sum_ms) / count),
+            max_ms: max_ms.filter(|m| count > 0.0 && m.is_finite()),
+            max_is_bound: !later.buckets.is_empty(),
+        }
+    }
+}
+
+/// The store's own log syncs over a run (see [`syncs_what`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct Syncs {
+    /// Syncs, summed over the servers.
+    pub count: u64,
+    /// Their mean, ms.
+    pub mean_ms: Option<f64>,
+    /// The longest, ms (etcd: the upper bound of its histogram bucket).
+    pub max_ms: Option<f64>,
+    /// `max_ms` is a bucket's upper bound, not a measured time.
+    pub max_is_bound: bool,
+}
+
 /// What [`Probe::keepalives`] counts (S1), where the store counts lease renewals.
 pub fn keepalives_what(kind: Kind) -> Option<&'static str> {
     match kind {
@@ -1199,15 +1268,20 @@ impl Probe {
     }
 
     async fn mntr(&self, host: &str, port: u16) -> Result<String, String> {
+        self.four_letter(host, port, b"mntr").await
+    }
+
+    /// A ZooKeeper four-letter word's answer.
+    async fn four_letter(&self, host: &str, port: u16, word: &[u8]) -> Result<String, String> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let f = async {
             let mut s = tokio::net::TcpStream::connect((host, port)).await?;
-            s.write_all(b"mntr").await?;
+            s.write_all(word).await?;
             let mut out = String::new();
             s.read_to_string(&mut out).await?;
             Ok::<_, std::io::Error>(out)
         };
-        limit("zookeeper mntr", OP, f).await
+        limit("zookeeper four-letter word", OP, f).await
     }
 
     fn field(text: &str, key: &str) -> Option<f64> {
@@ -1293,6 +1367,73 @@ impl Probe {
                 Ok(v.into_iter().reduce(f64::max))
             }
             Kind::Sqlite => Ok(None),
+        }
+    }
+
+    /// Starts reading the store's log syncs over a run (see [`syncs_what`]): ZooKeeper servers'
+    /// statistics are reset (`srst`, so that their longest fsync is the run's), and the counters
+    /// are read. `None` where the store reports no sync timings.
+    pub async fn syncs_start(&self) -> Option<SyncSnap> {
+        match self.kind {
+            Kind::Zk => {
+                let mut reset = true;
+                for (h, p) in &self.zk {
+                    reset &= self
+                        .four_letter(h, *p, b"srst")
+                        .await
+                        .is_ok_and(|a| a.contains("reset"));
+                }
+                let mut s = self.syncs().await?;
+                s.reset = reset;
+                Some(s)
+            }
+            _ => self.syncs().await,
+        }
+    }
+
+    /// The store's log-sync counters now (see [`Probe::syncs_start`]).
+    pub async fn syncs(&self) -> Option<SyncSnap> {
+        match self.kind {
+            Kind::Zk => {
+                let mut s = SyncSnap::default();
+                for (h, p) in &self.zk {
+                    let t = self.mntr(h, *p).await.ok()?;
+                    s.count += Self::field(&t, "zk_cnt_fsynctime")?;
+                    s.sum_ms += Self::field(&t, "zk_sum_fsynctime")?;
+                    let max = Self::field(&t, "zk_max_fsynctime")?;
+                    s.max_ms = Some(s.max_ms.map_or(max, |m: f64| m.max(max)));
+                }
+                Some(s)
+            }
+            Kind::Etcd if !self.etcd_http.is_empty() => {
+                const H: &str = "etcd_disk_wal_fsync_duration_seconds";
+                let mut s = SyncSnap::default();
+                for (h, p) in &self.etcd_http {
+                    let t = self.http_get(h, *p, "/metrics").await.ok()?;
+                    s.count += Self::metric(&t, &[&[&format!("{H}_count")]]);
+                    s.sum_ms += 1e3 * Self::metric(&t, &[&[&format!("{H}_sum")]]);
+                    for l in t.lines() {
+                        let Some(rest) = l.strip_prefix(&format!("{H}_bucket{{le=\"")) else {
+                            continue;
+                        };
+                        let Some((le, n)) = rest.split_once("\"} ") else {
+                            continue;
+                        };
+                        let le = if le == "+Inf" {
+                            f64::INFINITY
+                        } else {
+                            le.parse::<f64>().ok()? * 1e3
+                        };
+                        let n = n.trim().parse::<f64>().ok()?;
+                        match s.buckets.iter_mut().find(|b| b.0 == le) {
+                            Some(b) => b.1 += n,
+                            None => s.buckets.push((le, n)),
+                        }
+                    }
+                }
+                Some(s)
+            }
+            _ => None,
         }
     }
 

@@ -4,9 +4,12 @@
 
 use super::peers::{Ext, U1Proc};
 use super::stats::{jain, now_ns, us, Lat};
-use super::store::{connections, counted_client, rss_bytes, CountSnap, Floor, Kind, Probe, Target};
+use super::store::{
+    connections, counted_client, rss_bytes, CountSnap, Floor, Kind, Probe, Syncs, Target,
+};
 use super::worker::{etcd_lock_name, rslock_acquire, rslock_manager, EtcdPeer, Rec, WorkerOut};
 use serde::Serialize;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
@@ -52,6 +55,9 @@ pub struct Plan {
     pub t1_limit_secs: f64,
     /// The workloads run (`--only`).
     pub only: Vec<String>,
+    /// Where each contended run's acquisitions are written (`--records`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub records: Option<std::path::PathBuf>,
 }
 
 impl Plan {
@@ -78,6 +84,7 @@ impl Plan {
                 t1_keys: 1024,
                 t1_limit_secs: 30.0,
                 only: Vec::new(),
+                records: None,
             }
         } else {
             Plan {
@@ -100,6 +107,7 @@ impl Plan {
                 t1_keys: 1024,
                 t1_limit_secs: 120.0,
                 only: Vec::new(),
+                records: None,
             }
         }
     }
@@ -352,6 +360,13 @@ pub struct Contended {
     pub wait: Lat,
     /// Mean measured time inside the lock, µs.
     pub hold_mean_us: f64,
+    /// When the request of the longest wait was made, seconds after the start.
+    pub wait_max_at_s: f64,
+    /// max wait / mean wait of the requests made from 0.5 s after the start on (without the
+    /// cold start, when every waiter asks at once).
+    pub max_over_mean_wait_after_start: Option<f64>,
+    /// The store's own log syncs over the run (ZooKeeper, etcd; see `syncs_what`).
+    pub store_syncs: Option<Syncs>,
     /// Hand-offs: release start of one holder → grant of a waiter that was waiting then.
     pub handoff: Lat,
     /// The same, only where the next holder is in another process (the store's wake-up).
@@ -407,6 +422,8 @@ struct Collected {
     start_ns: i64,
     /// The store's command counter before the start and after the reports.
     cmds: (Option<f64>, Option<f64>),
+    /// The store's log syncs from just before the start to the reports.
+    syncs: Option<Syncs>,
     /// Seconds from just before the start to the reports.
     elapsed_s: f64,
 }
@@ -438,7 +455,10 @@ async fn run_workers(
                 let mut cmd = tokio::process::Command::new(&exe);
                 cmd.arg("bench-worker")
                     .args(["--url", &t.url, "--name", name, "--lib", lib.name()])
-                    .env("RUST_LOG", "error")
+                    .env(
+                        "RUST_LOG",
+                        std::env::var("DLOCK_BENCH_WORKER_LOG").unwrap_or_else(|_| "error".into()),
+                    )
                     .stdin(std::process::Stdio::piped())
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::inherit())
@@ -467,6 +487,7 @@ async fn run_workers(
             _ => return Err(format!("worker {i} did not connect within 60 s")),
         }
     }
+    let s0 = probe.syncs_start().await;
     let c0 = probe.commands().await.ok().flatten();
     let t0 = Instant::now();
     let start = now_ns() + 200_000_000;
@@ -486,6 +507,7 @@ async fn run_workers(
         first_error: None,
         start_ns: start,
         cmds: (c0, None),
+        syncs: None,
         elapsed_s: 0.0,
     };
     let limit = Duration::from_secs_f64(secs + 60.0);
@@ -520,6 +542,9 @@ async fn run_workers(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     c.cmds.1 = probe.commands().await.ok().flatten();
+    if let Some(s0) = s0 {
+        c.syncs = probe.syncs().await.map(|s1| s0.until(&s1));
+    }
     c.elapsed_s = t0.elapsed().as_secs_f64();
     Ok(c)
 }
@@ -532,6 +557,31 @@ fn cmds_per_acq(c: &Collected, background: f64, n: usize) -> Option<f64> {
         }
         _ => None,
     }
+}
+
+/// Writes a run's acquisitions (sorted by grant) as CSV: the process and waiter, the request,
+/// grant, release start and release end in ms after the start, and the request's wall-clock
+/// time (µs since the Unix epoch, to match with logs).
+fn write_records(path: &Path, recs: &[Rec], start_ns: i64) -> Result<(), String> {
+    use std::fmt::Write;
+    let mut out = String::from(
+        "process,waiter,request_ms,grant_ms,release_start_ms,release_end_ms,request_unix_us\n",
+    );
+    let ms = |t: i64| (t - start_ns) as f64 / 1e6;
+    for r in recs {
+        let _ = writeln!(
+            out,
+            "{},{},{:.3},{:.3},{:.3},{:.3},{}",
+            r[0],
+            r[1],
+            ms(r[2]),
+            ms(r[3]),
+            ms(r[4]),
+            ms(r[5]),
+            r[2] / 1000
+        );
+    }
+    std::fs::write(path, out).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// Runs one contended configuration over worker processes.
@@ -550,6 +600,7 @@ pub async fn contended(
     probe: &Probe,
     background: f64,
     floor_pair_us: Option<f64>,
+    records: Option<&Path>,
 ) -> Result<Contended, String> {
     let procs = procs.min(waiters).max(1);
     let mut args: Vec<String> = vec![
@@ -567,7 +618,17 @@ pub async fn contended(
     let window_s = secs;
     let n = recs.len();
     recs.sort_by_key(|r| r[3]);
+    if let Some(path) = records {
+        write_records(path, &recs, c.start_ns)?;
+    }
     let waits: Vec<f64> = recs.iter().map(|r| (r[3] - r[2]) as f64 / 1e3).collect();
+    let longest = recs.iter().max_by_key(|r| r[3] - r[2]);
+    let later: Vec<f64> = recs
+        .iter()
+        .filter(|r| r[2] >= c.start_ns + 500_000_000)
+        .map(|r| (r[3] - r[2]) as f64 / 1e3)
+        .collect();
+    let later = Lat::of(&later);
     let holds: Vec<f64> = recs.iter().map(|r| (r[4] - r[3]) as f64 / 1e3).collect();
     let (mut handoff, mut cross, mut overlaps) = (Vec::new(), Vec::new(), 0);
     for w in recs.windows(2) {
@@ -610,6 +671,10 @@ pub async fn contended(
         max_over_mean_wait: wait.max_us / wait.mean_us.max(1e-9),
         wait,
         hold_mean_us,
+        wait_max_at_s: longest.map_or(0.0, |r| (r[2] - c.start_ns) as f64 / 1e9),
+        max_over_mean_wait_after_start: (later.n > 0)
+            .then(|| later.max_us / later.mean_us.max(1e-9)),
+        store_syncs: c.syncs,
         handoff: Lat::of(&handoff),
         handoff_cross: Lat::of(&cross),
         ideal_acq_per_s: ideal,
