@@ -31,11 +31,14 @@
 //! - semaphore(n): granted while among the first n keys; a waiter watches the deletions under
 //!   the name and tries again only when enough of the keys ahead of it are gone.
 //!
-//! A waiter's watch starts at the current revision (etcd serves one that starts in the past
-//! from a catch-up loop, every 100 ms); a read after it finds what left in between. After the
-//! wake-up the waiter reads the queue again before it holds: its own key may be gone too (a
-//! revoked lease, `dlock unlock --break`), and a grant on the wake-up alone would then be a
-//! second holder.
+//! A backend's waiters of one name share **one watch** of the deletions under the name, opened
+//! by the first of them and kept while any waits and for [`WATCH_LINGER`] after: etcd registers
+//! a watch "from now" at the revision it read just before, and a write in between leaves the
+//! new watch to the catch-up loop that runs every 100 ms (so would a watch that starts in the
+//! past), which a waiter whose turn comes sooner would wait out. A waiter reads the queue again
+//! when the watch may have reported deletions before it subscribed. After the wake-up the
+//! waiter reads the queue again before it holds: its own key may be gone too (a revoked lease,
+//! `dlock unlock --break`), and a grant on the wake-up alone would then be a second holder.
 //!
 //! Grants are FIFO by construction (`Request::fair` is implied). A kind mismatch on one name
 //! (mutex vs rwlock vs semaphore(n)) is [`Error::InvalidConfig`].
@@ -88,6 +91,10 @@ use url::EtcdTarget;
 /// The pause before a request that failed on a [`transient`] error is tried again.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
+/// How long a name's shared watch stays open after its last waiter (see the module docs), so
+/// that a client that takes turns with others does not open a watch for every wait.
+pub const WATCH_LINGER: Duration = Duration::from_secs(2);
+
 /// The etcd store. Obtain it with `dlock::connect("etcd://host:2379/prefix")`.
 #[derive(Debug, Clone)]
 pub struct EtcdBackend {
@@ -101,7 +108,65 @@ struct Shared {
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     /// The keys of this backend's holds, by owner (for release and renewal).
     held: StdMutex<HashMap<String, HeldKey>>,
+    /// The names' shared watches, by the name's key prefix.
+    name_watches: StdMutex<HashMap<Vec<u8>, Weak<NameWatch>>>,
+    /// Taken while a name's watch is opened (one watch per name).
+    opening: tokio::sync::Mutex<()>,
     stats: Stats,
+}
+
+/// The watch of the deletions under one name, shared by a backend's waiters of that name.
+struct NameWatch {
+    tx: tokio::sync::broadcast::Sender<Departed>,
+    /// Deletions up to this revision may have been sent already: a waiter that subscribes and
+    /// read the queue at an older revision reads it again. Raised before the deletions of a
+    /// revision are sent.
+    sent_to: AtomicI64,
+    broken: AtomicBool,
+    /// Dropped with the last user: ends the task that reads the watch, and the watch.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// What a name's watch reports to its waiters.
+#[derive(Debug, Clone)]
+enum Departed {
+    /// A key under the name was deleted at this revision.
+    Key(Vec<u8>, i64),
+    /// The watch ended (etcd closed or cancelled it): the waiters look again.
+    Broken,
+}
+
+/// Reads a name's watch and sends its deletions to the waiters, until the watch's last user
+/// lets go or etcd ends the watch.
+async fn forward_deletions(
+    w: Weak<NameWatch>,
+    mut stream: ec::WatchStream,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+    tx: tokio::sync::broadcast::Sender<Departed>,
+) {
+    loop {
+        let msg = tokio::select! {
+            _ = &mut stop => return,
+            m = stream.message() => m,
+        };
+        let Some(w) = w.upgrade() else { return };
+        match msg {
+            Ok(Some(resp)) if !resp.canceled() => {
+                let rev = resp.header().map_or(0, |h| h.revision());
+                w.sent_to.fetch_max(rev, Ordering::SeqCst);
+                for ev in resp.events() {
+                    if let Some(kv) = ev.kv().filter(|_| ev.event_type() == ec::EventType::Delete) {
+                        let _ = tx.send(Departed::Key(kv.key().to_vec(), kv.mod_revision()));
+                    }
+                }
+            }
+            _ => {
+                w.broken.store(true, Ordering::SeqCst);
+                let _ = tx.send(Departed::Broken);
+                return;
+            }
+        }
+    }
 }
 
 impl fmt::Debug for Shared {
@@ -121,6 +186,8 @@ pub(crate) struct Stats {
     pub(crate) leases: AtomicU64,
     /// Wait watches that reported the change their waiter waited for.
     pub(crate) wakeups: AtomicU64,
+    /// Names' shared watches opened.
+    pub(crate) name_watches: AtomicU64,
 }
 
 /// One lease and what hangs on it.
@@ -712,6 +779,20 @@ struct EtcdAcquisition {
     place: Option<(Arc<Session>, Place)>,
     /// What to watch, and the revision the queue was read at.
     plan: Option<(Plan, i64)>,
+    /// The name's shared watch, once the acquisition waited.
+    watch: Option<Arc<NameWatch>>,
+}
+
+impl Drop for EtcdAcquisition {
+    fn drop(&mut self) {
+        // The name's watch stays open a while for the client's next wait (see WATCH_LINGER).
+        if let (Some(w), Ok(rt)) = (self.watch.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(async move {
+                tokio::time::sleep(WATCH_LINGER).await;
+                drop(w);
+            });
+        }
+    }
 }
 
 impl EtcdBackend {
@@ -762,6 +843,8 @@ impl EtcdBackend {
                 client,
                 session: tokio::sync::Mutex::new(None),
                 held: StdMutex::new(HashMap::new()),
+                name_watches: StdMutex::new(HashMap::new()),
+                opening: tokio::sync::Mutex::new(()),
                 stats: Stats::default(),
             }),
         };
@@ -786,6 +869,62 @@ impl EtcdBackend {
 
     fn client(&self) -> ec::Client {
         self.shared.client.clone()
+    }
+
+    /// The shared watch of the deletions under `dir` (a name's key prefix), opened if none is.
+    async fn name_watch(&self, dir: &[u8]) -> Result<Arc<NameWatch>> {
+        let open = || {
+            let mut map = self
+                .shared
+                .name_watches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            map.retain(|_, w| w.strong_count() > 0);
+            map.get(dir)
+                .and_then(Weak::upgrade)
+                .filter(|w| !w.broken.load(Ordering::SeqCst))
+        };
+        if let Some(w) = open() {
+            return Ok(w);
+        }
+        let _opening = self.shared.opening.lock().await;
+        if let Some(w) = open() {
+            return Ok(w);
+        }
+        let opts = ec::WatchOptions::new()
+            .with_prefix()
+            .with_filters([ec::WatchFilterType::NoPut]);
+        let mut c = self.client();
+        let (stream, created) = tokio::time::timeout(self.call_bound(), async {
+            let mut stream = c.watch(dir.to_vec(), Some(opts)).await?;
+            let created = stream.message().await?;
+            Ok::<_, ec::Error>((stream, created))
+        })
+        .await
+        .map_err(|_| Error::Unavailable("etcd did not open a watch in time".into()))?
+        .map_err(unavailable)?;
+        let Some(created) = created.filter(|r| r.created() && !r.canceled()) else {
+            return Err(Error::Unavailable("etcd did not open a watch".into()));
+        };
+        self.shared
+            .stats
+            .name_watches
+            .fetch_add(1, Ordering::Relaxed);
+        let (tx, _) = tokio::sync::broadcast::channel(256);
+        let (stop_tx, stop) = tokio::sync::oneshot::channel();
+        let w = Arc::new(NameWatch {
+            tx: tx.clone(),
+            sent_to: AtomicI64::new(created.header().map_or(0, |h| h.revision())),
+            broken: AtomicBool::new(false),
+            _stop: stop_tx,
+        });
+        tokio::spawn(forward_deletions(Arc::downgrade(&w), stream, stop, tx));
+        self.shared
+            .name_watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(dir.to_vec(), Arc::downgrade(&w));
+        Ok(w)
     }
 
     /// The longest one call may take (see [`EtcdBackend::call`]).
@@ -1356,32 +1495,30 @@ impl Acquisition for EtcdAcquisition {
         let Some((plan, rev)) = self.plan.clone() else {
             return Ok(Watch::Changed);
         };
-        let Some((s, place)) = self.place.clone() else {
+        let Some((_, place)) = self.place.clone() else {
             return Ok(Watch::Changed);
         };
-        let filters = [ec::WatchFilterType::NoPut];
         let dir = self.store.dir(&place.name).into_bytes();
-        // A watch from now on, not from the revision the queue was read at: etcd serves a watch
-        // that starts in the past from its catch-up loop (every 100 ms), one that starts now at
-        // once. What left between that read and the watch is found by a read after it.
-        let (key, opts, mut left) = match &plan {
-            Plan::Key(k, _) => (k.clone(), ec::WatchOptions::new().with_filters(filters), 1),
-            Plan::Departures(_, n) => (
-                dir.clone(),
-                ec::WatchOptions::new().with_prefix().with_filters(filters),
-                *n,
-            ),
-        };
-        let mut c = s.client.clone();
         let store = self.store.clone();
         let wait = async {
-            let mut stream = c.watch(key, Some(opts)).await.map_err(unavailable)?;
-            let created = stream.message().await.map_err(unavailable)?;
-            let watched_at = created
-                .as_ref()
-                .and_then(|r| r.header())
-                .map_or(0, |h| h.revision());
-            // Deletions up to `seen` are counted by the read below; the watch's events after it.
+            let w = match &self.watch {
+                Some(w) if !w.broken.load(Ordering::SeqCst) => w.clone(),
+                _ => {
+                    let w = store.name_watch(&dir).await?;
+                    self.watch = Some(w.clone());
+                    w
+                }
+            };
+            let mut rx = w.tx.subscribe();
+            let watched_at = w.sent_to.load(Ordering::SeqCst);
+            if w.broken.load(Ordering::SeqCst) {
+                return Ok(false);
+            }
+            let mut left = match &plan {
+                Plan::Key(..) => 1,
+                Plan::Departures(_, n) => *n,
+            };
+            // Deletions up to `seen` are counted by the read below; the watch's reports after it.
             let mut seen = rev;
             if watched_at > rev {
                 let still = match &plan {
@@ -1411,24 +1548,21 @@ impl Acquisition for EtcdAcquisition {
                 left = left.saturating_sub(departed);
             }
             while left > 0 {
-                let Some(resp) = stream.message().await.map_err(unavailable)? else {
-                    return Err(Error::Unavailable("etcd closed a watch".into()));
-                };
-                if resp.canceled() {
-                    // Compacted: read the queue again.
-                    return Ok(false);
-                }
-                for ev in resp.events() {
-                    let Some(kv) = ev.kv() else { continue };
-                    let counts = match &plan {
-                        Plan::Key(k, _) => k.as_slice() == kv.key(),
-                        Plan::Departures(ahead, _) => ahead.contains_key(kv.key()),
-                    };
-                    if counts
-                        && ev.event_type() == ec::EventType::Delete
-                        && kv.mod_revision() > seen
-                    {
-                        left = left.saturating_sub(1);
+                match rx.recv().await {
+                    Ok(Departed::Key(key, at)) => {
+                        let counts = match &plan {
+                            Plan::Key(k, _) => *k == key,
+                            Plan::Departures(ahead, _) => ahead.contains_key(&key),
+                        };
+                        if counts && at > seen {
+                            left = left.saturating_sub(1);
+                        }
+                    }
+                    // Reports were lost: read the queue again.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return Ok(false),
+                    Ok(Departed::Broken)
+                    | Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        return Err(Error::Unavailable("etcd closed a watch".into()));
                     }
                 }
             }
@@ -1488,6 +1622,7 @@ impl Backend for EtcdBackend {
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
         Box::new(EtcdAcquisition {
+            watch: None,
             store: self.clone(),
             want: Want::new(req),
             place: None,

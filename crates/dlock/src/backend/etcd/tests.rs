@@ -296,6 +296,52 @@ async fn release_wakes_only_the_next_waiter() {
     }
 }
 
+/// A client's waiters of one name share one watch, kept for the client's next wait and closed
+/// after `WATCH_LINGER`: every new watch risks etcd's 100 ms catch-up (the module docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_of_one_client_share_one_watch() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let (holder, _) = etcd.client(&p, "5s").await;
+    let (c, b) = etcd.client(&p, "5s").await;
+    let (d, _) = etcd.client(&p, "5s").await;
+    for _ in 0..3 {
+        let g = holder.mutex("shared").unwrap().acquire().await.unwrap();
+        let mut tasks = Vec::new();
+        for cl in [&c, &c, &d, &c] {
+            let cl = cl.clone();
+            tasks.push(tokio::spawn(async move {
+                let g = cl.mutex("shared").unwrap().acquire().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                g.release().await.unwrap();
+            }));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        g.release().await.unwrap();
+        for t in tasks {
+            within(Duration::from_secs(5), t).await.unwrap();
+        }
+    }
+    assert_eq!(b.stats().name_watches.load(Ordering::Relaxed), 1);
+    tokio::time::sleep(WATCH_LINGER + Duration::from_millis(500)).await;
+    let open = b
+        .shared
+        .name_watches
+        .lock()
+        .unwrap()
+        .values()
+        .filter(|w| w.strong_count() > 0)
+        .count();
+    assert_eq!(open, 0, "the watch is closed after the linger");
+    let g = holder.mutex("shared").unwrap().acquire().await.unwrap();
+    let cl = c.clone();
+    let t = tokio::spawn(async move { cl.mutex("shared").unwrap().acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    g.release().await.unwrap();
+    within(Duration::from_secs(5), t).await.unwrap();
+    assert_eq!(b.stats().name_watches.load(Ordering::Relaxed), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn renewing_many_holds_is_one_keepalive() {
     let etcd = Cluster::any();
