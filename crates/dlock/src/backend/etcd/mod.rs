@@ -125,6 +125,24 @@ struct NameWatch {
     broken: AtomicBool,
     /// Dropped with the last user: ends the task that reads the watch, and the watch.
     _stop: tokio::sync::oneshot::Sender<()>,
+    /// Where the backend keeps it (the name's key prefix in `Shared::name_watches`).
+    shared: Weak<Shared>,
+    dir: Vec<u8>,
+}
+
+impl Drop for NameWatch {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            let mut map = shared
+                .name_watches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            // Not a newer watch of the name (one opened after this one broke).
+            if map.get(&self.dir).is_some_and(|w| w.strong_count() == 0) {
+                map.remove(&self.dir);
+            }
+        }
+    }
 }
 
 /// What a name's watch reports to its waiters.
@@ -874,13 +892,11 @@ impl EtcdBackend {
     /// The shared watch of the deletions under `dir` (a name's key prefix), opened if none is.
     async fn name_watch(&self, dir: &[u8]) -> Result<Arc<NameWatch>> {
         let open = || {
-            let mut map = self
-                .shared
+            self.shared
                 .name_watches
                 .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            map.retain(|_, w| w.strong_count() > 0);
-            map.get(dir)
+                .unwrap_or_else(|p| p.into_inner())
+                .get(dir)
                 .and_then(Weak::upgrade)
                 .filter(|w| !w.broken.load(Ordering::SeqCst))
         };
@@ -917,6 +933,8 @@ impl EtcdBackend {
             sent_to: AtomicI64::new(created.header().map_or(0, |h| h.revision())),
             broken: AtomicBool::new(false),
             _stop: stop_tx,
+            shared: Arc::downgrade(&self.shared),
+            dir: dir.to_vec(),
         });
         tokio::spawn(forward_deletions(Arc::downgrade(&w), stream, stop, tx));
         self.shared
