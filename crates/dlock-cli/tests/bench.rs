@@ -361,6 +361,53 @@ fn quick_bench_on_zookeeper_with_the_kazoo_and_curator_peers() {
     ] {
         assert!(md.contains(row), "results.md lacks {row}:\n{md}");
     }
+    // The ensemble's own fsyncs over each contended run (scripts/zk-ensemble.sh allows srst,
+    // so the longest is the run's).
+    for c in t["c1"].as_array().expect("c1") {
+        let syncs = &c["store_syncs"];
+        assert!(syncs["count"].as_u64().is_some_and(|n| n > 0), "{c}");
+        assert!(syncs["max_ms"].as_f64().is_some(), "{c}");
+        assert_eq!(syncs["max_is_bound"], false, "{c}");
+    }
+}
+
+/// `--records` writes every contended run's acquisitions, one CSV per run.
+#[test]
+fn records_are_written_for_every_contended_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+    let out = dir.path().join("out");
+    let (_, v) = run_bench(
+        &["--only", "h1,f1", "--records", "--url", &url],
+        &out,
+        Duration::from_secs(180),
+    );
+    let t = &v["targets"][0];
+    assert_eq!(t["errors"].as_array().map(Vec::len), Some(0), "{t}");
+    for run in ["h1", "f1"] {
+        let path = out.join("records").join(format!("sqlite-dlock-{run}.csv"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next(),
+            Some("process,waiter,request_ms,grant_ms,release_start_ms,release_end_ms,request_unix_us")
+        );
+        let rows: Vec<Vec<f64>> = lines
+            .map(|l| l.split(',').map(|x| x.parse().expect("a number")).collect())
+            .collect();
+        assert!(!rows.is_empty(), "{path:?} has no acquisition");
+        for r in &rows {
+            assert!(r[2] <= r[3] && r[3] <= r[4] && r[4] <= r[5], "{r:?}");
+        }
+        // One line per acquisition of the run, in grant order.
+        let n = if run == "f1" {
+            t["f1"]["run"]["acquisitions"].as_u64()
+        } else {
+            t["h1"][0]["run"]["acquisitions"].as_u64()
+        };
+        assert_eq!(Some(rows.len() as u64), n, "{path:?}");
+        assert!(rows.windows(2).all(|w| w[0][3] <= w[1][3]), "{path:?}");
+    }
 }
 
 /// A peer that cannot run on the machine (here: no python3 on PATH) is a line of the report,
@@ -592,6 +639,10 @@ fn quick_bench_on_etcd_with_the_lock_rpc_peer() {
         assert!(c["store_cmds_per_acq"].as_f64().is_some(), "{c}");
         let top = &targets[0]["s1"]["levels"][3];
         assert!(top["store_keepalives_per_s"].as_f64().is_some(), "{top}");
+        // The members' WAL fsyncs over each contended run.
+        let syncs = &c["store_syncs"];
+        assert!(syncs["count"].as_u64().is_some_and(|n| n > 0), "{c}");
+        assert_eq!(syncs["max_is_bound"], true, "{c}");
     }
 }
 
