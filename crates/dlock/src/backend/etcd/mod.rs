@@ -32,7 +32,7 @@
 //!   the name and tries again only when enough of the keys ahead of it are gone.
 //!
 //! A backend's waiters of one name share **one watch** of the deletions under the name, opened
-//! by the first of them and kept while any waits and for [`WATCH_LINGER`] after: etcd registers
+//! by the first of them and kept while any waits and for 2 s after (`WATCH_LINGER`): etcd registers
 //! a watch "from now" at the revision it read just before, and a write in between leaves the
 //! new watch to the catch-up loop that runs every 100 ms (so would a watch that starts in the
 //! past), which a waiter whose turn comes sooner would wait out. A waiter reads the queue again
@@ -84,7 +84,7 @@ pub(crate) mod url;
 use crate::error::Error;
 use etcd_client as ec;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use url::EtcdTarget;
 
@@ -93,7 +93,7 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// How long a name's shared watch stays open after its last waiter (see the module docs), so
 /// that a client that takes turns with others does not open a watch for every wait.
-pub const WATCH_LINGER: Duration = Duration::from_secs(2);
+pub(crate) const WATCH_LINGER: Duration = Duration::from_secs(2);
 
 /// The etcd store. Obtain it with `dlock::connect("etcd://host:2379/prefix")`.
 #[derive(Debug, Clone)]
@@ -108,8 +108,9 @@ struct Shared {
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     /// The keys of this backend's holds, by owner (for release and renewal).
     held: StdMutex<HashMap<String, HeldKey>>,
-    /// The names' shared watches, by the name's key prefix.
-    name_watches: StdMutex<HashMap<Vec<u8>, Weak<NameWatch>>>,
+    /// The names' shared watches, by the name's key prefix; each is taken out by its own reader
+    /// task when it ends.
+    name_watches: StdMutex<HashMap<Vec<u8>, Arc<NameWatch>>>,
     /// Taken while a name's watch is opened (one watch per name).
     opening: tokio::sync::Mutex<()>,
     stats: Stats,
@@ -123,25 +124,27 @@ struct NameWatch {
     /// revision are sent.
     sent_to: AtomicI64,
     broken: AtomicBool,
-    /// Dropped with the last user: ends the task that reads the watch, and the watch.
-    _stop: tokio::sync::oneshot::Sender<()>,
-    /// Where the backend keeps it (the name's key prefix in `Shared::name_watches`).
-    shared: Weak<Shared>,
-    dir: Vec<u8>,
+    /// Acquisitions that use the watch (changed under the backend's map lock, see
+    /// [`WatchUse`]); the watch ends [`WATCH_LINGER`] after this last falls to 0.
+    users: AtomicUsize,
+    /// Told when a user lets go.
+    let_go: tokio::sync::Notify,
 }
 
-impl Drop for NameWatch {
+/// An acquisition's use of its name's watch.
+struct WatchUse(Arc<NameWatch>);
+
+impl std::ops::Deref for WatchUse {
+    type Target = NameWatch;
+    fn deref(&self) -> &NameWatch {
+        &self.0
+    }
+}
+
+impl Drop for WatchUse {
     fn drop(&mut self) {
-        if let Some(shared) = self.shared.upgrade() {
-            let mut map = shared
-                .name_watches
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            // Not a newer watch of the name (one opened after this one broke).
-            if map.get(&self.dir).is_some_and(|w| w.strong_count() == 0) {
-                map.remove(&self.dir);
-            }
-        }
+        self.0.users.fetch_sub(1, Ordering::SeqCst);
+        self.0.let_go.notify_one();
     }
 }
 
@@ -150,37 +153,76 @@ impl Drop for NameWatch {
 enum Departed {
     /// A key under the name was deleted at this revision.
     Key(Vec<u8>, i64),
-    /// The watch ended (etcd closed or cancelled it): the waiters look again.
-    Broken,
+    /// The watch ended: etcd cancelled it (`true`: the waiters read the queue again) or the
+    /// stream failed (`false`: the wait fails, and is tried again with a new watch).
+    Ended(bool),
 }
 
-/// Reads a name's watch and sends its deletions to the waiters, until the watch's last user
-/// lets go or etcd ends the watch.
+/// Reads a name's watch and sends its deletions to the waiters, until etcd ends the watch or
+/// nobody used it for [`WATCH_LINGER`]; then takes it out of the backend's map.
 async fn forward_deletions(
-    w: Weak<NameWatch>,
+    shared: Weak<Shared>,
+    dir: Vec<u8>,
+    w: Arc<NameWatch>,
     mut stream: ec::WatchStream,
-    mut stop: tokio::sync::oneshot::Receiver<()>,
-    tx: tokio::sync::broadcast::Sender<Departed>,
 ) {
-    loop {
-        let msg = tokio::select! {
-            _ = &mut stop => return,
-            m = stream.message() => m,
+    let mut idle_since: Option<Instant> = None;
+    let forget = |w: &Arc<NameWatch>| -> bool {
+        let Some(shared) = shared.upgrade() else {
+            return true;
         };
-        let Some(w) = w.upgrade() else { return };
+        let mut map = shared
+            .name_watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // Users join under this lock: one that joined since the check keeps the watch.
+        if w.users.load(Ordering::SeqCst) > 0 && !w.broken.load(Ordering::SeqCst) {
+            return false;
+        }
+        if map.get(&dir).is_some_and(|m| Arc::ptr_eq(m, w)) {
+            map.remove(&dir);
+        }
+        true
+    };
+    loop {
+        if w.users.load(Ordering::SeqCst) == 0 {
+            idle_since.get_or_insert_with(Instant::now);
+        } else {
+            idle_since = None;
+        }
+        let linger = async {
+            match idle_since {
+                Some(t) => tokio::time::sleep_until((t + WATCH_LINGER).into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let msg = tokio::select! {
+            m = stream.message() => m,
+            _ = w.let_go.notified() => continue,
+            _ = linger => {
+                if forget(&w) {
+                    return;
+                }
+                idle_since = None;
+                continue;
+            }
+        };
         match msg {
             Ok(Some(resp)) if !resp.canceled() => {
                 let rev = resp.header().map_or(0, |h| h.revision());
                 w.sent_to.fetch_max(rev, Ordering::SeqCst);
                 for ev in resp.events() {
                     if let Some(kv) = ev.kv().filter(|_| ev.event_type() == ec::EventType::Delete) {
-                        let _ = tx.send(Departed::Key(kv.key().to_vec(), kv.mod_revision()));
+                        let _ =
+                            w.tx.send(Departed::Key(kv.key().to_vec(), kv.mod_revision()));
                     }
                 }
             }
-            _ => {
+            other => {
                 w.broken.store(true, Ordering::SeqCst);
-                let _ = tx.send(Departed::Broken);
+                forget(&w);
+                let canceled = matches!(other, Ok(Some(_)));
+                let _ = w.tx.send(Departed::Ended(canceled));
                 return;
             }
         }
@@ -798,19 +840,7 @@ struct EtcdAcquisition {
     /// What to watch, and the revision the queue was read at.
     plan: Option<(Plan, i64)>,
     /// The name's shared watch, once the acquisition waited.
-    watch: Option<Arc<NameWatch>>,
-}
-
-impl Drop for EtcdAcquisition {
-    fn drop(&mut self) {
-        // The name's watch stays open a while for the client's next wait (see WATCH_LINGER).
-        if let (Some(w), Ok(rt)) = (self.watch.take(), tokio::runtime::Handle::try_current()) {
-            rt.spawn(async move {
-                tokio::time::sleep(WATCH_LINGER).await;
-                drop(w);
-            });
-        }
-    }
+    watch: Option<WatchUse>,
 }
 
 impl EtcdBackend {
@@ -889,22 +919,24 @@ impl EtcdBackend {
         self.shared.client.clone()
     }
 
-    /// The shared watch of the deletions under `dir` (a name's key prefix), opened if none is.
-    async fn name_watch(&self, dir: &[u8]) -> Result<Arc<NameWatch>> {
-        let open = || {
-            self.shared
+    /// A use of the shared watch of the deletions under `dir` (a name's key prefix), opened if
+    /// none is.
+    async fn name_watch(&self, dir: &[u8]) -> Result<WatchUse> {
+        let join = || {
+            let map = self
+                .shared
                 .name_watches
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(dir)
-                .and_then(Weak::upgrade)
-                .filter(|w| !w.broken.load(Ordering::SeqCst))
+                .unwrap_or_else(|p| p.into_inner());
+            let w = map.get(dir).filter(|w| !w.broken.load(Ordering::SeqCst))?;
+            w.users.fetch_add(1, Ordering::SeqCst);
+            Some(WatchUse(w.clone()))
         };
-        if let Some(w) = open() {
+        if let Some(w) = join() {
             return Ok(w);
         }
         let _opening = self.shared.opening.lock().await;
-        if let Some(w) = open() {
+        if let Some(w) = join() {
             return Ok(w);
         }
         let opts = ec::WatchOptions::new()
@@ -926,23 +958,25 @@ impl EtcdBackend {
             .stats
             .name_watches
             .fetch_add(1, Ordering::Relaxed);
-        let (tx, _) = tokio::sync::broadcast::channel(256);
-        let (stop_tx, stop) = tokio::sync::oneshot::channel();
         let w = Arc::new(NameWatch {
-            tx: tx.clone(),
+            tx: tokio::sync::broadcast::channel(256).0,
             sent_to: AtomicI64::new(created.header().map_or(0, |h| h.revision())),
             broken: AtomicBool::new(false),
-            _stop: stop_tx,
-            shared: Arc::downgrade(&self.shared),
-            dir: dir.to_vec(),
+            users: AtomicUsize::new(1),
+            let_go: tokio::sync::Notify::new(),
         });
-        tokio::spawn(forward_deletions(Arc::downgrade(&w), stream, stop, tx));
         self.shared
             .name_watches
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(dir.to_vec(), Arc::downgrade(&w));
-        Ok(w)
+            .insert(dir.to_vec(), w.clone());
+        tokio::spawn(forward_deletions(
+            Arc::downgrade(&self.shared),
+            dir.to_vec(),
+            w.clone(),
+            stream,
+        ));
+        Ok(WatchUse(w))
     }
 
     /// The longest one call may take (see [`EtcdBackend::call`]).
@@ -1519,13 +1553,12 @@ impl Acquisition for EtcdAcquisition {
         let dir = self.store.dir(&place.name).into_bytes();
         let store = self.store.clone();
         let wait = async {
-            let w = match &self.watch {
-                Some(w) if !w.broken.load(Ordering::SeqCst) => w.clone(),
-                _ => {
-                    let w = store.name_watch(&dir).await?;
-                    self.watch = Some(w.clone());
-                    w
-                }
+            if !matches!(&self.watch, Some(w) if !w.broken.load(Ordering::SeqCst)) {
+                self.watch = None;
+                self.watch = Some(store.name_watch(&dir).await?);
+            }
+            let Some(w) = self.watch.as_ref() else {
+                return Ok(false);
             };
             let mut rx = w.tx.subscribe();
             let watched_at = w.sent_to.load(Ordering::SeqCst);
@@ -1578,7 +1611,8 @@ impl Acquisition for EtcdAcquisition {
                     }
                     // Reports were lost: read the queue again.
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return Ok(false),
-                    Ok(Departed::Broken)
+                    Ok(Departed::Ended(true)) => return Ok(false),
+                    Ok(Departed::Ended(false))
                     | Err(tokio::sync::broadcast::error::RecvError::Closed) => {
                         return Err(Error::Unavailable("etcd closed a watch".into()));
                     }
