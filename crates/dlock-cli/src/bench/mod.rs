@@ -39,7 +39,9 @@ use workloads::{Contended, Lib, Plan, E1, F1, H1, S1, T1, U1};
 /// on ZooKeeper URLs (python3 with the redis and kazoo modules, a JDK and Debian's Curator jars;
 /// a peer missing here is a line of the report), etcd's own Lock RPC on etcd URLs. A Redis URL with
 /// ?replicas=N is its own row (label +wait) whose raw floor pipelines WAIT after its SET, as
-/// dlock's grants do. Writes results.md and results.json (and SVG charts with --plot) to --out,
+/// dlock's grants do. On ZooKeeper and etcd each contended run also reads the servers' log
+/// fsync timings; on ZooKeeper that resets every server's statistics (`srst`) before the run,
+/// where the ensemble allows the word. Writes results.md and results.json (and SVG charts with --plot) to --out,
 /// and prints the Markdown.
 #[derive(Debug, clap::Args)]
 #[command(
