@@ -35,7 +35,10 @@
 //! by the first of them and kept while any waits and for 2 s after (`WATCH_LINGER`): etcd registers
 //! a watch "from now" at the revision it read just before, and a write in between leaves the
 //! new watch to the catch-up loop that runs every 100 ms (so would a watch that starts in the
-//! past), which a waiter whose turn comes sooner would wait out. A waiter reads the queue again
+//! past), which a waiter whose turn comes sooner would wait out. For its first 120 ms
+//! (`WATCH_CATCH_UP`), while anyone waits, a new watch's waiters are also sent the name's keys as
+//! read every 5 ms, so a watch that lost that race delays a hand-off by a few milliseconds, not
+//! by up to 100. A waiter reads the queue again
 //! when the watch may have reported deletions before it subscribed. After the wake-up the
 //! waiter reads the queue again before it holds: its own key may be gone too (a revoked lease,
 //! `dlock unlock --break`), and a grant on the wake-up alone would then be a second holder.
@@ -95,6 +98,11 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// that a client that takes turns with others does not open a watch for every wait.
 pub(crate) const WATCH_LINGER: Duration = Duration::from_secs(2);
 
+/// How long a new watch may be left to etcd's catch-up loop (which runs every 100 ms), and how
+/// often its waiters are sent the name's keys meanwhile (see the module docs).
+const WATCH_CATCH_UP: Duration = Duration::from_millis(120);
+const CATCH_UP_READ_EVERY: Duration = Duration::from_millis(5);
+
 /// The etcd store. Obtain it with `dlock::connect("etcd://host:2379/prefix")`.
 #[derive(Debug, Clone)]
 pub struct EtcdBackend {
@@ -114,6 +122,9 @@ struct Shared {
     /// Taken while a name's watch is opened (one watch per name).
     opening: tokio::sync::Mutex<()>,
     stats: Stats,
+    /// Tests: the names' watches report nothing (a watch etcd serves late).
+    #[cfg(test)]
+    mute_watches: AtomicBool,
 }
 
 /// The watch of the deletions under one name, shared by a backend's waiters of that name.
@@ -153,6 +164,9 @@ impl Drop for WatchUse {
 enum Departed {
     /// A key under the name was deleted at this revision.
     Key(Vec<u8>, i64),
+    /// The name's keys (with their create revisions) as read at this revision, while the watch
+    /// is new (see the module docs).
+    Keys(Arc<Vec<(Vec<u8>, i64)>>, i64),
     /// The watch ended: etcd cancelled it (`true`: the waiters read the queue again) or the
     /// stream failed (`false`: the wait fails, and is tried again with a new watch).
     Ended(bool),
@@ -211,6 +225,13 @@ async fn forward_deletions(
             Ok(Some(resp)) if !resp.canceled() => {
                 let rev = resp.header().map_or(0, |h| h.revision());
                 w.sent_to.fetch_max(rev, Ordering::SeqCst);
+                #[cfg(test)]
+                if shared
+                    .upgrade()
+                    .is_some_and(|s| s.mute_watches.load(Ordering::SeqCst))
+                {
+                    continue;
+                }
                 for ev in resp.events() {
                     if let Some(kv) = ev.kv().filter(|_| ev.event_type() == ec::EventType::Delete) {
                         let _ =
@@ -225,6 +246,42 @@ async fn forward_deletions(
                 let _ = w.tx.send(Departed::Ended(canceled));
                 return;
             }
+        }
+    }
+}
+
+/// Sends a new watch's waiters the name's keys every [`CATCH_UP_READ_EVERY`] for
+/// [`WATCH_CATCH_UP`], while anyone waits: etcd registers a watch "from now" at the revision it
+/// read just before, and a write in between leaves the watch to etcd's catch-up loop, which
+/// reports deletions up to 100 ms late. A read that fails is skipped (the watch still reports).
+async fn read_while_new(shared: Weak<Shared>, dir: Vec<u8>, w: Arc<NameWatch>, until: Instant) {
+    let opts = ec::GetOptions::new().with_prefix().with_keys_only();
+    loop {
+        tokio::time::sleep(CATCH_UP_READ_EVERY).await;
+        if Instant::now() >= until
+            || w.broken.load(Ordering::SeqCst)
+            || w.users.load(Ordering::SeqCst) == 0
+        {
+            return;
+        }
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let mut c = shared.client.clone();
+        let read = tokio::time::timeout(
+            shared.target.timeout,
+            c.get(dir.clone(), Some(opts.clone())),
+        );
+        shared.stats.catch_up_reads.fetch_add(1, Ordering::Relaxed);
+        drop(shared);
+        if let Ok(Ok(resp)) = read.await {
+            let rev = resp.header().map_or(0, |h| h.revision());
+            let keys = resp
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key().to_vec(), kv.create_revision()))
+                .collect();
+            let _ = w.tx.send(Departed::Keys(Arc::new(keys), rev));
         }
     }
 }
@@ -248,6 +305,8 @@ pub(crate) struct Stats {
     pub(crate) wakeups: AtomicU64,
     /// Names' shared watches opened.
     pub(crate) name_watches: AtomicU64,
+    /// Reads of a name's keys while its watch was new.
+    pub(crate) catch_up_reads: AtomicU64,
 }
 
 /// One lease and what hangs on it.
@@ -831,6 +890,36 @@ enum Plan {
     Departures(HashMap<Vec<u8>, i64>, usize),
 }
 
+impl Plan {
+    /// How many of its keys must go.
+    fn needed(&self) -> usize {
+        match self {
+            Plan::Key(..) => 1,
+            Plan::Departures(_, n) => *n,
+        }
+    }
+
+    /// The create revision of `key`, if it is one of the plan's.
+    fn created(&self, key: &[u8]) -> Option<i64> {
+        match self {
+            Plan::Key(k, c) => (k.as_slice() == key).then_some(*c),
+            Plan::Departures(ahead, _) => ahead.get(key).copied(),
+        }
+    }
+
+    /// The plan's keys missing from `present` (keys with their create revisions, as read at
+    /// or after the plan was made).
+    fn absent<'a>(&self, present: impl Iterator<Item = (&'a [u8], i64)>) -> Vec<Vec<u8>> {
+        let present: HashSet<(&[u8], i64)> = present.collect();
+        let missing =
+            |(k, c): (&Vec<u8>, &i64)| (!present.contains(&(k.as_slice(), *c))).then(|| k.clone());
+        match self {
+            Plan::Key(k, c) => missing((k, c)).into_iter().collect(),
+            Plan::Departures(ahead, _) => ahead.iter().filter_map(missing).collect(),
+        }
+    }
+}
+
 /// One acquisition: its key in the lock's queue (from its first attempt on) and what it
 /// watches while it waits.
 struct EtcdAcquisition {
@@ -894,6 +983,8 @@ impl EtcdBackend {
                 name_watches: StdMutex::new(HashMap::new()),
                 opening: tokio::sync::Mutex::new(()),
                 stats: Stats::default(),
+                #[cfg(test)]
+                mute_watches: AtomicBool::new(false),
             }),
         };
         b.session().await?;
@@ -975,6 +1066,12 @@ impl EtcdBackend {
             dir.to_vec(),
             w.clone(),
             stream,
+        ));
+        tokio::spawn(read_while_new(
+            Arc::downgrade(&self.shared),
+            dir.to_vec(),
+            w.clone(),
+            Instant::now() + WATCH_CATCH_UP,
         ));
         Ok(WatchUse(w))
     }
@@ -1565,12 +1662,9 @@ impl Acquisition for EtcdAcquisition {
             if w.broken.load(Ordering::SeqCst) {
                 return Ok(false);
             }
-            let mut left = match &plan {
-                Plan::Key(..) => 1,
-                Plan::Departures(_, n) => *n,
-            };
-            // Deletions up to `seen` are counted by the read below; the watch's reports after it.
-            let mut seen = rev;
+            // The planned keys known to be gone: absent from a read made at or after the plan's
+            // (`rev`), or reported deleted after their creation.
+            let mut gone: HashSet<Vec<u8>> = HashSet::new();
             if watched_at > rev {
                 let still = match &plan {
                     Plan::Key(k, _) => store.get(k.clone(), ec::GetOptions::new().with_keys_only()),
@@ -1583,32 +1677,26 @@ impl Acquisition for EtcdAcquisition {
                     ),
                 }
                 .await?;
-                seen = still.header().map_or(watched_at, |h| h.revision());
-                let present = |k: &[u8], created: i64| {
-                    still
-                        .kvs()
-                        .iter()
-                        .any(|kv| kv.key() == k && kv.create_revision() == created)
-                };
-                let departed = match &plan {
-                    Plan::Key(k, created) => usize::from(!present(k, *created)),
-                    Plan::Departures(ahead, _) => {
-                        ahead.iter().filter(|(k, c)| !present(k, **c)).count()
-                    }
-                };
-                left = left.saturating_sub(departed);
+                gone.extend(
+                    plan.absent(
+                        still
+                            .kvs()
+                            .iter()
+                            .map(|kv| (kv.key(), kv.create_revision())),
+                    ),
+                );
             }
-            while left > 0 {
+            while gone.len() < plan.needed() {
                 match rx.recv().await {
                     Ok(Departed::Key(key, at)) => {
-                        let counts = match &plan {
-                            Plan::Key(k, _) => *k == key,
-                            Plan::Departures(ahead, _) => ahead.contains_key(&key),
-                        };
-                        if counts && at > seen {
-                            left = left.saturating_sub(1);
+                        if plan.created(&key).is_some_and(|c| at > c) {
+                            gone.insert(key);
                         }
                     }
+                    Ok(Departed::Keys(keys, at)) if at >= rev => {
+                        gone.extend(plan.absent(keys.iter().map(|(k, c)| (k.as_slice(), *c))));
+                    }
+                    Ok(Departed::Keys(..)) => {}
                     // Reports were lost: read the queue again.
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return Ok(false),
                     Ok(Departed::Ended(true)) => return Ok(false),

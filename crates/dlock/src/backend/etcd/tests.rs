@@ -707,3 +707,49 @@ async fn set_value_replaces_the_holders_value_only() {
     assert!(!String::from_utf8_lossy(plain[0].value()).contains("value"));
     assert_eq!(b.release(&hr(&rp)).await.unwrap(), Released::Released);
 }
+
+/// A new watch that etcd serves late (here: one that reports nothing, as a watch left to etcd's
+/// catch-up loop does for up to 100 ms) still lets its waiter in soon after the release: the
+/// name's keys are read every few milliseconds while the watch is new, and no longer after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_watch_served_late_still_lets_its_waiter_in_soon() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let (holder, _) = etcd.client(&p, "5s").await;
+    let (c, b) = etcd.client(&p, "5s").await;
+    b.shared.mute_watches.store(true, Ordering::SeqCst);
+    let g = holder.mutex("late").unwrap().acquire().await.unwrap();
+    let cl = c.clone();
+    let t = tokio::spawn(async move {
+        let g = cl.mutex("late").unwrap().acquire().await.unwrap();
+        (Instant::now(), g)
+    });
+    within(Duration::from_secs(5), async {
+        while b.stats().name_watches.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let (granted, g) = within(Duration::from_secs(5), t).await.unwrap();
+    let waited = granted.saturating_duration_since(released);
+    assert!(
+        waited < Duration::from_millis(100),
+        "granted {waited:?} after the release began"
+    );
+    g.release().await.unwrap();
+    tokio::time::sleep(WATCH_CATCH_UP).await;
+    let reads = b.stats().catch_up_reads.load(Ordering::Relaxed);
+    assert!(reads >= 1, "the waiter was let in by a read");
+    assert!(
+        reads <= 1 + (WATCH_CATCH_UP.as_millis() / CATCH_UP_READ_EVERY.as_millis()) as u64,
+        "{reads} reads"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        b.stats().catch_up_reads.load(Ordering::Relaxed),
+        reads,
+        "no reads once the watch is no longer new"
+    );
+}
