@@ -753,3 +753,113 @@ async fn a_new_watch_served_late_still_lets_its_waiter_in_soon() {
         "no reads once the watch is no longer new"
     );
 }
+
+/// A mutex waiter holds on its watch's report alone, so it must wait for every key ahead of it:
+/// a waiter between it and the holder that gives up wakes nobody, and it is not granted while
+/// the holder holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiter_behind_two_keys_waits_for_both() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let (ab, bb, cb) = (
+        etcd.backend(&p, "5s").await,
+        etcd.backend(&p, "5s").await,
+        etcd.backend(&p, "5s").await,
+    );
+    let (ma, mb, mc) = (meta("a"), meta("b"), meta("c"));
+    let n = name("two-ahead");
+    let ra = rq(&n, "owner-a", &ma);
+    token(ab.begin(&ra).attempt().await.unwrap());
+    let waiting = |owner: &'static str, m| Request {
+        waiting: true,
+        ..rq(&n, owner, m)
+    };
+    let (rb, rc) = (waiting("owner-b", &mb), waiting("owner-c", &mc));
+    let mut wb = bb.begin(&rb);
+    busy_of(wb.attempt().await.unwrap());
+    let mut wc = cb.begin(&rc);
+    let busy = busy(wc.attempt().await.unwrap());
+    wb.cancel().await.unwrap();
+    let w = wc
+        .changed(&busy, Instant::now() + Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert_eq!(
+        w,
+        Watch::Recheck,
+        "woken by the departure of one of two keys"
+    );
+    busy_of(wc.attempt().await.unwrap());
+    ab.release(&hr(&ra)).await.unwrap();
+    let w = wc
+        .changed(&busy, Instant::now() + Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert_eq!(w, Watch::Changed);
+    let mut raw = etcd.raw().await;
+    let kvs = keys(&mut raw, &p, "two-ahead").await;
+    assert_eq!(kvs.len(), 1);
+    assert_eq!(
+        token(wc.attempt().await.unwrap()),
+        kvs[0].create_revision() as u64
+    );
+    cb.release(&hr(&rc)).await.unwrap();
+}
+
+/// A waiter whose own key went (a revoked lease, `dlock unlock --break`) in the same revision
+/// as the key it waited for does not hold the key that no longer exists: it queues again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiter_whose_own_key_went_does_not_hold_on_its_turn() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let (ab, bb) = (etcd.backend(&p, "5s").await, etcd.backend(&p, "5s").await);
+    let (ma, mb) = (meta("a"), meta("b"));
+    let n = name("own-gone");
+    let ra = rq(&n, "owner-a", &ma);
+    token(ab.begin(&ra).attempt().await.unwrap());
+    let rb = Request {
+        waiting: true,
+        ..rq(&n, "owner-b", &mb)
+    };
+    let mut wb = bb.begin(&rb);
+    let busy = busy(wb.attempt().await.unwrap());
+    // The waiter's watch is open before the deletions.
+    let w = wb
+        .changed(&busy, Instant::now() + Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(w, Watch::Recheck);
+    let mut raw = etcd.raw().await;
+    let kvs = keys(&mut raw, &p, "own-gone").await;
+    assert_eq!(kvs.len(), 2);
+    let old = kvs[1].create_revision();
+    // Deleted while it waits (its watch reports both in one response, the one ahead first).
+    let mut raw2 = etcd.raw().await;
+    let delete = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        raw2.txn(ec::Txn::new().and_then(vec![
+            ec::TxnOp::delete(kvs[0].key().to_vec(), None),
+            ec::TxnOp::delete(kvs[1].key().to_vec(), None),
+        ]))
+        .await
+        .unwrap();
+    };
+    let (w, ()) = tokio::join!(
+        wb.changed(&busy, Instant::now() + Duration::from_secs(3)),
+        delete
+    );
+    assert_eq!(w.unwrap(), Watch::Changed);
+    let mut granted = None;
+    for _ in 0..3 {
+        if let Attempt::Granted(g) = wb.attempt().await.unwrap() {
+            granted = g.token;
+            break;
+        }
+    }
+    let t = granted.expect("granted under a new key");
+    assert!(t > old as u64, "held the deleted key {old} (token {t})");
+    let kvs = keys(&mut raw, &p, "own-gone").await;
+    assert_eq!(kvs.len(), 1);
+    assert_eq!(kvs[0].create_revision() as u64, t);
+    bb.release(&hr(&rb)).await.unwrap();
+}
