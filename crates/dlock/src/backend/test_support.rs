@@ -40,6 +40,14 @@ pub(crate) fn hr<'a>(r: &Request<'a>) -> HoldRef<'a> {
 }
 
 /// The token of a grant; panics on busy.
+/// [`rq`] of a request that waits (blocking or timed).
+pub(crate) fn wait_rq<'a>(name: &'a LockName, owner: &'a str, meta: &'a HolderMeta) -> Request<'a> {
+    Request {
+        waiting: true,
+        ..rq(name, owner, meta)
+    }
+}
+
 pub(crate) fn token(a: Attempt) -> u64 {
     match a {
         Attempt::Granted(g) => g.token.expect("a grant with a fencing token"),

@@ -25,25 +25,23 @@
 //! key's lease.
 //!
 //! Grant rules, over the keys sorted by create revision (see `backend::queue`):
-//! - mutex and writer: granted when first; otherwise it waits for every key ahead of it to go;
-//! - reader: granted when no mutex or writer key is ahead; otherwise it waits for those to go;
-//! - semaphore(n): granted while among the first n keys; otherwise it waits until enough of the
-//!   keys ahead of it are gone.
+//! - mutex and writer: granted when first; otherwise watch **only** the key with the next
+//!   lower create revision for its deletion (no herd);
+//! - reader: granted when no mutex or writer key is ahead; otherwise watch the nearest one;
+//! - semaphore(n): granted while among the first n keys; a waiter watches the deletions under
+//!   the name and tries again only when enough of the keys ahead of it are gone.
 //!
 //! A backend's waiters of one name share **one watch** of the deletions under the name, opened
-//! by the first of them and kept while any waits and for 2 s after (`WATCH_LINGER`). Each waiter
-//! counts, from the watch's reports, the keys it waits for (as it read them, by create
-//! revision); only the one whose last such key went is woken (no herd), and it holds at once,
-//! without reading the queue again: no key can get ahead of it later, and a watch reports whole
-//! revisions in order, so its own key's deletion (a revoked lease, `dlock unlock --break`)
-//! would have been reported by then; that sends it back to read the queue instead of holding.
-//! etcd registers a watch "from now" at the revision it read just before, and a write in
-//! between leaves the new watch to the catch-up loop that runs every 100 ms (so would a watch
-//! that starts in the past), which a waiter whose turn comes sooner would wait out. For its
-//! first 120 ms (`WATCH_CATCH_UP`), while anyone waits, a new watch's waiters are also sent the
-//! name's keys as read every 5 ms, so a watch that lost that race delays a hand-off by a few
-//! milliseconds, not by up to 100. A waiter reads the queue again when the watch may have
-//! reported deletions before it subscribed.
+//! by the first of them and kept while any waits and for 2 s after (`WATCH_LINGER`): etcd registers
+//! a watch "from now" at the revision it read just before, and a write in between leaves the
+//! new watch to the catch-up loop that runs every 100 ms (so would a watch that starts in the
+//! past), which a waiter whose turn comes sooner would wait out. For its first 120 ms
+//! (`WATCH_CATCH_UP`), while anyone waits, a new watch's waiters are also sent the name's keys as
+//! read every 5 ms, so a watch that lost that race delays a hand-off by a few milliseconds, not
+//! by up to 100. A waiter reads the queue again
+//! when the watch may have reported deletions before it subscribed. After the wake-up the
+//! waiter reads the queue again before it holds: its own key may be gone too (a revoked lease,
+//! `dlock unlock --break`), and a grant on the wake-up alone would then be a second holder.
 //!
 //! Grants are FIFO by construction (`Request::fair` is implied). A kind mismatch on one name
 //! (mutex vs rwlock vs semaphore(n)) is [`Error::InvalidConfig`].
@@ -164,10 +162,8 @@ impl Drop for WatchUse {
 /// What a name's watch reports to its waiters.
 #[derive(Debug, Clone)]
 enum Departed {
-    /// The keys under the name (with the revisions they were deleted at) that one watch
-    /// response reports: whole revisions, so a waiter sees its own key's deletion with any other
-    /// of the same revision.
-    Deleted(Arc<Vec<(Vec<u8>, i64)>>),
+    /// A key under the name was deleted at this revision.
+    Key(Vec<u8>, i64),
     /// The name's keys (with their create revisions) as read at this revision, while the watch
     /// is new (see the module docs).
     Keys(Arc<Vec<(Vec<u8>, i64)>>, i64),
@@ -236,15 +232,11 @@ async fn forward_deletions(
                 {
                     continue;
                 }
-                let deleted: Vec<(Vec<u8>, i64)> = resp
-                    .events()
-                    .iter()
-                    .filter(|ev| ev.event_type() == ec::EventType::Delete)
-                    .filter_map(|ev| ev.kv())
-                    .map(|kv| (kv.key().to_vec(), kv.mod_revision()))
-                    .collect();
-                if !deleted.is_empty() {
-                    let _ = w.tx.send(Departed::Deleted(Arc::new(deleted)));
+                for ev in resp.events() {
+                    if let Some(kv) = ev.kv().filter(|_| ev.event_type() == ec::EventType::Delete) {
+                        let _ =
+                            w.tx.send(Departed::Key(kv.key().to_vec(), kv.mod_revision()));
+                    }
                 }
             }
             other => {
@@ -888,32 +880,43 @@ enum Queued {
     PlainTaken,
 }
 
-/// What a waiting acquisition waits for: the deletion of `needed` of the keys `ahead` of it (by
-/// name and create revision: a client that lets go and asks again puts the same name back,
-/// behind). A mutex or writer waits for every key ahead, a reader for every mutex or writer key
-/// ahead, a semaphore permit for enough of the keys ahead. Then it holds: no key can get ahead of
-/// it later (create revisions only grow).
+/// What a waiting acquisition watches.
 #[derive(Debug, Clone)]
-struct Plan {
-    ahead: HashMap<Vec<u8>, i64>,
-    needed: usize,
+enum Plan {
+    /// The deletion of this key (by name and create revision: a client that lets go and asks
+    /// again puts the same name back, behind).
+    Key(Vec<u8>, i64),
+    /// The deletion of this many of these keys (name and create revision).
+    Departures(HashMap<Vec<u8>, i64>, usize),
 }
 
 impl Plan {
+    /// How many of its keys must go.
+    fn needed(&self) -> usize {
+        match self {
+            Plan::Key(..) => 1,
+            Plan::Departures(_, n) => *n,
+        }
+    }
+
     /// The create revision of `key`, if it is one of the plan's.
     fn created(&self, key: &[u8]) -> Option<i64> {
-        self.ahead.get(key).copied()
+        match self {
+            Plan::Key(k, c) => (k.as_slice() == key).then_some(*c),
+            Plan::Departures(ahead, _) => ahead.get(key).copied(),
+        }
     }
 
     /// The plan's keys missing from `present` (keys with their create revisions, as read at
     /// or after the plan was made).
     fn absent<'a>(&self, present: impl Iterator<Item = (&'a [u8], i64)>) -> Vec<Vec<u8>> {
         let present: HashSet<(&[u8], i64)> = present.collect();
-        self.ahead
-            .iter()
-            .filter(|(k, c)| !present.contains(&(k.as_slice(), **c)))
-            .map(|(k, _)| k.clone())
-            .collect()
+        let missing =
+            |(k, c): (&Vec<u8>, &i64)| (!present.contains(&(k.as_slice(), *c))).then(|| k.clone());
+        match self {
+            Plan::Key(k, c) => missing((k, c)).into_iter().collect(),
+            Plan::Departures(ahead, _) => ahead.iter().filter_map(missing).collect(),
+        }
     }
 }
 
@@ -925,9 +928,6 @@ struct EtcdAcquisition {
     place: Option<(Arc<Session>, Place)>,
     /// What to watch, and the revision the queue was read at.
     plan: Option<(Plan, i64)>,
-    /// The name's watch (or a read) showed every key of the plan gone and its own key still
-    /// there: the next attempt holds without reading the queue again.
-    turn: bool,
     /// The name's shared watch, once the acquisition waited.
     watch: Option<WatchUse>,
 }
@@ -1599,20 +1599,19 @@ impl EtcdAcquisition {
                 store.delete_key(&s, &place).await?;
                 Ok(Attempt::Busy(Busy::default()))
             }
-            t => {
-                // A reader waits only for the mutex and writer keys ahead of it.
-                let reader = mine == Entry::Read;
-                let ahead: HashMap<Vec<u8>, i64> = queue.kvs[..i]
+            Turn::After(j) => {
+                let ahead = &queue.kvs[j];
+                let plan = Plan::Key(ahead.key().to_vec(), ahead.create_revision());
+                self.plan = Some((plan, rev));
+                self.place = Some((s, place));
+                Ok(Attempt::Busy(Busy::default()))
+            }
+            Turn::Departures(n) => {
+                let ahead = queue.kvs[..i]
                     .iter()
-                    .zip(&queue.entries[..i])
-                    .filter(|(_, e)| !reader || matches!(e, Entry::Write | Entry::Lock))
-                    .map(|(kv, _)| (kv.key().to_vec(), kv.create_revision()))
+                    .map(|kv| (kv.key().to_vec(), kv.create_revision()))
                     .collect();
-                let needed = match t {
-                    Turn::Departures(n) => n,
-                    _ => ahead.len(),
-                };
-                self.plan = Some((Plan { ahead, needed }, rev));
+                self.plan = Some((Plan::Departures(ahead, n), rev));
                 self.place = Some((s, place));
                 Ok(Attempt::Busy(Busy::default()))
             }
@@ -1636,11 +1635,6 @@ impl Acquisition for EtcdAcquisition {
                     }
                     _ => Attempt::Busy(Busy::default()),
                 });
-            }
-        }
-        if std::mem::take(&mut self.turn) {
-            if let Some((s, place)) = self.place.take().filter(|(s, _)| !s.is_dead()) {
-                return Ok(self.grant(s, place));
             }
         }
         self.place().await
@@ -1670,47 +1664,36 @@ impl Acquisition for EtcdAcquisition {
             }
             // The planned keys known to be gone: absent from a read made at or after the plan's
             // (`rev`), or reported deleted after their creation.
-            // Its own key gone too (a revoked lease, `dlock unlock --break`): a grant on the
-            // departures alone would be a second holder; it reads the queue again instead.
             let mut gone: HashSet<Vec<u8>> = HashSet::new();
-            let own = |k: &[u8], c: i64| k == place.key.as_slice() && c == place.revision;
             if watched_at > rev {
-                let still = store
-                    .get(
+                let still = match &plan {
+                    Plan::Key(k, _) => store.get(k.clone(), ec::GetOptions::new().with_keys_only()),
+                    Plan::Departures(..) => store.get(
                         dir.clone(),
                         ec::GetOptions::new()
                             .with_prefix()
                             .with_keys_only()
-                            .with_max_create_revision(place.revision),
-                    )
-                    .await?;
-                let present = || {
-                    still
-                        .kvs()
-                        .iter()
-                        .map(|kv| (kv.key(), kv.create_revision()))
-                };
-                if !present().any(|(k, c)| own(k, c)) {
-                    return Ok(false);
+                            .with_max_create_revision(place.revision - 1),
+                    ),
                 }
-                gone.extend(plan.absent(present()));
+                .await?;
+                gone.extend(
+                    plan.absent(
+                        still
+                            .kvs()
+                            .iter()
+                            .map(|kv| (kv.key(), kv.create_revision())),
+                    ),
+                );
             }
-            while gone.len() < plan.needed {
+            while gone.len() < plan.needed() {
                 match rx.recv().await {
-                    Ok(Departed::Deleted(keys)) => {
-                        for (key, at) in keys.iter() {
-                            if key == &place.key && *at > place.revision {
-                                return Ok(false);
-                            }
-                            if plan.created(key).is_some_and(|c| *at > c) {
-                                gone.insert(key.clone());
-                            }
+                    Ok(Departed::Key(key, at)) => {
+                        if plan.created(&key).is_some_and(|c| at > c) {
+                            gone.insert(key);
                         }
                     }
                     Ok(Departed::Keys(keys, at)) if at >= rev => {
-                        if !keys.iter().any(|(k, c)| own(k, *c)) {
-                            return Ok(false);
-                        }
                         gone.extend(plan.absent(keys.iter().map(|(k, c)| (k.as_slice(), *c))));
                     }
                     Ok(Departed::Keys(..)) => {}
@@ -1737,8 +1720,7 @@ impl Acquisition for EtcdAcquisition {
                 Ok(Watch::Recheck)
             }
             Ok(Err(e)) => Err(e),
-            Ok(Ok(turn)) => {
-                self.turn = turn;
+            Ok(Ok(_)) => {
                 self.store
                     .shared
                     .stats
@@ -1785,7 +1767,6 @@ impl Backend for EtcdBackend {
             want: Want::new(req),
             place: None,
             plan: None,
-            turn: false,
         })
     }
 
