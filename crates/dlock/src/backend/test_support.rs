@@ -39,7 +39,6 @@ pub(crate) fn hr<'a>(r: &Request<'a>) -> HoldRef<'a> {
     r.hold()
 }
 
-/// The token of a grant; panics on busy.
 /// [`rq`] of a request that waits (blocking or timed).
 pub(crate) fn wait_rq<'a>(name: &'a LockName, owner: &'a str, meta: &'a HolderMeta) -> Request<'a> {
     Request {
@@ -48,6 +47,7 @@ pub(crate) fn wait_rq<'a>(name: &'a LockName, owner: &'a str, meta: &'a HolderMe
     }
 }
 
+/// The token of a grant; panics on busy.
 pub(crate) fn token(a: Attempt) -> u64 {
     match a {
         Attempt::Granted(g) => g.token.expect("a grant with a fencing token"),
