@@ -37,8 +37,8 @@
 //! new watch to the catch-up loop that runs every 100 ms (so would a watch that starts in the
 //! past), which a waiter whose turn comes sooner would wait out. For its first 120 ms
 //! (`WATCH_CATCH_UP`), while anyone waits, a new watch's waiters are also sent the name's keys as
-//! read every 5 ms, so a watch that lost that race delays a hand-off by a few milliseconds, not
-//! by up to 100. A waiter reads the queue again
+//! read every 5 ms (until the watch reports a deletion itself), so a watch that lost that race
+//! delays a hand-off by a few milliseconds, not by up to 100. A waiter reads the queue again
 //! when the watch may have reported deletions before it subscribed. After the wake-up the
 //! waiter reads the queue again before it holds: its own key may be gone too (a revoked lease,
 //! `dlock unlock --break`), and a grant on the wake-up alone would then be a second holder.
@@ -135,6 +135,9 @@ struct NameWatch {
     /// revision are sent.
     sent_to: AtomicI64,
     broken: AtomicBool,
+    /// It reported a deletion: etcd serves it at the write (a watch left to the catch-up loop
+    /// joins the others once that loop has served it), so the reads of [`read_while_new`] stop.
+    reported: AtomicBool,
     /// Acquisitions that use the watch (changed under the backend's map lock, see
     /// [`WatchUse`]); the watch ends [`WATCH_LINGER`] after this last falls to 0.
     users: AtomicUsize,
@@ -234,6 +237,7 @@ async fn forward_deletions(
                 }
                 for ev in resp.events() {
                     if let Some(kv) = ev.kv().filter(|_| ev.event_type() == ec::EventType::Delete) {
+                        w.reported.store(true, Ordering::SeqCst);
                         let _ =
                             w.tx.send(Departed::Key(kv.key().to_vec(), kv.mod_revision()));
                     }
@@ -251,7 +255,7 @@ async fn forward_deletions(
 }
 
 /// Sends a new watch's waiters the name's keys every [`CATCH_UP_READ_EVERY`] for
-/// [`WATCH_CATCH_UP`], while anyone waits: etcd registers a watch "from now" at the revision it
+/// [`WATCH_CATCH_UP`], while anyone waits and until the watch reports a deletion itself: etcd registers a watch "from now" at the revision it
 /// read just before, and a write in between leaves the watch to etcd's catch-up loop, which
 /// reports deletions up to 100 ms late. A read that fails is skipped (the watch still reports).
 async fn read_while_new(shared: Weak<Shared>, dir: Vec<u8>, w: Arc<NameWatch>, until: Instant) {
@@ -260,6 +264,7 @@ async fn read_while_new(shared: Weak<Shared>, dir: Vec<u8>, w: Arc<NameWatch>, u
         tokio::time::sleep(CATCH_UP_READ_EVERY).await;
         if Instant::now() >= until
             || w.broken.load(Ordering::SeqCst)
+            || w.reported.load(Ordering::SeqCst)
             || w.users.load(Ordering::SeqCst) == 0
         {
             return;
@@ -1053,6 +1058,7 @@ impl EtcdBackend {
             tx: tokio::sync::broadcast::channel(256).0,
             sent_to: AtomicI64::new(created.header().map_or(0, |h| h.revision())),
             broken: AtomicBool::new(false),
+            reported: AtomicBool::new(false),
             users: AtomicUsize::new(1),
             let_go: tokio::sync::Notify::new(),
         });

@@ -865,3 +865,49 @@ async fn a_waiter_whose_own_key_went_does_not_hold_on_its_turn() {
     assert_eq!(kvs[0].create_revision() as u64, t);
     bb.release(&hr(&rb)).await.unwrap();
 }
+
+/// The reads that back a new watch stop once the watch reports a deletion itself (it is then
+/// served at the write), though waiters still wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_watch_that_reports_ends_its_reads() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let (holder, _) = etcd.client(&p, "5s").await;
+    let (c, b) = etcd.client(&p, "5s").await;
+    let g = holder.mutex("reported").unwrap().acquire().await.unwrap();
+    let spawn_waiter = |cl: Client| {
+        tokio::spawn(async move { cl.mutex("reported").unwrap().acquire().await.unwrap() })
+    };
+    let first = spawn_waiter(c.clone());
+    within(Duration::from_secs(5), async {
+        while b.stats().name_watches.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    let opened = Instant::now();
+    let second = spawn_waiter(c.clone());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    g.release().await.unwrap();
+    let g1 = within(Duration::from_secs(5), first).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let reads = b.stats().catch_up_reads.load(Ordering::Relaxed);
+    assert!(
+        opened.elapsed() < WATCH_CATCH_UP / 2,
+        "too slow to tell: {:?}",
+        opened.elapsed()
+    );
+    tokio::time::sleep(WATCH_CATCH_UP).await;
+    assert_eq!(
+        b.stats().catch_up_reads.load(Ordering::Relaxed),
+        reads,
+        "reads went on after the watch reported, while the second waiter waited"
+    );
+    g1.release().await.unwrap();
+    within(Duration::from_secs(5), second)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
