@@ -537,10 +537,12 @@ pub fn redis_meta(data: &[u8]) {
             );
         }
         let meta = format!("{base}:meta:{}", c.uuid());
-        for k in [":fence", ":exp", ":q", ":qexp", ":qinfo", ":qseq", ":w"]
-            .iter()
-            .map(|s| format!("{base}{s}"))
-            .chain([meta])
+        for k in [
+            ":fence", ":exp", ":q", ":qexp", ":qinfo", ":qseq", ":w", ":obs",
+        ]
+        .iter()
+        .map(|s| format!("{base}{s}"))
+        .chain([meta])
         {
             assert_eq!(
                 r::name_of_key(PREFIX, hashtag, &k),

@@ -1222,6 +1222,8 @@ async fn redis_verbatim_keys_do_not_collide() {
         "a:qexp".into(),
         "a:qinfo".into(),
         "a:qseq".into(),
+        "a:w".into(),
+        "a:obs".into(),
         format!("a:meta:{owner}"),
     ] {
         let e = within(&n, async { c.mutex(n.as_str())?.try_acquire().await })

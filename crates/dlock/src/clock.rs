@@ -16,6 +16,14 @@ pub(crate) fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 
+/// The wall clock in milliseconds since the Unix epoch (0 before it): the time of a grant that
+/// stores record for `describe`, never used for leases.
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The time since `since` on the same clock (zero if `since` lies ahead).
 pub(crate) fn elapsed(since: Instant) -> Duration {
     now().saturating_duration_since(since)

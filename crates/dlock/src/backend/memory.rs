@@ -128,13 +128,6 @@ fn registry() -> &'static StdMutex<HashMap<String, Weak<Shared>>> {
     R.get_or_init(Default::default)
 }
 
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 impl MemoryBackend {
     /// The process-wide store named `name` (created on first use, dropped with its last client).
     pub fn named(name: &str) -> Self {
@@ -192,7 +185,7 @@ impl MemoryBackend {
                     mode: req.mode,
                     token,
                     expires: now + req.lease,
-                    acquired_at_ms: unix_ms(),
+                    acquired_at_ms: crate::clock::unix_ms(),
                     meta: req.meta.clone(),
                     status: HoldStatus::Held,
                 });

@@ -793,7 +793,13 @@ impl KeyData {
 }
 
 fn key_data(req: &Request<'_>) -> Result<Vec<u8>> {
-    encode_key_data(req.kind, req.mode, req.owner, req.meta, unix_ms())
+    encode_key_data(
+        req.kind,
+        req.mode,
+        req.owner,
+        req.meta,
+        crate::clock::unix_ms(),
+    )
 }
 
 /// The value of a key of `owner`'s request for a `kind` lock in `mode`, granted at `created_at_ms`.
@@ -844,13 +850,6 @@ fn unavailable(e: ec::Error) -> Error {
         (ec::Error::InvalidArgs(_), _) => Error::backend(e),
         _ => Error::Unavailable(format!("etcd: {e}")),
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn by_create(order: ec::SortOrder) -> ec::GetOptions {

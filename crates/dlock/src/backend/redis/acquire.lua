@@ -1,6 +1,7 @@
 -- acquire: the grant rule of logic::decide, atomically.
--- KEYS: 1 base, 2 fence, 3 exp, 4 q, 5 qexp, 6 qinfo, 7 qseq, 8 meta (base:meta:<owner>),
---       9 w (the waiter set)
+-- KEYS: 1 base, 2 fence, 3 exp, 4 q, 5 qexp, 6 qinfo, 7 qseq, 8 meta (base:meta:<owner>: a
+--       rwlock or semaphore hold's metadata; a mutex hold's is in its value), 9 w (the waiter
+--       set)
 -- ARGV: 1 owner, 2 kind, 3 permits, 4 mode, 5 lease ms, 6 enqueue (0/1), 7 queue place ttl ms,
 --       8 client_id, 9 host, 10 pid, 11 waiter info (mode \n client_id \n host \n pid),
 --       12 the hold's value: '0' none, '1' .. value (an election's), 13 register ('1': a
@@ -19,18 +20,18 @@ end
 local register = ARGV[13] == '1'
 local now = now_ms()
 
--- Fast path: a free mutex with nobody queued (neither key exists) is a plain SET PX, the fence
--- and the metadata (the common uncontended case).
+-- A mutex hold is its value (see parse_hold in holds.lua).
+local function mutex_value(tok)
+  return owner .. '\n' .. fmt(tok) .. '\n-\n' .. fmt(now) .. '\n' .. ARGV[8] .. '\n' .. ARGV[9]
+    .. '\n' .. ARGV[10] .. '\n' .. ARGV[12]
+end
+
+-- Fast path: a free mutex with nobody queued (neither key exists) is the fence and one SET PX
+-- (the common uncontended case).
 -- Anything else (held, a regrant, a hash of another kind, a queue) takes the full rule below.
 if kind == 'mutex' and redis.call('EXISTS', base, q) == 0 then
-  redis.call('SET', base, owner, 'PX', fmt(lease))
   local tok = redis.call('INCR', fence)
-  redis.call('HSET', meta, 'client_id', ARGV[8], 'host', ARGV[9], 'pid', ARGV[10],
-    'acquired_at', fmt(now), 'token', fmt(tok), 'mode', mode)
-  if value then
-    redis.call('HSET', meta, 'value', value)
-  end
-  redis.call('PEXPIRE', meta, fmt(lease))
+  redis.call('SET', base, mutex_value(tok), 'PX', fmt(lease))
   return {1, tok}
 end
 
@@ -43,17 +44,18 @@ end
 -- An owner that holds gets its token back, its lease refreshed (unless the hold was revoked:
 -- then it is nobody's, and in everyone's way).
 for _, h in ipairs(holds) do
-  if h[1] == owner and redis.call('HGET', meta, 'revoked') ~= '1' then
-    local tok = h[3]
+  if h[1] == owner then
     if hkind == 'mutex' then
-      redis.call('PEXPIRE', base, fmt(lease))
-      tok = tonumber(redis.call('HGET', meta, 'token') or '-1')
-    else
+      if h[5] ~= 'r' then
+        redis.call('PEXPIRE', base, fmt(lease))
+        return {1, h[3] or -1}
+      end
+    elseif redis.call('HGET', meta, 'revoked') ~= '1' then
       redis.call('ZADD', exp, fmt(now + lease), owner)
       expire_with_latest(base, exp, now)
+      redis.call('PEXPIRE', meta, fmt(lease))
+      return {1, h[3] or -1}
     end
-    redis.call('PEXPIRE', meta, fmt(lease))
-    return {1, tok or -1}
   end
 end
 
@@ -106,20 +108,20 @@ if free then
     redis.call('SET', fence, fmt(tok))
   end
   if kind == 'mutex' then
-    redis.call('SET', base, owner, 'PX', fmt(lease))
+    redis.call('SET', base, mutex_value(tok), 'PX', fmt(lease))
   else
     redis.call('HSET', base, 'kind', kind, 'permits', fmt(permits), 'h:' .. owner,
       mode .. ' ' .. fmt(tok))
     redis.call('ZADD', exp, fmt(now + lease), owner)
     expire_with_latest(base, exp, now)
+    redis.call('DEL', meta)
+    redis.call('HSET', meta, 'client_id', ARGV[8], 'host', ARGV[9], 'pid', ARGV[10],
+      'acquired_at', fmt(now), 'token', fmt(tok), 'mode', mode)
+    if value then
+      redis.call('HSET', meta, 'value', value)
+    end
+    redis.call('PEXPIRE', meta, fmt(lease))
   end
-  redis.call('DEL', meta)
-  redis.call('HSET', meta, 'client_id', ARGV[8], 'host', ARGV[9], 'pid', ARGV[10],
-    'acquired_at', fmt(now), 'token', fmt(tok), 'mode', mode)
-  if value then
-    redis.call('HSET', meta, 'value', value)
-  end
-  redis.call('PEXPIRE', meta, fmt(lease))
   if pos then
     leave_queue(q, qexp, qinfo, qseq, owner)
   end

@@ -13,10 +13,31 @@ local function holder(owner, mode, left)
   return {owner, m[6] or mode, fmt(left), m[1] or '', m[2] or '', m[3] or '0', m[4] or '0',
     m[5] or '', status, m[9]}
 end
+-- A mutex hold's value (parse_hold in holds.lua): owner, token, flag, acquired_at, client_id,
+-- host, pid, then '0' or '1' and the value; a foreign lock's token is read as its owner.
+local function mutex_holder(v, left)
+  local f, pos = {}, 1
+  for i = 1, 7 do
+    local nl = string.find(v, '\n', pos, true)
+    if not nl then
+      return holder(v, 'exclusive', left)
+    end
+    f[i] = string.sub(v, pos, nl - 1)
+    pos = nl + 1
+  end
+  if not tonumber(f[2]) or #f[3] ~= 1 then
+    return holder(v, 'exclusive', left)
+  end
+  local status = 'held'
+  if f[3] == 'r' then status = 'revoked' elseif f[3] == 'd' then status = 'detached' end
+  local value = nil
+  if string.sub(v, pos, pos) == '1' then value = string.sub(v, pos + 1) end
+  return {f[1], 'exclusive', fmt(left), f[5], f[6], f[7], f[4], f[2], status, value}
+end
 local t = redis.call('TYPE', base)['ok']
 local kind, permits, holders = 'mutex', '0', {}
 if t == 'string' then
-  holders[1] = holder(redis.call('GET', base), 'exclusive', redis.call('PTTL', base))
+  holders[1] = mutex_holder(redis.call('GET', base), redis.call('PTTL', base))
 elseif t == 'hash' then
   kind = redis.call('HGET', base, 'kind')
   if kind ~= 'rwlock' and kind ~= 'semaphore' then

@@ -3,8 +3,9 @@
 -- KEYS: 1 base, 2 exp, 3 q, 4 qexp, 5 qinfo, 6 qseq; ARGV: 1 channel, 2 meta key prefix,
 -- 3 'revoke' or 'break'.
 -- Revoke: a hold whose metadata says `detached` (renewed by nobody) is deleted; every other
--- live hold gets `revoked` in its metadata (its next extend answers 2; it keeps others out
--- until its owner releases it or it expires). Break: every hold is deleted.
+-- live hold gets `revoked` in its metadata (a mutex's: the flag in its value; its next extend
+-- answers 2; it keeps others out until its owner releases it or it expires). Break: every hold
+-- is deleted.
 -- Returns {removed, revoked, longest ms left of a revoked hold or -1}, or {-1, type} if the key
 -- is not a lock.
 local base, exp = KEYS[1], KEYS[2]
@@ -29,8 +30,24 @@ local function judge(owner, left)
 end
 local t = redis.call('TYPE', base)['ok']
 if t == 'string' then
-  if judge(redis.call('GET', base), redis.call('PTTL', base)) then
+  local v = redis.call('GET', base)
+  local left = redis.call('PTTL', base)
+  local owner, _, flag, p = parse_hold(v)
+  if not owner then
+    -- A foreign `SET NX PX` lock: judged by a metadata hash of its own.
+    if judge(v, left) then
+      redis.call('DEL', base)
+    end
+  elseif not revoke or flag == 'd' then
     redis.call('DEL', base)
+    removed = removed + 1
+  else
+    -- A dlock mutex carries its flag in its value.
+    if flag ~= 'r' then
+      rewrite(base, with_flag(v, p, 'r'))
+    end
+    revoked = revoked + 1
+    if left > longest then longest = left end
   end
 elseif t == 'hash' then
   local kind = redis.call('HGET', base, 'kind')

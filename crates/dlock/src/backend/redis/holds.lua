@@ -1,5 +1,31 @@
--- dlock: the helpers of the scripts that read or change holds and queues (prepended after
--- common.lua to those scripts only).
+-- dlock: the helpers of the scripts that read or change holds and queues (after common.lua, in
+-- those scripts only).
+
+-- A mutex hold's value: owner \n token \n flag \n acquired_at \n client_id \n host \n pid \n
+-- ('0' | '1' value); flag is '-', 'r' (revoked) or 'd' (detached). Returns the owner, the
+-- token, the flag and the flag's position, or nil for any other value (a foreign lock's token).
+local function parse_hold(v)
+  local a = string.find(v, '\n', 1, true)
+  if not a then return nil end
+  local b = string.find(v, '\n', a + 1, true)
+  if not b or string.sub(v, b + 2, b + 2) ~= '\n' then return nil end
+  local tok = tonumber(string.sub(v, a + 1, b - 1))
+  if not tok then return nil end
+  return string.sub(v, 1, a - 1), tok, string.sub(v, b + 1, b + 1), b + 1
+end
+
+-- `v` with the flag at `p` (from parse_hold) set to `flag`.
+local function with_flag(v, p, flag)
+  return string.sub(v, 1, p - 1) .. flag .. string.sub(v, p + 1)
+end
+
+-- Rewrites a string key's value, keeping its expiry.
+local function rewrite(key, v)
+  local left = redis.call('PTTL', key)
+  if left > 0 then
+    redis.call('SET', key, v, 'PX', left)
+  end
+end
 
 -- Sets the hash key and its expiry zset to expire with the latest holder.
 local function expire_with_latest(base, exp, now)
@@ -37,16 +63,21 @@ end
 
 -- The live holds of a name, pruning expired rwlock/semaphore holders.
 -- Returns kind ('none', 'mutex', 'rwlock', 'semaphore' or 'foreign'), permits (the Redis type
--- for 'foreign'), and a list of {owner, mode, token or false, ms left or -1}.
+-- for 'foreign'), and a list of {owner, mode, token or false, ms left or -1, flag of a mutex
+-- hold (nil for a foreign lock's and in a hash)}.
 local function load_holds(base, exp, now)
   local t = redis.call('TYPE', base)['ok']
   if t == 'none' then
     return 'none', 0, {}
   end
   if t == 'string' then
-    local owner = redis.call('GET', base)
+    local v = redis.call('GET', base)
     local left = redis.call('PTTL', base)
-    return 'mutex', 0, {{owner, 'exclusive', false, left}}
+    local owner, tok, flag = parse_hold(v)
+    if not owner then
+      return 'mutex', 0, {{v, 'exclusive', false, left}}
+    end
+    return 'mutex', 0, {{owner, 'exclusive', tok, left, flag}}
   end
   if t ~= 'hash' then
     return 'foreign', t, {}

@@ -10,7 +10,9 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 
 /// Suffixes of the keys next to a base key (skipped by `describe` with `hashtag=false`).
-pub(super) const SUFFIXES: &[&str] = &[":fence", ":exp", ":q", ":qexp", ":qinfo", ":qseq", ":w"];
+pub(super) const SUFFIXES: &[&str] = &[
+    ":fence", ":exp", ":q", ":qexp", ":qinfo", ":qseq", ":w", ":obs",
+];
 /// The hash tag of the names that begin with `}` (see [`Shared::base`]). No lock name holds a NUL,
 /// so these bases never meet another name's.
 pub(super) const NUL_TAG: char = '\0';
@@ -119,6 +121,12 @@ impl Shared {
     /// Where the releases of `base`'s holders tell a client of this backend that they handed
     /// it the lock: the prefix (the release script appends the client key of the waiter's
     /// record), and this backend's channel.
+    /// The key that says someone observes the name (an election's follower): while it exists,
+    /// releases announce themselves even when no waiter is registered or queued.
+    pub(super) fn observed_key(base: &str) -> String {
+        [base, ":obs"].concat()
+    }
+
     pub(super) fn handoff_prefix(base: &str) -> String {
         [base, ":handoff:"].concat()
     }

@@ -77,18 +77,19 @@
 //!
 //! | key / channel | type | contents | expires |
 //! |---|---|---|---|
-//! | `base` (mutex) | string | the owner token of the holder | with the hold (`PX` lease) |
+//! | `base` (mutex) | string | the hold: `owner \n token \n flag \n acquired_at \n client_id \n host \n pid \n` then `0`, or `1` and the hold's value; flag `-`, `r` (revoked) or `d` (detached) | with the hold (`PX` lease) |
 //! | `base` (rwlock, semaphore) | hash | `kind` (`rwlock`/`semaphore`), `permits`, and per holder `h:<owner>` = `<mode> <token>` | with the latest holder |
 //! | `base:exp` | zset | holder owner → expiry (ms, Redis `TIME`) of rwlock/semaphore holders | with the latest holder |
-//! | `base:meta:<owner>` | hash | `client_id`, `host`, `pid`, `acquired_at` (ms), `token`, `mode` of one hold, and `value` for a hold that has one (an election leader's; replaced by `set_value`) | with that hold |
+//! | `base:meta:<owner>` | hash | a rwlock or semaphore hold's `client_id`, `host`, `pid`, `acquired_at` (ms), `token`, `mode`, and `value` for a hold that has one (replaced by `set_value`); for a foreign `SET NX PX` lock only `revoked` (see `force_release`) | with that hold |
 //! | `base:fence` | string | the fencing counter (`INCR`ed by every grant) | **never** |
 //! | `base:q` | zset | waiter owner → arrival sequence | with the last waiter |
 //! | `base:qexp` | zset | waiter owner → expiry of its place (ms) | with the last waiter |
 //! | `base:qinfo` | hash | waiter owner → `mode \n client_id \n host \n pid` | with the last waiter |
 //! | `base:qseq` | string | the arrival counter of the queue | with the last waiter |
 //! | `base:w` | zset | the waiter set: a record per waiting request (below), scored by the fence counter when it arrived | 60 s after the last registration, or with its last record |
-//! | `base:released` | channel | published on a release that did not hand the lock on, on the cancel of a queue place and on force-release: what may let a waiter in (it reaches only the clients that subscribed it) | — |
-//! | `base:changed` | channel | published on a hand-off and on a hold's new value: what only an observer (an election's follower) needs | — |
+//! | `base:obs` | string | `1`: a client observes the name (an election's follower that does not campaign) | 30 s after its observer last kept it (every 10 s while it observes) |
+//! | `base:released` | channel | published on a release that did not hand the lock on (only if `base:w`, `base:q` or `base:obs` exists: see below), on the cancel of a queue place and on force-release: what may let a waiter in (it reaches only the clients that subscribed it) | — |
+//! | `base:changed` | channel | published on a hand-off while `base:obs` exists, and on a hold's new value: what only an observer needs | — |
 //! | `base:handoff:<client key>` | channel | "owner token": the lock was handed to that waiting owner of the client (a random key per backend) | — |
 //!
 //! A waiting mutex request (not fair) registers in `base:w` when it finds the name taken, with
@@ -102,14 +103,19 @@
 //! other Redis type (or a hash without `kind`, such as Redisson's) is not a dlock lock: acquiring
 //! it is [`Error::InvalidConfig`] and it is never modified.
 //!
+//! A mutex hold is one string key: its holder's metadata is in the same write as the hold, and
+//! lives and dies with it (one `SET PX` grants, one `DEL` releases, one `PEXPIRE` renews).
+//!
 //! ## Interop with `SET key token NX PX` locks
 //!
-//! A mutex hold is exactly the layout of redis-py's `Lock`, node-redlock and hand-written locks:
-//! the key holds the owner token as a plain string with a `PX` expiry, taken with `SET NX PX`
-//! semantics, released and extended by compare-and-delete / compare-and-pexpire. So a redis-py
+//! A mutex hold has the shape of redis-py's `Lock`, node-redlock and hand-written locks: one
+//! string key with a `PX` expiry, taken only while the key is absent (`SET NX PX` semantics),
+//! released and extended by compare-and-delete / compare-and-pexpire. So a redis-py
 //! `r.lock("dlock:{jobs}")` and a dlock `Mutex` named `jobs` exclude each other (with
-//! `hashtag=false`, `Lock(r, "dlock:jobs")`). A foreign holder shows in `describe` with its token
-//! as owner and no metadata; its grants do not advance the fencing counter.
+//! `hashtag=false`, `Lock(r, "dlock:jobs")`). dlock's value is its owner token followed by a
+//! newline and the metadata; any other value is a foreign holder, shown in `describe` with the
+//! value as its owner and no metadata, never released or extended by dlock; its grants do not
+//! advance the fencing counter.
 //!
 //! # The Lua contract
 //!
@@ -122,21 +128,29 @@
 //! `INCR base:fence` **in the same script**. A refused request takes or refreshes a queue place
 //! when `Request::takes_queue_place` (fair waiters and waiting rwlock writers) for
 //! [`QUEUE_PLACE_TTL`]. A mutex request that takes no queue place runs the smaller `grab`
-//! script first (`SET NX PX GET`: a grant, or the holder's time left and the request's
-//! registration in `base:w`; anything else falls through to `acquire`). A release that does not
-//! hand the lock on, `cancel` and `force_release` `PUBLISH` on `base:released`; a hand-off and
-//! `set_value` on `base:changed`. Times come from the server's `TIME`, so only Redis's clock
-//! matters for expiry.
+//! script first (`GET`, then `SET PX` of a free name: a grant, or the holder's time left and
+//! the request's registration in `base:w`; anything else falls through to `acquire`). A release
+//! that does not hand the lock on (where anyone may listen), `cancel` and `force_release`
+//! `PUBLISH` on `base:released`; a hand-off (where an observer may listen) and `set_value` on
+//! `base:changed`. Expiry is the server's (`PX`, and `TIME` for the expiries of
+//! rwlock and semaphore holders), so only Redis's clock matters for it; a mutex's `acquired_at`
+//! is the granting client's wall clock (the releasing client's, for a hand-off), shown by
+//! `describe` only.
 //!
 //! # Hand-offs: one wake per release
 //!
 //! The release of a mutex whose name has no fair queue pops the first record of `base:w`
 //! (lowest arrival score) and, in the same script, grants the lock to that waiter: `SET base
-//! owner PX lease`, a new fence token, its metadata, then `PUBLISH base:handoff:<client key>
-//! "owner token"`. `PUBLISH` answers how many connections received it; 0 means the waiter's
+//! <hold> PX lease` (a new fence token, the waiter's metadata), then `PUBLISH
+//! base:handoff:<client key> "owner token"`. `PUBLISH` answers how many connections received it; 0 means the waiter's
 //! client is gone (its pub/sub connection closed), so the grant is undone and the next record
 //! is tried. A release with no live record deletes the key and announces it on `base:released`
-//! (subscribed only by clients with waiters or observers of the name). The waiter's backend
+//! (subscribed only by clients with waiters or observers of the name) if anyone may listen: a
+//! waiter registered or queued, or an observer's `base:obs` mark. A release that nobody waits
+//! for or observes sends no message (its script runs `GET`, one `EXISTS` of those three keys and
+//! `DEL`). An observer makes its mark when it subscribes, before it looks at the name, so no
+//! release after its look goes unannounced; it keeps the mark while it observes, and if it ever
+//! finds the mark gone (a pause of 30 s), it looks again. The waiter's backend
 //! gives the message to the waiting acquisition of that owner, which takes the hold without
 //! another round trip: its lease is counted from the send of its last busy attempt (the
 //! hand-off happened after that attempt ran: the token is above the fence counter that attempt
@@ -146,6 +160,11 @@
 //! hold that is already the owner's. A waiter that gives up removes its record; if it was
 //! handed the lock meanwhile, its cancel releases it and hands it on. Nobody can take a handed
 //! lock, so waiters are served in arrival order and a release wakes exactly one of them.
+//! An uncontended acquire and release run seven commands on the server (`GET`, `EXISTS` of the
+//! fair queue, `INCR` of the fence, `SET PX`; `GET`, `EXISTS`, `DEL`); a contended acquisition
+//! runs its busy attempt (`GET`, `PTTL`, the fence's `GET`, the registration's `ZADD` and
+//! `PEXPIRE`) and its share of the hand-off (`GET`, `EXISTS`, `ZPOPMIN`, `INCR`, `SET PX`,
+//! `PUBLISH`).
 //!
 //! A waiter subscribes `base:released` and its client's hand-off channel only, so it is woken
 //! by its own hand-off and by what may let it in, never by another waiter's hand-off; an
@@ -153,11 +172,13 @@
 //!
 //! What breaks it: a waiter whose process stops (SIGSTOP) or whose host dies without closing
 //! its connection still counts as listening; the lock handed to it is held by nobody until its
-//! lease runs out, as a lock held by a paused holder is. Waiters of an older dlock version do
-//! not register: during a rolling upgrade they are woken by releases that find no registered
-//! waiter, and otherwise attempt again when the holder's lease would end (at most every 5 s);
-//! an older version's observers learn of hand-offs and new values only when they look (at
-//! least every 5 s). Hand-offs
+//! lease runs out, as a lock held by a paused holder is. **Versions before this layout** (a
+//! mutex's metadata in a `base:meta:<owner>` hash, a plain owner token as the value) must not
+//! share a server's names with this one: they still exclude each other (both take the key only
+//! while it is absent), but each reads the other's holds as a foreign lock's (no release or
+//! renewal of them, no hand-off to the other's waiters, which then attempt again when the
+//! holder's lease would end, at most every 5 s). Upgrade every client of a prefix together, or
+//! give the new version another `prefix`. Hand-offs
 //! are off with `replicas=N` (the release that would write the grant is not followed by `WAIT`)
 //! and for Redlock's servers: there every release is announced on `base:released`.
 //!
@@ -468,30 +489,44 @@ impl RedisBackend {
 
     // ---- hooks for stores built of several Redis servers (Redlock) ----
 
+    /// The release script for `owner`'s hold of `name`: announced on `channel` ('' for none),
+    /// handed on through `handoff` (the hand-off channel prefix; '' for no hand-off).
+    async fn run_release(
+        &self,
+        name: &str,
+        owner: &str,
+        channel: String,
+        handoff: String,
+    ) -> Result<Value> {
+        let sh = &self.shared;
+        let (base, exp, meta) = self.hold_keys(name, owner);
+        let (fence, w, q, obs) = (
+            [&*base, ":fence"].concat(),
+            [&*base, ":w"].concat(),
+            [&*base, ":q"].concat(),
+            Shared::observed_key(&base),
+        );
+        sh.eval(
+            &sh.scripts.release,
+            &[&base, &exp, &meta, &fence, &w, &q, &obs],
+            &[
+                owner.to_owned(),
+                channel,
+                handoff,
+                Shared::changed_channel(&base),
+                crate::clock::unix_ms().to_string(),
+            ],
+        )
+        .await
+    }
+
     /// Compare-and-delete of a mutex hold **without** publishing a wake-up: Redlock's clean-up
     /// of a grant that did not reach a majority (waking waiters for it would make contenders
     /// take turns in a loop while a real holder keeps the lock).
     #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     pub(crate) async fn release_quiet(&self, name: &LockName, owner: &str) -> Result<Released> {
-        let sh = &self.shared;
-        let (base, exp, meta) = self.hold_keys(name.as_str(), owner);
-        let (fence, w, q) = (
-            [&*base, ":fence"].concat(),
-            [&*base, ":w"].concat(),
-            [&*base, ":q"].concat(),
-        );
-        let v = sh
-            .eval(
-                &sh.scripts.release,
-                &[&base, &exp, &meta, &fence, &w, &q],
-                &[
-                    owner.to_owned(),
-                    String::new(),
-                    String::new(),
-                    [&*base, ":meta:"].concat(),
-                    Shared::changed_channel(&base),
-                ],
-            )
+        let v = self
+            .run_release(name.as_str(), owner, String::new(), String::new())
             .await?;
         match int(&v) {
             Some(1) => Ok(Released::Released),
@@ -523,27 +558,37 @@ impl RedisBackend {
         };
         let register = req.waiting && sh.handoffs && reg.as_ref().is_some_and(|r| r.allowed);
         if req.kind == LockKind::Mutex && !req.takes_queue_place() {
+            // The record goes along only where the script may use it.
             let (record, registered) = reg
                 .as_deref()
+                .filter(|r| register || r.registered)
                 .map_or((String::new(), false), |r| (r.record.clone(), r.registered));
             let keys = [
                 base.clone(),
                 [&*base, ":fence"].concat(),
-                meta.clone(),
                 [&*base, ":q"].concat(),
                 [&*base, ":w"].concat(),
             ];
+            let about = [
+                &*crate::clock::unix_ms().to_string(),
+                "\n",
+                &req.meta.client_id,
+                "\n",
+                &req.meta.host,
+                "\n",
+                &req.meta.pid.to_string(),
+                "\n",
+                &value,
+            ]
+            .concat();
             let args = [
                 req.owner.to_owned(),
                 ms(req.lease).to_string(),
-                req.meta.client_id.clone(),
-                req.meta.host.clone(),
-                req.meta.pid.to_string(),
+                about,
                 if register { "1" } else { "0" }.to_owned(),
                 record,
                 ms(WAITER_SET_TTL).to_string(),
                 if registered { "1" } else { "0" }.to_owned(),
-                value.clone(),
             ];
             let sent = Instant::now();
             let (v, confirmed) = sh.write(&sh.scripts.grab, &keys, &args).await?;
@@ -710,7 +755,6 @@ impl RedisBackend {
             [&*base, ":w"].concat(),
             base.clone(),
             [&*base, ":fence"].concat(),
-            [&*base, ":meta:", req.owner].concat(),
         ];
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         sh.eval(
@@ -721,8 +765,8 @@ impl RedisBackend {
                 Shared::channel(&base),
                 record.unwrap_or_default().to_owned(),
                 Shared::handoff_prefix(&base),
-                [&*base, ":meta:"].concat(),
                 Shared::changed_channel(&base),
+                crate::clock::unix_ms().to_string(),
             ],
         )
         .await?;
@@ -832,29 +876,18 @@ impl Backend for RedisBackend {
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
         let sh = &self.shared;
-        let (base, exp, meta) = self.hold_keys(hold.name.as_str(), hold.owner);
-        let channel = Shared::channel(&base);
+        let base = sh.base(hold.name.as_str());
         let handoff = if sh.handoffs {
             Shared::handoff_prefix(&base)
         } else {
             String::new()
         };
-        let (fence, w, q) = (
-            [&*base, ":fence"].concat(),
-            [&*base, ":w"].concat(),
-            [&*base, ":q"].concat(),
-        );
-        let v = sh
-            .eval(
-                &sh.scripts.release,
-                &[&base, &exp, &meta, &fence, &w, &q],
-                &[
-                    hold.owner.to_owned(),
-                    channel,
-                    handoff,
-                    [&*base, ":meta:"].concat(),
-                    Shared::changed_channel(&base),
-                ],
+        let v = self
+            .run_release(
+                hold.name.as_str(),
+                hold.owner,
+                Shared::channel(&base),
+                handoff,
             )
             .await?;
         match int(&v) {

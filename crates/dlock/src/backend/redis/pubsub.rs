@@ -16,6 +16,10 @@ use std::time::{Duration, Instant};
 const SUBSCRIPTION_IDLE: Duration = Duration::from_secs(30);
 /// How often idle subscriptions are looked for.
 const JANITOR_EVERY: Duration = Duration::from_secs(10);
+/// How long an observer's mark on a name (`base:obs`) lives without being kept, and how often
+/// an observer keeps it (an observer looks at least every 5 s: `election::NATIVE_SAFETY_NET`).
+const OBSERVED_TTL: Duration = Duration::from_secs(30);
+const OBSERVED_KEEP: Duration = Duration::from_secs(10);
 /// While the pub/sub connection is down: the longest a waiter sleeps between attempts, and the
 /// shortest interval between two attempts to reconnect it.
 pub(super) const FALLBACK_POLL: Duration = Duration::from_secs(1);
@@ -35,6 +39,8 @@ struct Sub {
     /// Tasks waiting on it.
     waiters: usize,
     last_used: Instant,
+    /// When this client last made or kept the name's observer mark.
+    marked: Option<Instant>,
 }
 
 /// What a channel of a name carries.
@@ -336,9 +342,49 @@ impl Shared {
             observed: false,
             waiters: 0,
             last_used: Instant::now(),
+            marked: None,
         });
         sub.observed |= observer;
         Ok(true)
+    }
+
+    /// Keeps the observer mark of `name` (`base:obs`) while this client observes it, where
+    /// releases announce themselves only to someone who may listen (hand-offs on). `Ok(true)` if
+    /// the mark had to be made again: a release since the caller last looked may have gone
+    /// unannounced.
+    async fn keep_observed(&self, name: &str) -> Result<bool> {
+        if !self.handoffs {
+            return Ok(false);
+        }
+        let due = lock(&self.subs).by_name.get(name).map_or(true, |s| {
+            s.marked.map_or(true, |t| t.elapsed() >= OBSERVED_KEEP)
+        });
+        if !due {
+            return Ok(false);
+        }
+        let key = Self::observed_key(&self.base(name));
+        let ttl = super::ms(OBSERVED_TTL);
+        let mut conn = self.conn.clone();
+        let kept: i64 = ::redis::cmd("PEXPIRE")
+            .arg(&key)
+            .arg(ttl)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        if kept == 0 {
+            ::redis::cmd("SET")
+                .arg(&key)
+                .arg("1")
+                .arg("PX")
+                .arg(ttl)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        if let Some(s) = lock(&self.subs).by_name.get_mut(name) {
+            s.marked = Some(Instant::now());
+        }
+        Ok(kept == 0)
     }
 
     /// Opens the pub/sub connection and starts its dispatcher and janitor.
@@ -542,6 +588,13 @@ impl RedisBackend {
                         // Subscribed after the attempt, or a message came since: try again.
                         return Ok(Watch::Changed);
                     }
+                    if observer {
+                        match sh.keep_observed(name).await {
+                            Ok(false) => {}
+                            Ok(true) => return Ok(Watch::Changed),
+                            Err(e) => return Ok(poll_after(&e)),
+                        }
+                    }
                     if _mark.is_none() {
                         _mark = Some(WaiterMark::new(sh, name));
                     }
@@ -554,20 +607,27 @@ impl RedisBackend {
                     }
                 }
                 None => {
-                    return match sh.subscribe(name, until, observer).await {
-                        // Subscribed now: the caller tries again, and every release from here on
-                        // wakes it.
-                        Ok(_) => Ok(Watch::Changed),
-                        Err(e) => {
-                            tracing::debug!(error = %e, "redis pub/sub unavailable; polling");
-                            Ok(Watch::Poll {
-                                min: FALLBACK_POLL / 2,
-                                max: FALLBACK_POLL,
-                            })
-                        }
+                    let subscribed = match sh.subscribe(name, until, observer).await {
+                        Ok(_) if observer => sh.keep_observed(name).await.map(|_| ()),
+                        r => r.map(|_| ()),
+                    };
+                    return match subscribed {
+                        // Subscribed (and marked) now: the caller tries again, and every release
+                        // from here on wakes it.
+                        Ok(()) => Ok(Watch::Changed),
+                        Err(e) => Ok(poll_after(&e)),
                     };
                 }
             }
         }
+    }
+}
+
+/// What a waiter does when the store cannot tell it of changes (`e`): it polls.
+fn poll_after(e: &Error) -> Watch {
+    tracing::debug!(error = %e, "redis pub/sub unavailable; polling");
+    Watch::Poll {
+        min: FALLBACK_POLL / 2,
+        max: FALLBACK_POLL,
     }
 }

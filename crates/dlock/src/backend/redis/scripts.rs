@@ -1,5 +1,5 @@
-//! The Lua scripts (one per operation, each with the shared helpers it uses prepended: `common.lua`,
-//! `holds.lua`, `handoff.lua`),
+//! The Lua scripts (one per operation, each with the shared helpers it uses: `common.lua`,
+//! `holds.lua`, `handoff.lua`, first or at its `-- @helpers` line),
 //! their calls (`EVALSHA`, loaded again after `NOSCRIPT`) and the decoding of their answers.
 
 use super::Shared;
@@ -10,6 +10,8 @@ use std::fmt;
 const COMMON: &str = include_str!("common.lua");
 const HOLDS: &str = include_str!("holds.lua");
 const HANDOFF: &str = include_str!("handoff.lua");
+/// The line of a script where its helpers go, if not first.
+const HELPERS_HERE: &str = "-- @helpers\n";
 
 /// A script and its code (for `SCRIPT LOAD` at connect).
 pub(super) struct Lua {
@@ -50,9 +52,14 @@ impl Scripts {
     /// subscribers of the lock's own shard, instead of `PUBLISH` (broadcast to every node).
     pub(super) fn new(sharded: bool) -> Scripts {
         // Each script gets the helpers it uses only: a helper defined in a script costs every
-        // call of it (the chunk runs whole each time).
+        // call of it (the chunk runs whole each time). A script whose common case needs none
+        // has them at its `-- @helpers` line, after that case has returned.
         let with = |parts: &[&str], body: &str| {
-            let code = format!("{}\n{body}", parts.join("\n"));
+            let helpers = parts.join("\n");
+            let code = match body.split_once(HELPERS_HERE) {
+                Some((fast, rest)) => format!("{fast}{helpers}\n{rest}"),
+                None => format!("{helpers}\n{body}"),
+            };
             Lua::new(if sharded {
                 code.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
             } else {
@@ -60,7 +67,7 @@ impl Scripts {
             })
         };
         Scripts {
-            grab: with(&[COMMON], include_str!("grab.lua")),
+            grab: with(&[], include_str!("grab.lua")),
             acquire: with(&[COMMON, HOLDS], include_str!("acquire.lua")),
             release: with(&[COMMON, HOLDS, HANDOFF], include_str!("release.lua")),
             extend: with(&[COMMON, HOLDS], include_str!("extend.lua")),

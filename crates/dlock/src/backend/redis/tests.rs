@@ -67,7 +67,7 @@ fn glob_escaping_and_key_names() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn two_clients_exclude_and_the_key_is_a_plain_string() {
+async fn two_clients_exclude_and_the_hold_is_one_string_with_its_metadata() {
     let (a, b) = (backend().await, backend().await);
     let n = uniq("plain");
     let (ma, mb) = (meta("a"), meta("b"));
@@ -88,20 +88,29 @@ async fn two_clients_exclude_and_the_key_is_a_plain_string() {
         .await
         .unwrap();
     assert_eq!(ty, "string");
+    // owner \n token \n flag \n acquired_at \n client_id \n host \n pid \n 0 (no value)
     let v: String = c.get(&key).await.unwrap();
-    assert_eq!(v, "owner-a");
+    let f: Vec<&str> = v.split('\n').collect();
+    assert_eq!(f.len(), 8, "{v:?}");
+    assert_eq!(f[..3], ["owner-a", &t.to_string(), "-"], "{v:?}");
+    let at: u64 = f[3].parse().unwrap();
+    let now = crate::clock::unix_ms();
+    assert!(at <= now && at + 10_000 > now, "{at} {now}");
+    assert_eq!(
+        f[4..],
+        [&*ma.client_id, &ma.host, &ma.pid.to_string(), "0"],
+        "{v:?}"
+    );
     let pttl: i64 = c.pttl(&key).await.unwrap();
     assert!(pttl > 29_000 && pttl <= 30_000, "{pttl}");
     let fence: u64 = c.get(format!("{key}:fence")).await.unwrap();
     assert_eq!(fence, t);
-    let meta_ttl: i64 = c.pttl(format!("{key}:meta:owner-a")).await.unwrap();
-    assert!(meta_ttl > 29_000, "{meta_ttl}");
+    let meta_exists: bool = c.exists(format!("{key}:meta:owner-a")).await.unwrap();
+    assert!(!meta_exists, "a mutex hold has no key beside its own");
     assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::NotHeld);
     assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::Released);
     let exists: bool = c.exists(&key).await.unwrap();
     assert!(!exists);
-    let meta_exists: bool = c.exists(format!("{key}:meta:owner-a")).await.unwrap();
-    assert!(!meta_exists);
     assert_eq!(token(b.acquire(&rb).await.unwrap()), t + 1);
     b.release(&hr(&rb)).await.unwrap();
 }
@@ -147,10 +156,10 @@ async fn raw_set_nx_px_and_dlock_exclude_each_other() {
         .unwrap();
     assert_eq!(set, None, "SET NX must fail while dlock holds");
     b.release(&hr(&r)).await.unwrap();
-    // a hand-written compare-and-delete sees dlock's token as the value
+    // the value begins with dlock's owner token and a newline (its metadata follows)
     token(b.acquire(&r).await.unwrap());
     let v: String = c.get(&key).await.unwrap();
-    assert_eq!(v, "dlock-owner");
+    assert!(v.starts_with("dlock-owner\n"), "{v:?}");
     b.release(&hr(&r)).await.unwrap();
 }
 
@@ -171,8 +180,7 @@ async fn release_of_an_expired_hold_leaves_the_next_holder_alone() {
     assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::NotHeld);
     assert_eq!(a.extend(&[hr(&ra)], false).await.unwrap(), [Extended::Gone]);
     let mut c = raw().await;
-    let v: String = c.get(b.base_key(&n)).await.unwrap();
-    assert_eq!(v, "new");
+    assert_eq!(owner_of(&mut c, &b.base_key(&n)).await, "new");
     assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::Released);
 }
 
@@ -537,8 +545,7 @@ async fn hashtag_false_uses_names_verbatim() {
     let r = rq(&n, "o", &m);
     token(b.acquire(&r).await.unwrap());
     let mut c = raw().await;
-    let v: String = c.get(&key).await.unwrap();
-    assert_eq!(v, "o");
+    assert_eq!(owner_of(&mut c, &key).await, "o");
     let info = b.describe("").await.unwrap();
     assert_eq!(info.len(), 1, "{info:?}");
     assert_eq!(info[0].name, "jobs");
@@ -760,26 +767,29 @@ async fn a_name_counts_from_one_and_leaves_only_its_fence() {
 async fn set_value_replaces_the_holders_value_only() {
     let b = backend().await;
     check_values(&b, uniq("values").as_str(), true).await;
-    // The value is a field of the hold's meta hash, there only for a hold that has one.
+    // A mutex's value is the last field of its hold's string ('1' and the value; '0' for
+    // none), and a new value keeps the hold's expiry.
     let n = uniq("values-raw");
-    let (mv, mp) = (meta_value("v", "leader"), meta("p"));
+    let (mv, mp) = (meta_value("v", "lead\ner"), meta("p"));
     let key = b.base_key(&n);
     let mut c = raw().await;
     let rv = rq(&n, "with-value", &mv);
     token(b.acquire(&rv).await.unwrap());
-    let v: Option<String> = c
-        .hget(format!("{key}:meta:with-value"), "value")
-        .await
-        .unwrap();
-    assert_eq!(v.as_deref(), Some("leader"));
+    let v: String = c.get(&key).await.unwrap();
+    assert!(v.ends_with("\n1lead\ner"), "{v:?}");
+    assert_eq!(
+        b.set_value(&hr(&rv), "next").await.unwrap(),
+        Released::Released
+    );
+    let v2: String = c.get(&key).await.unwrap();
+    assert_eq!(v2, [v.strip_suffix("lead\ner").unwrap(), "next"].concat());
+    let pttl: i64 = c.pttl(&key).await.unwrap();
+    assert!(pttl > 29_000 && pttl <= 30_000, "{pttl}");
     b.release(&hr(&rv)).await.unwrap();
     let rp = rq(&n, "plain", &mp);
     token(b.acquire(&rp).await.unwrap());
-    let has: bool = c
-        .hexists(format!("{key}:meta:plain"), "value")
-        .await
-        .unwrap();
-    assert!(!has, "a plain hold writes no value");
+    let v: String = c.get(&key).await.unwrap();
+    assert!(v.ends_with("\n0"), "a plain hold writes no value: {v:?}");
     // A revoked hold is nobody's: no new value.
     b.force_release(&n, Force::Revoke).await.unwrap();
     assert_eq!(
@@ -843,6 +853,12 @@ async fn set_value_waits_for_replicas() {
     b.release(&hr(&r)).await.unwrap();
 }
 
+/// The owner token of the mutex hold at `base` (the first line of its value).
+async fn owner_of(r: &mut ::redis::aio::MultiplexedConnection, base: &str) -> String {
+    let v: String = r.get(base).await.unwrap();
+    v.split('\n').next().unwrap_or_default().to_owned()
+}
+
 /// A grant; panics on busy.
 fn grant(a: Attempt) -> Grant {
     match a {
@@ -885,7 +901,7 @@ async fn a_release_hands_the_mutex_to_its_first_waiter_only() {
     ps.subscribe(format!("{base}:released")).await.unwrap();
     assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
     let mut r = raw().await;
-    let holder: String = r.get(&base).await.unwrap();
+    let holder = owner_of(&mut r, &base).await;
     assert_eq!(holder, "first", "handed to the first registered waiter");
     b.wait(&wb, &bzb, Instant::now() + Duration::from_secs(5))
         .await
@@ -908,12 +924,56 @@ async fn a_release_hands_the_mutex_to_its_first_waiter_only() {
     assert!(t2 > t1);
     let quiet = tokio::time::timeout(Duration::from_millis(300), ps.on_message().next()).await;
     assert!(quiet.is_err(), "a hand-off woke everybody: {quiet:?}");
-    // Nobody waits any more: a plain release (announced), and the waiter set is gone.
+    // Nobody waits any more: a plain release, and the waiter set is gone.
     assert_eq!(c.release(&hr(&wc)).await.unwrap(), Released::Released);
     let w: bool = r.exists(format!("{base}:w")).await.unwrap();
     assert!(!w, "the waiter set outlived its waiters");
+    // Nobody waits or observes: the release sends nothing.
+    let quiet = tokio::time::timeout(Duration::from_millis(300), ps.on_message().next()).await;
+    assert!(quiet.is_err(), "a release that nobody waits for: {quiet:?}");
+    // An observer's mark: a release is announced to it.
+    let _: () = r.set_ex(format!("{base}:obs"), "1", 30).await.unwrap();
+    token(c.acquire(&wc).await.unwrap());
+    assert_eq!(c.release(&hr(&wc)).await.unwrap(), Released::Released);
     let announced = tokio::time::timeout(Duration::from_secs(2), ps.on_message().next()).await;
     assert!(matches!(announced, Ok(Some(_))), "{announced:?}");
+    let _: () = r.del(format!("{base}:obs")).await.unwrap();
+}
+
+/// An observer (an election's follower) that does not campaign learns of a resignation nobody
+/// waited for at once, not at its next look.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_observer_learns_of_a_release_nobody_waited_for() {
+    let client = |b: RedisBackend| {
+        crate::Client::with_backend(Arc::new(b), url(), crate::ClientOptions::default()).unwrap()
+    };
+    let (c1, c2) = (client(backend().await), client(backend().await));
+    let name = uniq("observed").as_str().to_owned();
+    let e1 = c1.election(&name).unwrap().lease(LONG);
+    let mut observer = c2.election(&name).unwrap().observe();
+    assert!(observer.next().await.unwrap().is_none());
+    let leader = e1.campaign("one").await.unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(2), observer.next())
+        .await
+        .expect("the observer sees the leader")
+        .unwrap();
+    assert!(seen.is_some());
+    let started = Instant::now();
+    let next = tokio::spawn(async move { observer.next().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    leader.resign().await.unwrap();
+    let after = tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .expect("the observer looked again")
+        .unwrap()
+        .unwrap();
+    assert!(after.is_none(), "{after:?}");
+    // Its own look comes every 5 s (and the lease is long): only the announcement is sooner.
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the observer learnt of the resignation after {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -940,7 +1000,7 @@ async fn a_waiter_whose_client_is_gone_is_skipped() {
     registered_waiter(&b, &w).await;
     let _: () = r.zadd(format!("{base}:w"), ghost, -1).await.unwrap();
     assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
-    let holder: String = r.get(&base).await.unwrap();
+    let holder = owner_of(&mut r, &base).await;
     assert_eq!(holder, "live");
     b.release(&hr(&w)).await.unwrap();
 }
@@ -965,11 +1025,11 @@ async fn a_waiter_that_gives_up_after_the_hand_off_passes_it_on() {
     registered_waiter(&c, &wc).await;
     assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
     let mut r = raw().await;
-    let holder: String = r.get(&base).await.unwrap();
+    let holder = owner_of(&mut r, &base).await;
     assert_eq!(holder, "quitter");
     // It gives up instead of taking it: the lock goes on to the next waiter.
     b.cancel(&wb).await.unwrap();
-    let holder: String = r.get(&base).await.unwrap();
+    let holder = owner_of(&mut r, &base).await;
     assert_eq!(holder, "stayer");
     token(c.acquire(&wc).await.unwrap());
     assert_eq!(c.release(&hr(&wc)).await.unwrap(), Released::Released);

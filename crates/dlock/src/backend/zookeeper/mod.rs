@@ -473,13 +473,6 @@ fn unavailable(e: zk::Error) -> Error {
     }
 }
 
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 #[derive(Serialize, Deserialize)]
 struct NodeData {
     owner: String,
@@ -881,7 +874,7 @@ impl ZooKeeperBackend {
             client_id: req.meta.client_id.clone(),
             host: req.meta.host.clone(),
             pid: req.meta.pid,
-            created_at_ms: unix_ms(),
+            created_at_ms: crate::clock::unix_ms(),
             revoked: false,
             value: req.meta.value.clone(),
         })
