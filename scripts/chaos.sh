@@ -23,8 +23,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/dlock-target}"
 need_private_servers
 # The clock-step fault runs the workers under libfaketime.
 need_pkg faketime faketime
-log "building dlock-chaos (release)"
-cargo build --release --locked -p dlock-chaos
+log "building dlock-chaos and dlock (release; the run-kill scenarios run 'dlock run')"
+cargo build --release --locked -p dlock-chaos -p dlock-cli
 log "running (about 30 minutes for every backend, half of it the Redis Sentinel and Cluster fail-overs)"
 rm -rf chaos-events
 rc=0

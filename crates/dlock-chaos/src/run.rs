@@ -1076,6 +1076,18 @@ pub async fn run(
     let started = std::time::Instant::now();
     let mut harness_errors = Vec::new();
     let via_run = (fault == Fault::RunKill).then(|| dlock_bin(&exe));
+    if let Some(bin) = via_run.as_ref().filter(|b| !b.is_file()) {
+        return setup_failure(
+            env,
+            fault,
+            mode,
+            format!(
+                "{} is missing: this scenario runs `dlock run`; build it beside dlock-chaos \
+                 (cargo build --release -p dlock-cli -p dlock-chaos)",
+                bin.display()
+            ),
+        );
+    }
     let grants = Arc::new(AtomicU64::new(0));
     // Short holds with a share of long ones (the store-side fault scenarios of a scale run).
     let mixed = settings.long_share < 100 && !matches!(fault.base(), Fault::Kill | Fault::Pause);
