@@ -20,7 +20,7 @@ end
 local register = ARGV[13] == '1'
 local now = now_ms()
 
--- A mutex hold is its value (see parse_hold in holds.lua).
+-- A mutex hold is its value (see hold_fields in holds.lua).
 local function mutex_value(tok)
   return owner .. '\n' .. fmt(tok) .. '\n-\n' .. fmt(now) .. '\n' .. ARGV[8] .. '\n' .. ARGV[9]
     .. '\n' .. ARGV[10] .. '\n' .. ARGV[12]

@@ -13,19 +13,10 @@ local function holder(owner, mode, left)
   return {owner, m[6] or mode, fmt(left), m[1] or '', m[2] or '', m[3] or '0', m[4] or '0',
     m[5] or '', status, m[9]}
 end
--- A mutex hold's value (parse_hold in holds.lua): owner, token, flag, acquired_at, client_id,
--- host, pid, then '0' or '1' and the value; a foreign lock's token is read as its owner.
+-- A mutex hold's value (hold_fields in holds.lua); a foreign lock's token is read as its owner.
 local function mutex_holder(v, left)
-  local f, pos = {}, 1
-  for i = 1, 7 do
-    local nl = string.find(v, '\n', pos, true)
-    if not nl then
-      return holder(v, 'exclusive', left)
-    end
-    f[i] = string.sub(v, pos, nl - 1)
-    pos = nl + 1
-  end
-  if not tonumber(f[2]) or #f[3] ~= 1 then
+  local f, pos = hold_fields(v)
+  if not f then
     return holder(v, 'exclusive', left)
   end
   local status = 'held'

@@ -5,7 +5,7 @@
 local base, owner = KEYS[1], ARGV[1]
 local v = redis.pcall('GET', base)
 if type(v) == 'string' then
-  -- A mutex: its flag (see parse_hold in holds.lua) follows the owner and the token.
+  -- A mutex: its flag (see hold_fields in holds.lua) follows the owner and the token.
   if string.sub(v, 1, #owner + 1) ~= owner .. '\n' then
     return 0
   end

@@ -32,8 +32,9 @@ local t = redis.call('TYPE', base)['ok']
 if t == 'string' then
   local v = redis.call('GET', base)
   local left = redis.call('PTTL', base)
-  local owner, _, flag, p = parse_hold(v)
-  if not owner then
+  local f = hold_fields(v)
+  local flag = f and f[3]
+  if not f then
     -- A foreign `SET NX PX` lock: judged by a metadata hash of its own.
     if judge(v, left) then
       redis.call('DEL', base)
@@ -44,7 +45,7 @@ if t == 'string' then
   else
     -- A dlock mutex carries its flag in its value.
     if flag ~= 'r' then
-      rewrite(base, with_flag(v, p, 'r'))
+      rewrite(base, with_flag(v, f, 'r'))
     end
     revoked = revoked + 1
     if left > longest then longest = left end

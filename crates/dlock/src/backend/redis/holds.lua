@@ -2,29 +2,32 @@
 -- those scripts only).
 
 -- A mutex hold's value: owner \n token \n flag \n acquired_at \n client_id \n host \n pid \n
--- ('0' | '1' value); flag is '-', 'r' (revoked) or 'd' (detached). Returns the owner, the
--- token, the flag and the flag's position, or nil for any other value (a foreign lock's token).
-local function parse_hold(v)
-  local a = string.find(v, '\n', 1, true)
-  if not a then return nil end
-  local b = string.find(v, '\n', a + 1, true)
-  if not b or string.sub(v, b + 2, b + 2) ~= '\n' then return nil end
-  local tok = tonumber(string.sub(v, a + 1, b - 1))
-  if not tok then return nil end
-  return string.sub(v, 1, a - 1), tok, string.sub(v, b + 1, b + 1), b + 1
+-- ('0' | '1' value); flag is '-', 'r' (revoked) or 'd' (detached). Returns its seven fields
+-- (strings) and the position of its value part, or nil for any other value (a foreign lock's
+-- token).
+local function hold_fields(v)
+  local f, pos = {}, 1
+  for i = 1, 7 do
+    local nl = string.find(v, '\n', pos, true)
+    if not nl then return nil end
+    f[i] = string.sub(v, pos, nl - 1)
+    pos = nl + 1
+  end
+  if not tonumber(f[2]) or #f[3] ~= 1 then return nil end
+  return f, pos
 end
 
--- `v` with the flag at `p` (from parse_hold) set to `flag`.
-local function with_flag(v, p, flag)
-  return string.sub(v, 1, p - 1) .. flag .. string.sub(v, p + 1)
+-- `v` (with the fields `f` from hold_fields) with its flag set to `flag`.
+local function with_flag(v, f, flag)
+  return f[1] .. '\n' .. f[2] .. '\n' .. flag .. string.sub(v, #f[1] + #f[2] + 4)
 end
 
--- Rewrites a string key's value, keeping its expiry.
+-- Rewrites a string key's value, keeping its expiry; false if the key has none left.
 local function rewrite(key, v)
   local left = redis.call('PTTL', key)
-  if left > 0 then
-    redis.call('SET', key, v, 'PX', left)
-  end
+  if left <= 0 then return false end
+  redis.call('SET', key, v, 'PX', left)
+  return true
 end
 
 -- Sets the hash key and its expiry zset to expire with the latest holder.
@@ -73,11 +76,11 @@ local function load_holds(base, exp, now)
   if t == 'string' then
     local v = redis.call('GET', base)
     local left = redis.call('PTTL', base)
-    local owner, tok, flag = parse_hold(v)
-    if not owner then
+    local f = hold_fields(v)
+    if not f then
       return 'mutex', 0, {{v, 'exclusive', false, left}}
     end
-    return 'mutex', 0, {{owner, 'exclusive', tok, left, flag}}
+    return 'mutex', 0, {{f[1], 'exclusive', tonumber(f[2]), left, f[3]}}
   end
   if t ~= 'hash' then
     return 'foreign', t, {}

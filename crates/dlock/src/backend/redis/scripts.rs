@@ -73,8 +73,8 @@ impl Scripts {
             extend: with(&[COMMON, HOLDS], include_str!("extend.lua")),
             cancel: with(&[COMMON, HOLDS, HANDOFF], include_str!("cancel.lua")),
             force_release: with(&[COMMON, HOLDS], include_str!("force_release.lua")),
-            describe: with(&[COMMON], include_str!("describe.lua")),
-            set_value: with(&[COMMON], include_str!("set_value.lua")),
+            describe: with(&[COMMON, HOLDS], include_str!("describe.lua")),
+            set_value: with(&[COMMON, HOLDS], include_str!("set_value.lua")),
         }
     }
 

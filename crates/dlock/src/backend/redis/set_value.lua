@@ -5,24 +5,14 @@
 local base, exp, meta, owner = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local v = redis.pcall('GET', base)
 if type(v) == 'string' then
-  -- A mutex: the value is the last field of the hold's (see parse_hold in holds.lua).
-  if string.sub(v, 1, #owner + 1) ~= owner .. '\n' then
+  -- A mutex: the value is the last part of the hold's string (hold_fields in holds.lua).
+  local f, pos = hold_fields(v)
+  if not f or f[1] ~= owner or f[3] == 'r' then
     return 0
   end
-  local pos, flag = 1, nil
-  for i = 1, 7 do
-    local nl = string.find(v, '\n', pos, true)
-    if not nl then
-      return 0
-    end
-    if i == 3 then flag = string.sub(v, pos, nl - 1) end
-    pos = nl + 1
-  end
-  local left = redis.call('PTTL', base)
-  if flag == 'r' or left <= 0 then
+  if not rewrite(base, string.sub(v, 1, pos - 1) .. '1' .. ARGV[2]) then
     return 0
   end
-  redis.call('SET', base, string.sub(v, 1, pos - 1) .. '1' .. ARGV[2], 'PX', left)
 elseif type(v) == 'table' and v.err and redis.call('TYPE', base)['ok'] == 'hash' then
   -- The liveness check of extend.lua.
   local s = redis.call('ZSCORE', exp, owner)
