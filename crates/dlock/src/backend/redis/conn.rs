@@ -95,10 +95,10 @@ impl Conn {
     }
 }
 
-/// A cluster client for `target`; `push` receives the RESP3 pushes (sharded pub/sub).
+/// A cluster client for `target`; `push` takes the RESP3 pushes (sharded pub/sub).
 pub(super) fn cluster_client(
     target: &RedisTarget,
-    push: Option<tokio::sync::mpsc::UnboundedSender<::redis::PushInfo>>,
+    push: Option<super::pubsub::Pushes>,
 ) -> Result<::redis::cluster::ClusterClient> {
     let Deployment::Cluster { nodes } = &target.deployment else {
         return Err(Error::InvalidConfig(format!(
@@ -116,10 +116,10 @@ pub(super) fn cluster_client(
     if let Some(p) = &target.password {
         b = b.password(p.clone());
     }
-    if let Some(tx) = push {
+    if let Some(push) = push {
         b = b
             .use_protocol(::redis::ProtocolVersion::RESP3)
-            .push_sender(tx);
+            .push_sender(push);
     }
     b.build().map_err(|e| {
         Error::InvalidConfig(format!(

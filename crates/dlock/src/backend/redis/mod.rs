@@ -185,7 +185,11 @@
 //! # Connections and wake-ups
 //!
 //! One multiplexed connection per backend carries every command (it reconnects by itself after
-//! an I/O error; Sentinel and Cluster: above), plus one pub/sub connection serving all names. A waiter subscribes the name's
+//! an I/O error; Sentinel and Cluster: above), plus one pub/sub connection serving all names. The
+//! pub/sub connection speaks RESP3 and its messages are handled on the connection's own task as
+//! they are read (a hand-off reaches its waiter without passing through another task); a server
+//! that answers `HELLO 3` with an error (before Redis 6) gets a RESP2 pub/sub connection, whose
+//! messages a task of their own reads. A waiter subscribes the name's
 //! channel and its client's hand-off channel of the name before its next attempt (the first wait of a name subscribes and returns at once), and
 //! a per-name message counter read before each attempt is compared when it waits, so a release between
 //! the attempt and the wait is never missed. Subscriptions are dropped after 30 s without
@@ -254,6 +258,8 @@ struct Shared {
     link: tokio::sync::Mutex<Option<Link>>,
     next_link_try: StdMutex<Option<Instant>>,
     generation: std::sync::atomic::AtomicU64,
+    /// The server answered `HELLO 3` with an error: pub/sub links are RESP2 connections.
+    resp2: std::sync::atomic::AtomicBool,
     subs: StdMutex<Subs>,
     /// Fans the pub/sub messages out to the waiters of their names.
     signals: NameSignals,
@@ -262,7 +268,7 @@ struct Shared {
     /// Names this backend's hand-off channels (a random hex id).
     client_key: String,
     /// The waiting mutex acquisitions of this backend that registered for hand-offs, by owner
-    /// token: where the pub/sub dispatcher leaves what it was handed.
+    /// token: where the pub/sub side leaves what it was handed.
     slots: StdMutex<HashMap<String, Weak<Handoff>>>,
 }
 
@@ -472,6 +478,7 @@ impl RedisBackend {
                 link: tokio::sync::Mutex::new(None),
                 next_link_try: StdMutex::new(None),
                 generation: std::sync::atomic::AtomicU64::new(0),
+                resp2: std::sync::atomic::AtomicBool::new(false),
                 subs: StdMutex::new(Subs::default()),
                 signals: NameSignals::default(),
                 handoffs: target.handoffs && target.replicas == 0,

@@ -4,7 +4,7 @@
 use super::{lock, RedisBackend, Seen, Shared};
 use crate::backend::Watch;
 use crate::error::{Error, Result};
-use ::redis::aio::PubSubSink;
+use ::redis::aio::{MultiplexedConnection, PubSubSink};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{PushInfo, PushKind, RedisResult, Value};
 use futures_util::StreamExt;
@@ -69,20 +69,23 @@ pub(super) struct Link {
     /// it listens to a server that is no longer the master.
     epoch: u64,
     sink: Sink,
-    /// Dropping it stops the dispatcher and janitor of this link (and closes the connection).
+    /// Dropping it stops the janitor of this link and, on RESP2, the task reading its messages.
     _stop: tokio::sync::watch::Sender<()>,
 }
 
-/// Where subscriptions are made: a pub/sub connection to one server, or (on a cluster) a
-/// cluster connection whose RESP3 pushes carry the sharded messages.
+/// Where subscriptions are made: a RESP3 connection whose pushes carry the messages (to one
+/// server, or on a cluster the sharded ones of every node), or on a server without RESP3 a
+/// RESP2 pub/sub connection.
 enum Sink {
-    Plain(PubSubSink),
+    Push(MultiplexedConnection),
     Sharded(ClusterConnection),
+    Plain(PubSubSink),
 }
 
 impl Sink {
     async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
         match self {
+            Sink::Push(c) => c.subscribe(channels).await,
             Sink::Plain(s) => s.subscribe(channels).await,
             // The channels of one name are in one slot.
             Sink::Sharded(c) => c.ssubscribe(channels).await,
@@ -91,6 +94,7 @@ impl Sink {
 
     async fn unsubscribe(&mut self, channels: &[String]) -> RedisResult<()> {
         match self {
+            Sink::Push(c) => c.unsubscribe(channels).await,
             Sink::Plain(s) => s.unsubscribe(channels).await,
             // One by one: the channels of different names are in different slots.
             Sink::Sharded(c) => {
@@ -103,59 +107,55 @@ impl Sink {
     }
 }
 
-/// What the dispatcher of a link reads.
-enum Source {
-    Plain(::redis::aio::PubSubStream),
-    Sharded(tokio::sync::mpsc::UnboundedReceiver<PushInfo>),
-}
-
-/// One event of a link's source.
+/// One event of a link.
 enum Event {
     /// A message on this channel, with its payload.
     Message(String, Vec<u8>),
     /// The server dropped this subscription (its slot moved to another node).
     Dropped(String),
-    /// A cluster node connection dropped (redis-rs subscribes again when it is back; messages
-    /// in between are lost).
-    Gap,
+    /// The connection is gone: on a cluster only one node's (redis-rs subscribes again when it
+    /// is back; messages in between are lost), otherwise the whole link.
+    Disconnected,
     /// Nothing to do.
     Other,
-    /// The connection is gone.
-    Closed,
 }
 
-impl Source {
-    async fn next(&mut self) -> Event {
-        match self {
-            Source::Plain(s) => match s.next().await {
-                Some(m) => Event::Message(
-                    m.get_channel_name().to_owned(),
-                    m.get_payload_bytes().to_vec(),
-                ),
-                None => Event::Closed,
-            },
-            Source::Sharded(rx) => {
-                let Some(p) = rx.recv().await else {
-                    return Event::Closed;
-                };
-                let channel = || match p.data.first() {
-                    Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
-                    _ => None,
-                };
+impl Event {
+    /// The event a RESP3 push is.
+    fn of_push(p: PushInfo) -> Event {
+        let channel = || match p.data.first() {
+            Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        };
+        match p.kind {
+            PushKind::SMessage | PushKind::Message => {
                 let payload = match p.data.get(1) {
                     Some(Value::BulkString(b)) => b.clone(),
                     _ => Vec::new(),
                 };
-                match p.kind {
-                    PushKind::SMessage | PushKind::Message => {
-                        channel().map_or(Event::Other, |c| Event::Message(c, payload))
-                    }
-                    PushKind::SUnsubscribe => channel().map_or(Event::Other, Event::Dropped),
-                    PushKind::Disconnection => Event::Gap,
-                    _ => Event::Other,
-                }
+                channel().map_or(Event::Other, |c| Event::Message(c, payload))
             }
+            PushKind::SUnsubscribe => channel().map_or(Event::Other, Event::Dropped),
+            PushKind::Disconnection => Event::Disconnected,
+            _ => Event::Other,
         }
+    }
+}
+
+/// Where the RESP3 pushes of link `generation` go: handled on the connection's own task, so a
+/// hand-off reaches its waiter without passing through another task.
+pub(super) struct Pushes {
+    shared: Weak<Shared>,
+    generation: u64,
+}
+
+impl ::redis::aio::AsyncPushSender for Pushes {
+    fn send(&self, info: PushInfo) -> std::result::Result<(), ::redis::aio::SendError> {
+        let Some(s) = self.shared.upgrade() else {
+            return Err(::redis::aio::SendError);
+        };
+        s.on_event(self.generation, Event::of_push(info));
+        Ok(())
     }
 }
 
@@ -315,7 +315,7 @@ impl Shared {
             chans.push((Self::changed_channel(&base), Chan::Changed));
         }
         let generation = l.generation;
-        // The dispatcher routes the channels' messages from the moment the server subscribes
+        // The link routes the channels' messages from the moment the server subscribes
         // them (a hand-off may come before the confirmation is read); the name counts as
         // subscribed once it is confirmed.
         {
@@ -387,63 +387,109 @@ impl Shared {
         Ok(kept == 0)
     }
 
-    /// Opens the pub/sub connection and starts its dispatcher and janitor.
+    /// What `generation`'s link does with an event.
+    fn on_event(self: &Arc<Self>, generation: u64, event: Event) {
+        match event {
+            Event::Message(ch, payload) => self.on_message(&ch, &payload),
+            Event::Dropped(ch) => self.on_dropped(&ch),
+            // redis-rs reconnects a cluster's node and subscribes again by itself.
+            Event::Disconnected if self.sharded => self.on_gap(),
+            Event::Disconnected => {
+                let s = self.clone();
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move { s.link_lost(generation).await });
+                }
+            }
+            Event::Other => {}
+        }
+    }
+
+    /// Opens the pub/sub connection (its messages are handled on the connection's own task, or
+    /// on a RESP2 server by a task that reads them) and starts its janitor.
     async fn open_link(self: &Arc<Self>, deadline: Instant) -> Result<Link> {
         let deadline = deadline.min(Instant::now() + self.target.connect_timeout);
         let epoch = self.conn.epoch();
-        let open = async {
-            if self.sharded {
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                let client = super::conn::cluster_client(&self.target, Some(tx))?;
-                let c = client
-                    .get_async_connection()
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok((Sink::Sharded(c), Source::Sharded(rx)))
-            } else {
-                let client = self
-                    .conn
-                    .pubsub_client(self.client.as_ref())
-                    .await
-                    .map_err(|e| self.err(e))?;
-                let (sink, stream) = client
-                    .get_async_pubsub()
-                    .await
-                    .map_err(|e| self.err(e))?
-                    .split();
-                Ok((Sink::Plain(sink), Source::Plain(stream)))
-            }
-        };
-        let (sink, mut source) = match tokio::time::timeout_at(deadline.into(), open).await {
-            Ok(r) => r?,
-            Err(_) => return Err(self.timed_out("the pub/sub connection")),
-        };
         let generation = self
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
-        let (stop, mut stopped) = tokio::sync::watch::channel(());
-        *lock(&self.subs) = Subs::default();
-        let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
-            loop {
-                let event = tokio::select! {
-                    e = source.next() => e,
-                    _ = stopped.changed() => return,
-                };
-                let Some(s) = weak.upgrade() else { return };
-                match event {
-                    Event::Message(ch, payload) => s.on_message(&ch, &payload),
-                    Event::Dropped(ch) => s.on_dropped(&ch),
-                    Event::Gap => s.on_gap(),
-                    Event::Other => {}
-                    Event::Closed => break,
+        let pushes = Pushes {
+            shared: Arc::downgrade(self),
+            generation,
+        };
+        let open = async {
+            if self.sharded {
+                let client = super::conn::cluster_client(&self.target, Some(pushes))?;
+                let c = client
+                    .get_async_connection()
+                    .await
+                    .map_err(|e| self.err(e))?;
+                return Ok((Sink::Sharded(c), None));
+            }
+            let client = self
+                .conn
+                .pubsub_client(self.client.as_ref())
+                .await
+                .map_err(|e| self.err(e))?;
+            if !self.resp2.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut info = client.get_connection_info().clone();
+                info.redis.protocol = ::redis::ProtocolVersion::RESP3;
+                let config = ::redis::AsyncConnectionConfig::new().set_push_sender(pushes);
+                let resp3 = ::redis::Client::open(info).map_err(|e| self.err(e))?;
+                match resp3
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                {
+                    Ok(c) => return Ok((Sink::Push(c), None)),
+                    // An answer to `HELLO 3` that is not a lost connection: a server without
+                    // RESP3 (before Redis 6). Its links are RESP2 pub/sub connections from now on.
+                    Err(e)
+                        if !(e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error()) =>
+                    {
+                        tracing::debug!(error = %e, "redis: no RESP3 for pub/sub; using RESP2");
+                        self.resp2.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(e) => return Err(self.err(e)),
                 }
             }
-            if let Some(s) = weak.upgrade() {
-                s.link_lost(generation).await;
-            }
-        });
+            let (sink, stream) = client
+                .get_async_pubsub()
+                .await
+                .map_err(|e| self.err(e))?
+                .split();
+            Ok((Sink::Plain(sink), Some(stream)))
+        };
+        let (sink, stream) = match tokio::time::timeout_at(deadline.into(), open).await {
+            Ok(r) => r?,
+            Err(_) => return Err(self.timed_out("the pub/sub connection")),
+        };
+        let (stop, mut stopped) = tokio::sync::watch::channel(());
+        *lock(&self.subs) = Subs::default();
+        if let Some(mut stream) = stream {
+            // RESP2: a task reads the messages the connection's task forwards.
+            let weak = Arc::downgrade(self);
+            tokio::spawn(async move {
+                loop {
+                    let msg = tokio::select! {
+                        m = stream.next() => m,
+                        _ = stopped.changed() => return,
+                    };
+                    let Some(s) = weak.upgrade() else { return };
+                    let event = match msg {
+                        Some(m) => Event::Message(
+                            m.get_channel_name().to_owned(),
+                            m.get_payload_bytes().to_vec(),
+                        ),
+                        None => Event::Disconnected,
+                    };
+                    let gone = matches!(event, Event::Disconnected);
+                    s.on_event(generation, event);
+                    if gone {
+                        return;
+                    }
+                }
+            });
+        }
         let weak: Weak<Shared> = Arc::downgrade(self);
         let mut stopped = stop.subscribe();
         tokio::spawn(async move {
@@ -461,6 +507,15 @@ impl Shared {
             epoch,
             sink,
             _stop: stop,
+        })
+    }
+
+    /// The RESP version of the pub/sub connection, if it is open.
+    #[cfg(test)]
+    pub(super) async fn link_resp(&self) -> Option<u8> {
+        self.link.lock().await.as_ref().map(|l| match l.sink {
+            Sink::Plain(_) => 2,
+            Sink::Push(_) | Sink::Sharded(_) => 3,
         })
     }
 

@@ -880,6 +880,106 @@ async fn registered_waiter(b: &RedisBackend, w: &Request<'_>) -> Busy {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_release_hands_the_mutex_to_its_first_waiter_only() {
     let (a, b, c) = (backend().await, backend().await, backend().await);
+    hands_to_the_first_waiter_only(&url(), a, b, c, 3).await;
+}
+
+/// A server that answers `HELLO` as one before Redis 6 did (an unknown command): the pub/sub
+/// connection falls back to RESP2, and hand-offs and announcements reach their waiters as over
+/// RESP3.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_resp3_the_pubsub_connection_is_resp2() {
+    let srv = Server::start(&["--rename-command", "HELLO", ""]).await;
+    let u = format!("redis://127.0.0.1:{}/", srv.port);
+    let connect = || async { RedisBackend::connect(&u).await.unwrap() };
+    let (a, b, c) = (connect().await, connect().await, connect().await);
+    hands_to_the_first_waiter_only(&u, a, b, c, 2).await;
+}
+
+/// The server closes the pub/sub connection of a waiting client: its waiters are woken, the next
+/// wait opens a new connection, and a hand-off still reaches the waiter.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_pubsub_connection_is_opened_again_for_the_next_hand_off() {
+    link_lost_and_opened_again(&[], 3).await;
+}
+
+/// The same over RESP2 (a server without `HELLO`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_resp2_pubsub_connection_is_opened_again() {
+    link_lost_and_opened_again(&["--rename-command", "HELLO", ""], 2).await;
+}
+
+/// A waiter of a server started with `args`, whose pub/sub connection speaks RESP `resp`.
+async fn link_lost_and_opened_again(args: &[&str], resp: u8) {
+    let srv = Server::start(args).await;
+    let u = format!("redis://127.0.0.1:{}/", srv.port);
+    let (a, b) = (
+        RedisBackend::connect(&u).await.unwrap(),
+        RedisBackend::connect(&u).await.unwrap(),
+    );
+    let n = uniq("link-lost");
+    let (ma, mb) = (meta("a"), meta("b"));
+    let h = rq(&n, "holder", &ma);
+    token(a.acquire(&h).await.unwrap());
+    let w = Request {
+        waiting: true,
+        ..rq(&n, "waiter", &mb)
+    };
+    registered_waiter(&b, &w).await;
+    assert_eq!(b.shared.link_resp().await, Some(resp));
+    let mut r = ::redis::Client::open(u.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let killed: i64 = ::redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "pubsub"])
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while b.shared.link_resp().await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the lost connection was not noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let bz = registered_waiter(&b, &w).await;
+    assert_eq!(b.shared.link_resp().await, Some(resp));
+    let started = Instant::now();
+    let waits = b.wait(&w, &bz, Instant::now() + Duration::from_secs(5));
+    let releases = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        a.release(&hr(&h)).await.unwrap()
+    };
+    let (waited, released) = tokio::join!(waits, releases);
+    waited.unwrap();
+    assert_eq!(released, Released::HandedOff);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    token(b.acquire(&w).await.unwrap());
+}
+
+/// Three clients of the server at `url`: `a` holds, `b` and `c` wait in that order; `b` and `c`
+/// listen over RESP `resp` (2 or 3).
+async fn hands_to_the_first_waiter_only(
+    url: &str,
+    a: RedisBackend,
+    b: RedisBackend,
+    c: RedisBackend,
+    resp: u8,
+) {
+    let raw = || async {
+        ::redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    };
     let n = uniq("handoff-order");
     let base = a.base_key(&n);
     let (ma, mb, mc) = (meta("a"), meta("b"), meta("c"));
@@ -895,8 +995,10 @@ async fn a_release_hands_the_mutex_to_its_first_waiter_only() {
     };
     let bzb = registered_waiter(&b, &wb).await;
     let bzc = registered_waiter(&c, &wc).await;
+    assert_eq!(b.shared.link_resp().await, Some(resp));
+    assert_eq!(c.shared.link_resp().await, Some(resp));
     // Nobody else is woken: the broadcast channel stays quiet.
-    let client = ::redis::Client::open(url()).unwrap();
+    let client = ::redis::Client::open(url).unwrap();
     let mut ps = client.get_async_pubsub().await.unwrap();
     ps.subscribe(format!("{base}:released")).await.unwrap();
     assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
