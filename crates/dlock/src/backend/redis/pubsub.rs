@@ -82,29 +82,60 @@ enum Sink {
     Plain(PubSubSink),
 }
 
+// Over RESP3 a (un)subscription of N channels is answered with N confirmations but counts as
+// one command, so the confirmations after the first would be taken as the answers of the
+// commands after it: one command per channel, sent together.
 impl Sink {
     async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
         match self {
-            Sink::Push(c) => c.subscribe(channels).await,
+            Sink::Push(c) => {
+                each(channels, |ch| {
+                    let mut c = c.clone();
+                    async move { c.subscribe(ch).await }
+                })
+                .await
+            }
             Sink::Plain(s) => s.subscribe(channels).await,
-            // The channels of one name are in one slot.
-            Sink::Sharded(c) => c.ssubscribe(channels).await,
+            Sink::Sharded(c) => {
+                each(channels, |ch| {
+                    let mut c = c.clone();
+                    async move { c.ssubscribe(ch).await }
+                })
+                .await
+            }
         }
     }
 
     async fn unsubscribe(&mut self, channels: &[String]) -> RedisResult<()> {
         match self {
-            Sink::Push(c) => c.unsubscribe(channels).await,
+            Sink::Push(c) => {
+                each(channels, |ch| {
+                    let mut c = c.clone();
+                    async move { c.unsubscribe(ch).await }
+                })
+                .await
+            }
             Sink::Plain(s) => s.unsubscribe(channels).await,
-            // One by one: the channels of different names are in different slots.
             Sink::Sharded(c) => {
-                for ch in channels {
-                    c.sunsubscribe(ch.as_str()).await?;
-                }
-                Ok(())
+                each(channels, |ch| {
+                    let mut c = c.clone();
+                    async move { c.sunsubscribe(ch).await }
+                })
+                .await
             }
         }
     }
+}
+
+/// `f` of every channel at once; the first error, if any.
+async fn each<'a, F, Fut>(channels: &'a [String], f: F) -> RedisResult<()>
+where
+    F: Fn(&'a str) -> Fut,
+    Fut: std::future::Future<Output = RedisResult<()>>,
+{
+    futures_util::future::try_join_all(channels.iter().map(|ch| f(ch.as_str())))
+        .await
+        .map(|_| ())
 }
 
 /// One event of a link.
