@@ -82,60 +82,37 @@ enum Sink {
     Plain(PubSubSink),
 }
 
-// Over RESP3 a (un)subscription of N channels is answered with N confirmations but counts as
-// one command, so the confirmations after the first would be taken as the answers of the
-// commands after it: one command per channel, sent together.
 impl Sink {
     async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
         match self {
-            Sink::Push(c) => {
-                each(channels, |ch| {
-                    let mut c = c.clone();
-                    async move { c.subscribe(ch).await }
-                })
-                .await
-            }
+            Sink::Push(c) => per_channel(c, "SUBSCRIBE", channels).await,
+            Sink::Sharded(c) => per_channel(c, "SSUBSCRIBE", channels).await,
             Sink::Plain(s) => s.subscribe(channels).await,
-            Sink::Sharded(c) => {
-                each(channels, |ch| {
-                    let mut c = c.clone();
-                    async move { c.ssubscribe(ch).await }
-                })
-                .await
-            }
         }
     }
 
     async fn unsubscribe(&mut self, channels: &[String]) -> RedisResult<()> {
         match self {
-            Sink::Push(c) => {
-                each(channels, |ch| {
-                    let mut c = c.clone();
-                    async move { c.unsubscribe(ch).await }
-                })
-                .await
-            }
+            Sink::Push(c) => per_channel(c, "UNSUBSCRIBE", channels).await,
+            Sink::Sharded(c) => per_channel(c, "SUNSUBSCRIBE", channels).await,
             Sink::Plain(s) => s.unsubscribe(channels).await,
-            Sink::Sharded(c) => {
-                each(channels, |ch| {
-                    let mut c = c.clone();
-                    async move { c.sunsubscribe(ch).await }
-                })
-                .await
-            }
         }
     }
 }
 
-/// `f` of every channel at once; the first error, if any.
-async fn each<'a, F, Fut>(channels: &'a [String], f: F) -> RedisResult<()>
+/// `verb` of each channel as a command of its own, all sent at once. Over RESP3 one command of
+/// N channels is answered with N confirmations, of which redis-rs takes only the first as its
+/// answer: the others would be taken as the answers of the commands after it.
+async fn per_channel<C>(conn: &C, verb: &str, channels: &[String]) -> RedisResult<()>
 where
-    F: Fn(&'a str) -> Fut,
-    Fut: std::future::Future<Output = RedisResult<()>>,
+    C: ::redis::aio::ConnectionLike + Clone,
 {
-    futures_util::future::try_join_all(channels.iter().map(|ch| f(ch.as_str())))
-        .await
-        .map(|_| ())
+    futures_util::future::try_join_all(channels.iter().map(|ch| {
+        let mut c = conn.clone();
+        async move { ::redis::cmd(verb).arg(ch).exec_async(&mut c).await }
+    }))
+    .await
+    .map(|_| ())
 }
 
 /// One event of a link.
