@@ -128,6 +128,8 @@
 //! database is [`Error::Unavailable`](crate::Error::Unavailable) within seconds, never a hang.
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+mod bell;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub mod config;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -1,6 +1,7 @@
 //! PostgreSQL and MySQL/MariaDB in lease mode: [`SqlBackend`], one backend over a [`Dialect`].
 //! Tables, options and wake-ups are described in the [module docs](super).
 
+use super::bell::{bell_key, BellWait, Bells, Ringing, Rung};
 use super::common::{
     bind_hold, bind_waiter, extend_answers, extend_groups, grant, kind_columns, listing, ms,
     name_owner_pairs, GrantWrites, HoldListing, Loaded, NameState, Renewed, Rows, StateRow,
@@ -655,6 +656,8 @@ pub(crate) struct Sql {
     fast_answers: [AtomicU64; 3],
     /// Looks of waiters (`still_busy`) so far.
     looks: AtomicU64,
+    /// The names' bells (MySQL in lease mode, see `bell.rs`).
+    bells: Option<Arc<Bells>>,
 }
 
 impl Drop for Sql {
@@ -772,7 +775,6 @@ impl Sql {
             table: cfg.table.clone(),
             shown: shown.clone(),
             pool,
-            connect,
             notify,
             signals,
             key,
@@ -785,6 +787,9 @@ impl Sql {
             fast_call,
             fast_answers: Default::default(),
             looks: AtomicU64::new(0),
+            bells: (dialect == Dialect::MySql && cfg.mode == HoldMode::Lease)
+                .then(|| Bells::new(connect.clone())),
+            connect,
         };
         if let Err(e) = bounded(OP_TIMEOUT, &shown, backend.migrate(&collation)).await {
             backend.pool.close().await;
@@ -1652,6 +1657,12 @@ impl Backend for SqlBackend {
                 allowed: true,
             }
         });
+        // A fair mutex waiter on MySQL waits for its name's bell.
+        let bell = (sql.bells.is_some()
+            && req.kind == LockKind::Mutex
+            && req.mode == Mode::Exclusive
+            && req.takes_queue_place())
+        .then(|| BellWait::new(bell_key(&sql.table, req.name.as_str())));
         Box::new(SqlAcquisition {
             store: sql.clone(),
             want: Want::new(req),
@@ -1659,6 +1670,7 @@ impl Backend for SqlBackend {
             reg,
             attempted: false,
             placed: false,
+            bell,
         })
     }
 
@@ -1680,7 +1692,12 @@ impl Backend for SqlBackend {
                 answer => answer == fast::RELEASED,
             }
         } else {
-            sql.release_plain(name, hold.owner).await?
+            let removed = sql.release_plain(name, hold.owner).await;
+            // After the delete: the waiter the bell wakes finds the lock free.
+            if let Some(bells) = &sql.bells {
+                bells.released(hold.owner);
+            }
+            removed?
         };
         if !removed {
             return Ok(Released::NotHeld);
@@ -1884,6 +1901,8 @@ struct SqlAcquisition {
     /// A waiting attempt was refused: its queue place or registration, if any, is committed
     /// and every release sees it, so later attempts need not take the name's wake lock.
     placed: bool,
+    /// A fair mutex waiter's bell (MySQL).
+    bell: Option<BellWait>,
 }
 
 impl SqlAcquisition {
@@ -1899,6 +1918,66 @@ impl SqlAcquisition {
     /// The listener's lock while it is up.
     fn listener_key(&self) -> Option<(i32, i32)> {
         self.store.listener.as_ref().and_then(|l| l.key())
+    }
+
+    /// A refused fair mutex waiter's wait on MySQL: for its name's bell (see `bell.rs`).
+    async fn wait_for_bell(&mut self, until: Instant) -> Result<Watch> {
+        let poll = Watch::Poll {
+            min: POLL_MIN,
+            max: POLL_MAX,
+        };
+        let (Some(bells), Some(w)) = (self.store.bells.clone(), self.bell.as_mut()) else {
+            return Ok(poll);
+        };
+        loop {
+            match &mut w.state {
+                Ringing::Off => return Ok(poll),
+                Ringing::Idle => w.state = Ringing::Asking(bells.ask(w.key.clone())),
+                Ringing::Asking(asking) => {
+                    // Asked by reference: a wait cut short (an in-process wake-up) keeps the
+                    // request and its place in the server's line.
+                    let rung = tokio::select! {
+                        r = asking.answer() => r,
+                        _ = tokio::time::sleep_until(until.into()) => return Ok(Watch::Recheck),
+                    };
+                    return Ok(match rung {
+                        Rung::Bell(b) => {
+                            w.state = Ringing::Held(b);
+                            Watch::Changed
+                        }
+                        Rung::Timeout => {
+                            w.state = Ringing::Idle;
+                            Watch::Recheck
+                        }
+                        Rung::Failed => {
+                            w.state = Ringing::Off;
+                            poll
+                        }
+                    });
+                }
+                Ringing::Held(_) => {
+                    // Refused with the bell: the name's poller, unless others are ahead.
+                    let state = match self.store.still_busy(&self.want.req()).await? {
+                        Look::Free => return Ok(Watch::Changed),
+                        Look::Busy {
+                            state,
+                            place: Some(k),
+                        } if k > 0 => state,
+                        Look::Busy { .. } => return Ok(poll),
+                    };
+                    if let Some(at) = w.pass_at(state) {
+                        if at >= until {
+                            tokio::time::sleep_until(until.into()).await;
+                            return Ok(Watch::Recheck);
+                        }
+                        tokio::time::sleep_until(at.into()).await;
+                    }
+                    if let Ringing::Held(b) = std::mem::replace(&mut w.state, Ringing::Idle) {
+                        bells.free(b).await;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -1961,6 +2040,15 @@ impl Acquisition for SqlAcquisition {
         if self.want.waiting && matches!(attempt, Attempt::Busy(_)) {
             self.placed = true;
         }
+        // Granted while it held or asked for the bell: the bell is the hold's now.
+        if let (Attempt::Granted(_), Some(w), Some(bells)) =
+            (&attempt, self.bell.as_mut(), self.store.bells.as_ref())
+        {
+            bells.granted(
+                &self.want.owner,
+                std::mem::replace(&mut w.state, Ringing::Idle),
+            );
+        }
         if let (Some(r), Some(a)) = (self.reg.as_mut(), args) {
             match &attempt {
                 Attempt::Busy(_) if a.register => {
@@ -2000,6 +2088,9 @@ impl Acquisition for SqlAcquisition {
     }
 
     async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
+        if self.bell.is_some() && self.attempted {
+            return self.wait_for_bell(until).await;
+        }
         let poll = Watch::Poll {
             min: POLL_MIN,
             max: POLL_MAX,
@@ -2097,7 +2188,14 @@ impl Acquisition for SqlAcquisition {
                 r.registered = false;
             }
         }
-        self.store.cancel_place(&self.want.req()).await
+        let cancelled = self.store.cancel_place(&self.want.req()).await;
+        // The bell goes once the queue place is gone, so that the waiter it wakes comes next.
+        if let (Some(w), Some(bells)) = (self.bell.as_mut(), self.store.bells.as_ref()) {
+            if let Ringing::Held(b) = std::mem::replace(&mut w.state, Ringing::Off) {
+                bells.free(b).await;
+            }
+        }
+        cancelled
     }
 }
 

@@ -1283,6 +1283,145 @@ async fn mysql_polls_and_respects_until() {
     token(b.acquire(&w).await.unwrap());
 }
 
+/// Attempts `r` and waits between attempts as the core does (a fair waiter's slice at most),
+/// until it is granted; its token.
+async fn wait_until_granted(b: &SqlBackend, r: &Request<'_>, within: Duration) -> u64 {
+    let until = Instant::now() + within;
+    loop {
+        let bz = match b.acquire(r).await.unwrap() {
+            Attempt::Granted(g) => return g.token.unwrap(),
+            Attempt::Busy(bz) => bz,
+        };
+        assert!(
+            Instant::now() < until,
+            "{} not granted within {within:?}",
+            r.owner
+        );
+        let slice = Instant::now() + QUEUE_PLACE_TTL / 4;
+        b.wait(r, &bz, until.min(slice)).await.unwrap();
+    }
+}
+
+/// MySQL: a fair waiter behind a holder that has its name's bell does not poll, and the
+/// holder's release wakes it (`bell.rs`).
+async fn mysql_fair_waiters_are_rung_not_polled() {
+    let d = Dialect::MySql;
+    let table = "dlt_bell";
+    let (a, b, c) = (
+        open_isolated(d, table).await,
+        open_isolated(d, table).await,
+        open_isolated(d, table).await,
+    );
+    let n = name(&uniq("bell"));
+    let (ma, mb, mc) = (meta("a"), meta("b"), meta("c"));
+    let fair = |owner, m| Request {
+        fair: true,
+        waiting: true,
+        ..rq(&n, owner, m)
+    };
+    let (h, wb, wc) = (fair("h", &ma), fair("wb", &mb), fair("wc", &mc));
+    token(a.acquire(&h).await.unwrap());
+    busy(b.acquire(&wb).await.unwrap());
+    busy(c.acquire(&wc).await.unwrap());
+    let releaser = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        a.release(&hr(&h)).await.unwrap();
+    };
+    // b asks for the bell first: nobody has it, so b takes it and polls behind a's hold; then b
+    // holds the lock and the bell for 1.5 s while c waits.
+    let b_turn = async {
+        wait_until_granted(&b, &wb, Duration::from_secs(10)).await;
+        let looks = c.inner.looks.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let looked = c.inner.looks.load(Ordering::Relaxed) - looks;
+        let at = Instant::now();
+        assert_eq!(b.release(&hr(&wb)).await.unwrap(), Released::Released);
+        (looked, at)
+    };
+    let c_turn = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        wait_until_granted(&c, &wc, Duration::from_secs(10)).await;
+        Instant::now()
+    };
+    let ((), (looked, released), granted) = tokio::join!(releaser, b_turn, c_turn);
+    assert!(looked <= 1, "c looked {looked} times behind b's hold");
+    assert!(granted > released, "c was granted before b released");
+    let after = granted - released;
+    assert!(
+        after < Duration::from_millis(500),
+        "c granted {after:?} after the release"
+    );
+    assert!(b.inner.bells.as_ref().unwrap().open() >= 1);
+    c.release(&hr(&wc)).await.unwrap();
+}
+
+/// MySQL: a fair waiter that gets the bell while another is ahead of it in the queue passes it
+/// on, so the one ahead polls behind a holder without the bell and is granted soon after the
+/// release (instead of at the end of its slice).
+async fn mysql_a_bell_out_of_turn_is_passed_on() {
+    let d = Dialect::MySql;
+    let table = "dlt_bell";
+    let (a, b, c) = (
+        open_isolated(d, table).await,
+        open_isolated(d, table).await,
+        open_isolated(d, table).await,
+    );
+    let n = name(&uniq("pass"));
+    let (ma, mb, mc) = (meta("a"), meta("b"), meta("c"));
+    let fair = |owner, m| Request {
+        fair: true,
+        waiting: true,
+        ..rq(&n, owner, m)
+    };
+    let (h, wb, wc) = (fair("h", &ma), fair("wb", &mb), fair("wc", &mc));
+    token(a.acquire(&h).await.unwrap());
+    // The queue: wb, then wc; but wc asks for the bell first.
+    busy(b.acquire(&wb).await.unwrap());
+    busy(c.acquire(&wc).await.unwrap());
+    let releaser = async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let at = Instant::now();
+        a.release(&hr(&h)).await.unwrap();
+        at
+    };
+    let b_turn = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        wait_until_granted(&b, &wb, Duration::from_secs(10)).await;
+        let granted = Instant::now();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let at = Instant::now();
+        b.release(&hr(&wb)).await.unwrap();
+        (granted, at)
+    };
+    let c_turn = async {
+        wait_until_granted(&c, &wc, Duration::from_secs(10)).await;
+        Instant::now()
+    };
+    let (a_released, (b_granted, b_released), c_granted) = tokio::join!(releaser, b_turn, c_turn);
+    let after = b_granted.saturating_duration_since(a_released);
+    assert!(
+        b_granted > a_released && after < Duration::from_millis(500),
+        "b granted {after:?} after a's release"
+    );
+    let after = c_granted.saturating_duration_since(b_released);
+    assert!(
+        c_granted > b_released && after < Duration::from_millis(500),
+        "c granted {after:?} after b's release"
+    );
+    c.release(&hr(&wc)).await.unwrap();
+}
+
+#[test]
+fn bell_keys_fit_the_servers_limit() {
+    assert_eq!(bell_key("dlock_locks", "jobs/1"), "dlock_locks!jobs/1");
+    let long = bell_key("dlock_locks", &"x".repeat(100));
+    assert!(
+        long.starts_with("dlock_locks!#") && long.len() == 13 + 16,
+        "{long}"
+    );
+    assert_ne!(bell_key("t", "a"), mysql_lock_name("t", "a"));
+}
+
 #[test]
 fn hashes_are_stable() {
     // FNV-1a 64 of "" is the offset basis; of "a" a published value.
@@ -1922,5 +2061,15 @@ mod mysql {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn without_routine_privileges_falls_back() {
         super::mysql_without_routine_privileges_falls_back().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fair_waiters_are_rung_not_polled() {
+        super::mysql_fair_waiters_are_rung_not_polled().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bell_out_of_turn_is_passed_on() {
+        super::mysql_a_bell_out_of_turn_is_passed_on().await
     }
 }

@@ -1,0 +1,292 @@
+//! A name's bell on MySQL/MariaDB: how a fair mutex waiter learns of a release without polling.
+//!
+//! MySQL has no notification, but its user-level locks wake their waiters: `GET_LOCK(str, t)`
+//! blocks while another session holds `str`, the server hands it to its waiters one at a time
+//! in the order they asked, and a session that ends frees what it held. A name's bell is such a
+//! lock ([`bell_key`]) on a connection of its own: a fair mutex waiter that was refused asks for
+//! it and blocks; it gets it when the holder's release frees it (after the hold's row is
+//! deleted), attempts at once, and keeps it while it holds the lock, so that its own release
+//! wakes the next waiter. The bell only wakes: who holds the lock is decided by the rows alone,
+//! so a bell that is late, lost or held by the wrong session costs at most the waiter's slice
+//! (the core re-checks every slice), never a second holder.
+//!
+//! - A waiter that gets the bell and is still refused at the front of the queue (the lock is held
+//!   by a holder without the bell, one granted before anybody waited) keeps it and polls: it is
+//!   the name's one poller, and the waiters behind it stay blocked.
+//! - A waiter that gets the bell with others ahead of it in the fair queue passes it on: frees it
+//!   and asks again, at the back of the server's line, so that the one ahead is woken. If it comes
+//!   straight back with nothing changed (the one ahead is not asking), it is passed again after a
+//!   pause that doubles up to [`PASS_PAUSE_MAX`].
+//! - A waiter granted the lock while it still asks for the bell (a re-check found the lock free)
+//!   keeps asking for its hold: the bell it gets is freed by the hold's release.
+//! - A backend opens at most [`MAX_BELLS`] bell connections; a waiter that gets none, or whose
+//!   connection fails, polls.
+
+use super::server::fnv1a64;
+use sqlx::any::AnyConnectOptions;
+use sqlx::{AnyConnection, Connection, Row};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+
+/// The most bell connections one backend keeps open (asking, held or idle).
+pub(super) const MAX_BELLS: usize = 32;
+/// How long one `GET_LOCK` waits before it is asked again (a wait slice of the core ends sooner
+/// and does not interrupt it).
+const ASK_FOR_SECS: i64 = 30;
+/// An idle bell connection older than this is closed instead of used again (the server may have
+/// closed it by then).
+const IDLE_FOR: Duration = Duration::from_secs(60);
+/// The first pause before a bell that came straight back is passed on again.
+const PASS_PAUSE_MIN: Duration = Duration::from_millis(2);
+/// The longest such pause.
+pub(super) const PASS_PAUSE_MAX: Duration = Duration::from_millis(64);
+
+/// The `GET_LOCK` string of `name`'s bell: `<table>!<name>` when that is at most 64 characters
+/// (the server's limit), else `<table>!#` and the 16 hex digits of [`fnv1a64`]. It never equals
+/// a session-mode lock's string (`<table>:` or `<table>#`; table names are identifiers).
+pub(super) fn bell_key(table: &str, name: &str) -> String {
+    let direct = format!("{table}!{name}");
+    if direct.chars().count() <= 64 {
+        direct
+    } else {
+        format!("{table}!#{:016x}", fnv1a64(table, name))
+    }
+}
+
+fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The maps stay consistent even if a holder panicked.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A bell connection, counted against [`MAX_BELLS`] while it is open.
+struct Line {
+    /// In a mutex only to be `Sync` (an acquisition is): it is used through `&mut` alone.
+    conn: StdMutex<AnyConnection>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Line {
+    fn conn(&mut self) -> &mut AnyConnection {
+        self.conn.get_mut().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A bell held: the connection whose session holds it.
+pub(super) struct Bell {
+    line: Line,
+    key: String,
+}
+
+/// What one request for a bell came to.
+pub(super) enum Rung {
+    /// Held now.
+    Bell(Bell),
+    /// Not within [`ASK_FOR_SECS`]: ask again.
+    Timeout,
+    /// No connection, or it failed: poll instead.
+    Failed,
+}
+
+/// A request for a bell in progress; dropping it withdraws the request.
+pub(super) struct Asking(oneshot::Receiver<Rung>);
+
+/// Where a waiting fair mutex acquisition is with its name's bell.
+pub(super) enum Ringing {
+    /// Not asked for yet (or asked for again next).
+    Idle,
+    /// Asked for; the server answers when it is freed.
+    Asking(Asking),
+    /// Held.
+    Held(Bell),
+    /// No bell for this wait: it polls.
+    Off,
+}
+
+/// A waiting fair mutex acquisition's bell.
+pub(super) struct BellWait {
+    pub(super) state: Ringing,
+    pub(super) key: String,
+    /// The look's fingerprint when the bell was last passed on, when, and the pause before it is
+    /// passed on again if nothing changed.
+    passed: Option<(u64, Instant, Duration)>,
+}
+
+impl BellWait {
+    pub(super) fn new(key: String) -> BellWait {
+        BellWait {
+            state: Ringing::Idle,
+            key,
+            passed: None,
+        }
+    }
+
+    /// When the bell, refused with `state` ahead of it, may be passed on (`None`: now).
+    pub(super) fn pass_at(&mut self, state: u64) -> Option<Instant> {
+        let now = crate::clock::now();
+        match self.passed {
+            Some((s, at, pause)) if s == state => {
+                let next = (pause * 2).min(PASS_PAUSE_MAX);
+                self.passed = Some((s, at + pause, next));
+                Some(at + pause).filter(|t| *t > now)
+            }
+            _ => {
+                self.passed = Some((state, now, PASS_PAUSE_MIN));
+                None
+            }
+        }
+    }
+}
+
+/// The bells of one MySQL backend: its bell connections, and the bells of its live holds.
+pub(super) struct Bells {
+    connect: AnyConnectOptions,
+    permits: Arc<Semaphore>,
+    idle: StdMutex<Vec<(Instant, Line)>>,
+    /// Fair holds granted while they held or asked for their name's bell, by owner token.
+    holds: StdMutex<HashMap<String, Ringing>>,
+}
+
+impl std::fmt::Debug for Bells {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bells")
+            .field("open", &(MAX_BELLS - self.permits.available_permits()))
+            .field("holds", &lock(&self.holds).len())
+            .finish()
+    }
+}
+
+impl Bells {
+    pub(super) fn new(connect: AnyConnectOptions) -> Arc<Bells> {
+        Arc::new(Bells {
+            connect,
+            permits: Arc::new(Semaphore::new(MAX_BELLS)),
+            idle: StdMutex::new(Vec::new()),
+            holds: StdMutex::new(HashMap::new()),
+        })
+    }
+
+    /// An idle bell connection, or a new one while fewer than [`MAX_BELLS`] are open.
+    async fn line(&self) -> Option<Line> {
+        {
+            let mut idle = lock(&self.idle);
+            while let Some((at, line)) = idle.pop() {
+                if at.elapsed() < IDLE_FOR {
+                    return Some(line);
+                }
+            }
+        }
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        match tokio::time::timeout(
+            super::OP_TIMEOUT,
+            AnyConnection::connect_with(&self.connect),
+        )
+        .await
+        {
+            Ok(Ok(conn)) => Some(Line {
+                conn: StdMutex::new(conn),
+                _permit: permit,
+            }),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "no bell connection; the waiter polls");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Starts asking for the bell `key`.
+    pub(super) fn ask(self: &Arc<Self>, key: String) -> Asking {
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(ask(self.clone(), key, tx));
+        Asking(rx)
+    }
+
+    /// Frees `bell` (the next waiter that asked for it gets it) and keeps its connection.
+    pub(super) async fn free(&self, mut bell: Bell) {
+        let freed = tokio::time::timeout(
+            super::OP_TIMEOUT,
+            sqlx::query("DO RELEASE_LOCK(?)")
+                .bind(bell.key.as_str())
+                .execute(bell.line.conn()),
+        )
+        .await;
+        // Otherwise the connection is closed, which frees the bell too.
+        if matches!(freed, Ok(Ok(_))) {
+            lock(&self.idle).push((Instant::now(), bell.line));
+        }
+    }
+
+    /// `owner` was granted the lock while it held or asked for the bell: the bell is its hold's
+    /// until [`Bells::released`].
+    pub(super) fn granted(&self, owner: &str, ringing: Ringing) {
+        if matches!(ringing, Ringing::Held(_) | Ringing::Asking(_)) {
+            lock(&self.holds).insert(owner.to_owned(), ringing);
+        }
+    }
+
+    /// `owner`'s hold was released (or found gone): its bell, if it got it, is freed, which
+    /// wakes the next waiter; a request still waiting is withdrawn.
+    pub(super) fn released(self: &Arc<Self>, owner: &str) {
+        let bell = match lock(&self.holds).remove(owner) {
+            Some(Ringing::Held(b)) => b,
+            Some(Ringing::Asking(mut a)) => match a.0.try_recv() {
+                Ok(Rung::Bell(b)) => b,
+                _ => return,
+            },
+            _ => return,
+        };
+        let bells = self.clone();
+        tokio::spawn(async move { bells.free(bell).await });
+    }
+
+    /// Bell connections open now (asking, held or idle).
+    #[cfg(test)]
+    pub(super) fn open(&self) -> usize {
+        MAX_BELLS - self.permits.available_permits()
+    }
+}
+
+/// Asks the server for the bell `key` on a bell connection and sends what came of it; gives up
+/// (closing the connection, which withdraws the request) when nobody waits for the answer.
+async fn ask(bells: Arc<Bells>, key: String, mut tx: oneshot::Sender<Rung>) {
+    let Some(mut line) = bells.line().await else {
+        let _ = tx.send(Rung::Failed);
+        return;
+    };
+    let asked = sqlx::query("SELECT CAST(COALESCE(GET_LOCK(?, ?), -1) AS SIGNED)")
+        .bind(key.as_str())
+        .bind(ASK_FOR_SECS)
+        .fetch_one(line.conn());
+    let bound = Duration::from_secs(ASK_FOR_SECS.unsigned_abs()) + super::OP_TIMEOUT;
+    let answer = tokio::select! {
+        r = tokio::time::timeout(bound, asked) => match r {
+            Ok(r) => r.and_then(|row| row.try_get::<i64, _>(0)).ok(),
+            Err(_) => None,
+        },
+        _ = tx.closed() => return,
+    };
+    match answer {
+        Some(1) => {
+            if let Err(Rung::Bell(bell)) = tx.send(Rung::Bell(Bell { line, key })) {
+                bells.free(bell).await;
+            }
+        }
+        Some(0) => {
+            lock(&bells.idle).push((Instant::now(), line));
+            let _ = tx.send(Rung::Timeout);
+        }
+        // NULL (an error in the server, the request killed) or a failed connection.
+        _ => {
+            let _ = tx.send(Rung::Failed);
+        }
+    }
+}
+
+impl Asking {
+    /// The answer, when it comes (a dropped sender counts as a failure).
+    pub(super) async fn answer(&mut self) -> Rung {
+        (&mut self.0).await.unwrap_or(Rung::Failed)
+    }
+}
