@@ -1411,6 +1411,78 @@ async fn mysql_a_bell_out_of_turn_is_passed_on() {
     c.release(&hr(&wc)).await.unwrap();
 }
 
+/// MySQL: a bell's connection killed at the server (while its holder polls as the waiter in
+/// front, and again while it holds the lock) costs the waiters nothing but polling: no error,
+/// and each is granted in turn.
+async fn mysql_killed_bell_connections_fall_back_to_polling() {
+    let d = Dialect::MySql;
+    let table = "dlt_bell";
+    let (a, b, c) = (
+        open_isolated(d, table).await,
+        open_isolated(d, table).await,
+        open_isolated(d, table).await,
+    );
+    let n = name(&uniq("killed"));
+    let key = super::super::bell::bell_key(table, n.as_str());
+    let (ma, mb, mc) = (meta("a"), meta("b"), meta("c"));
+    let fair = |owner, m| Request {
+        fair: true,
+        waiting: true,
+        ..rq(&n, owner, m)
+    };
+    let (h, wb, wc) = (fair("h", &ma), fair("wb", &mb), fair("wc", &mc));
+    token(a.acquire(&h).await.unwrap());
+    busy(b.acquire(&wb).await.unwrap());
+    busy(c.acquire(&wc).await.unwrap());
+    // Kills the session that holds the bell.
+    let kill_the_bell = || {
+        let (pool, key) = (a.inner.pool.clone(), key.clone());
+        async move {
+            let id: i64 = sqlx::query("SELECT CAST(COALESCE(IS_USED_LOCK(?), 0) AS SIGNED)")
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                .try_get(0)
+                .unwrap();
+            assert!(id > 0, "nobody holds the bell");
+            sqlx::query(&format!("KILL {id}"))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    let script = async {
+        // b holds the bell and polls behind a's hold; c asks for it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        kill_the_bell().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.release(&hr(&h)).await.unwrap();
+    };
+    let b_turn = async {
+        wait_until_granted(&b, &wb, Duration::from_secs(10)).await;
+        // b holds the lock; whoever holds the bell now loses it too.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        kill_the_bell().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let at = Instant::now();
+        b.release(&hr(&wb)).await.unwrap();
+        at
+    };
+    let c_turn = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        wait_until_granted(&c, &wc, Duration::from_secs(10)).await;
+        Instant::now()
+    };
+    let ((), released, granted) = tokio::join!(script, b_turn, c_turn);
+    let after = granted.saturating_duration_since(released);
+    assert!(
+        granted > released && after < Duration::from_millis(500),
+        "c granted {after:?} after b's release"
+    );
+    c.release(&hr(&wc)).await.unwrap();
+}
+
 #[test]
 fn bell_keys_fit_the_servers_limit() {
     assert_eq!(bell_key("dlock_locks", "jobs/1"), "dlock_locks!jobs/1");
@@ -2071,5 +2143,10 @@ mod mysql {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_bell_out_of_turn_is_passed_on() {
         super::mysql_a_bell_out_of_turn_is_passed_on().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_bell_connections_fall_back_to_polling() {
+        super::mysql_killed_bell_connections_fall_back_to_polling().await
     }
 }
