@@ -19,6 +19,9 @@
 //!   pause that doubles up to [`PASS_PAUSE_MAX`].
 //! - A waiter granted the lock while it still asks for the bell (a re-check found the lock free)
 //!   keeps asking for its hold: the bell it gets is freed by the hold's release.
+//! - A hold's bell is freed by its release, by `expire_in` (the hold is left to expire and never
+//!   released), or, for a hold kept past its first lease, by the client's next fair grant that
+//!   keeps a bell: a forgotten hold keeps no bell for good.
 //! - A backend opens at most [`MAX_BELLS`] bell connections; a waiter that gets none, or whose
 //!   connection fails, polls.
 
@@ -144,8 +147,9 @@ pub(super) struct Bells {
     connect: AnyConnectOptions,
     permits: Arc<Semaphore>,
     idle: StdMutex<Vec<(Instant, Line)>>,
-    /// Fair holds granted while they held or asked for their name's bell, by owner token.
-    holds: StdMutex<HashMap<String, Ringing>>,
+    /// Fair holds granted while they held or asked for their name's bell, by owner token, with
+    /// the end of their first lease.
+    holds: StdMutex<HashMap<String, (Ringing, Instant)>>,
 }
 
 impl std::fmt::Debug for Bells {
@@ -218,20 +222,46 @@ impl Bells {
         }
     }
 
-    /// `owner` was granted the lock while it held or asked for the bell: the bell is its hold's
-    /// until [`Bells::released`].
-    pub(super) fn granted(&self, owner: &str, ringing: Ringing) {
-        if matches!(ringing, Ringing::Held(_) | Ringing::Asking(_)) {
-            lock(&self.holds).insert(owner.to_owned(), ringing);
+    /// `owner` was granted the lock for `lease` while it held or asked for the bell: the bell is
+    /// its hold's until [`Bells::released`]. The bells of holds granted more than a lease ago
+    /// are freed here (a hold never released keeps no bell for good; one still renewed only
+    /// loses its wake-up: the next waiter polls).
+    pub(super) fn granted(self: &Arc<Self>, owner: &str, ringing: Ringing, lease: Duration) {
+        if !matches!(ringing, Ringing::Held(_) | Ringing::Asking(_)) {
+            return;
+        }
+        let now = Instant::now();
+        let stale: Vec<Ringing> = {
+            let mut holds = lock(&self.holds);
+            let old: Vec<String> = holds
+                .iter()
+                .filter(|(_, (_, until))| *until <= now)
+                .map(|(o, _)| o.clone())
+                .collect();
+            holds.insert(owner.to_owned(), (ringing, now + lease));
+            old.iter()
+                .filter_map(|o| holds.remove(o).map(|(r, _)| r))
+                .collect()
+        };
+        for r in stale {
+            self.free_ringing(r);
         }
     }
 
-    /// `owner`'s hold was released (or found gone): its bell, if it got it, is freed, which
-    /// wakes the next waiter; a request still waiting is withdrawn.
+    /// `owner`'s hold was released, found gone or left to expire: its bell, if any, is freed,
+    /// which wakes the next waiter; a request still waiting is withdrawn.
     pub(super) fn released(self: &Arc<Self>, owner: &str) {
-        let bell = match lock(&self.holds).remove(owner) {
-            Some(Ringing::Held(b)) => b,
-            Some(Ringing::Asking(mut a)) => match a.0.try_recv() {
+        let ringing = lock(&self.holds).remove(owner);
+        if let Some((r, _)) = ringing {
+            self.free_ringing(r);
+        }
+    }
+
+    /// Frees a hold's bell in the background, or withdraws its request.
+    fn free_ringing(self: &Arc<Self>, ringing: Ringing) {
+        let bell = match ringing {
+            Ringing::Held(b) => b,
+            Ringing::Asking(mut a) => match a.0.try_recv() {
                 Ok(Rung::Bell(b)) => b,
                 _ => return,
             },

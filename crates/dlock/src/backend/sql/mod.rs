@@ -89,8 +89,16 @@
 //! moves often keep looking often and those behind a long hold back off. A fair waiter near the
 //! front of the queue starts shorter still: the next one at a quarter of [`POLL_MIN`], the one
 //! behind it at half, the third at three quarters, so the queue's next grants come without a
-//! poll's delay (figures in docs/BENCHMARKS.md). On both, waiters in the **same process** (any backend on the same URL and table) are
-//! woken at once by an in-process signal. A waiting attempt notes the name's wake count and
+//! poll's delay (figures in docs/BENCHMARKS.md). Fair mutex waiters on MySQL/MariaDB do not
+//! poll: each waits for its name's **bell**, a `GET_LOCK('<table>!<name>')` (over 64 characters:
+//! `<table>!#<hash>`) that the holder of a contended fair hold keeps on a connection of its own
+//! and frees after its release; the server wakes the bell's waiters one at a time, in the order
+//! they asked, and the one woken attempts at once. The bell only wakes (the rows decide who
+//! holds): a waiter that finds the holder without the bell keeps the bell and polls for the
+//! others, one that gets it with others ahead of it in the queue passes it on, and one without a
+//! bell connection (at most 32 a backend) or whose connection failed polls. On both, waiters in
+//! the **same process** (any backend on the same URL and table) are woken at once by an
+//! in-process signal. A waiting attempt notes the name's wake count and
 //! subscribes to the listener's state before it is sent; when neither moved by the time its wait
 //! starts, the wait does not re-read the lock (the attempt just did) and goes straight to sleep.
 //!

@@ -1711,7 +1711,14 @@ impl Backend for SqlBackend {
         if holds.is_empty() {
             return Ok(Vec::new());
         }
-        self.inner.extend_leases(holds, detach).await
+        let answers = self.inner.extend_leases(holds, detach).await?;
+        // A hold left to expire (`expire_in`) is never released: its bell goes now.
+        if let (true, Some(bells)) = (detach, &self.inner.bells) {
+            for h in holds {
+                bells.released(h.owner);
+            }
+        }
+        Ok(answers)
     }
 
     async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
@@ -2047,6 +2054,7 @@ impl Acquisition for SqlAcquisition {
             bells.granted(
                 &self.want.owner,
                 std::mem::replace(&mut w.state, Ringing::Idle),
+                self.want.lease,
             );
         }
         if let (Some(r), Some(a)) = (self.reg.as_mut(), args) {

@@ -1302,27 +1302,54 @@ async fn wait_until_granted(b: &SqlBackend, r: &Request<'_>, within: Duration) -
     }
 }
 
+/// The table of the bell tests.
+const BELL_TABLE: &str = "dlt_bell";
+
+/// Three clients of one MySQL table and a new name, which `a` holds with a fair hold while `b`
+/// and then `c` wait for it in the fair queue.
+struct FairThree {
+    a: SqlBackend,
+    b: SqlBackend,
+    c: SqlBackend,
+    n: LockName,
+    metas: [HolderMeta; 3],
+}
+
+impl FairThree {
+    async fn held(prefix: &str) -> FairThree {
+        let d = Dialect::MySql;
+        let t = FairThree {
+            a: open_isolated(d, BELL_TABLE).await,
+            b: open_isolated(d, BELL_TABLE).await,
+            c: open_isolated(d, BELL_TABLE).await,
+            n: name(&uniq(prefix)),
+            metas: [meta("a"), meta("b"), meta("c")],
+        };
+        let (h, wb, wc) = t.reqs();
+        token(t.a.acquire(&h).await.unwrap());
+        busy(t.b.acquire(&wb).await.unwrap());
+        busy(t.c.acquire(&wc).await.unwrap());
+        t
+    }
+
+    /// The fair requests of `a` (the holder), `b` and `c`.
+    fn reqs(&self) -> (Request<'_>, Request<'_>, Request<'_>) {
+        let fair = |owner, m| Request {
+            fair: true,
+            waiting: true,
+            ..rq(&self.n, owner, m)
+        };
+        let [ma, mb, mc] = &self.metas;
+        (fair("h", ma), fair("wb", mb), fair("wc", mc))
+    }
+}
+
 /// MySQL: a fair waiter behind a holder that has its name's bell does not poll, and the
 /// holder's release wakes it (`bell.rs`).
 async fn mysql_fair_waiters_are_rung_not_polled() {
-    let d = Dialect::MySql;
-    let table = "dlt_bell";
-    let (a, b, c) = (
-        open_isolated(d, table).await,
-        open_isolated(d, table).await,
-        open_isolated(d, table).await,
-    );
-    let n = name(&uniq("bell"));
-    let (ma, mb, mc) = (meta("a"), meta("b"), meta("c"));
-    let fair = |owner, m| Request {
-        fair: true,
-        waiting: true,
-        ..rq(&n, owner, m)
-    };
-    let (h, wb, wc) = (fair("h", &ma), fair("wb", &mb), fair("wc", &mc));
-    token(a.acquire(&h).await.unwrap());
-    busy(b.acquire(&wb).await.unwrap());
-    busy(c.acquire(&wc).await.unwrap());
+    let t = FairThree::held("bell").await;
+    let (a, b, c) = (&t.a, &t.b, &t.c);
+    let (h, wb, wc) = t.reqs();
     let releaser = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         a.release(&hr(&h)).await.unwrap();
@@ -1330,7 +1357,7 @@ async fn mysql_fair_waiters_are_rung_not_polled() {
     // b asks for the bell first: nobody has it, so b takes it and polls behind a's hold; then b
     // holds the lock and the bell for 1.5 s while c waits.
     let b_turn = async {
-        wait_until_granted(&b, &wb, Duration::from_secs(10)).await;
+        wait_until_granted(b, &wb, Duration::from_secs(10)).await;
         let looks = c.inner.looks.load(Ordering::Relaxed);
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let looked = c.inner.looks.load(Ordering::Relaxed) - looks;
@@ -1340,7 +1367,7 @@ async fn mysql_fair_waiters_are_rung_not_polled() {
     };
     let c_turn = async {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        wait_until_granted(&c, &wc, Duration::from_secs(10)).await;
+        wait_until_granted(c, &wc, Duration::from_secs(10)).await;
         Instant::now()
     };
     let ((), (looked, released), granted) = tokio::join!(releaser, b_turn, c_turn);
@@ -1359,25 +1386,10 @@ async fn mysql_fair_waiters_are_rung_not_polled() {
 /// on, so the one ahead polls behind a holder without the bell and is granted soon after the
 /// release (instead of at the end of its slice).
 async fn mysql_a_bell_out_of_turn_is_passed_on() {
-    let d = Dialect::MySql;
-    let table = "dlt_bell";
-    let (a, b, c) = (
-        open_isolated(d, table).await,
-        open_isolated(d, table).await,
-        open_isolated(d, table).await,
-    );
-    let n = name(&uniq("pass"));
-    let (ma, mb, mc) = (meta("a"), meta("b"), meta("c"));
-    let fair = |owner, m| Request {
-        fair: true,
-        waiting: true,
-        ..rq(&n, owner, m)
-    };
-    let (h, wb, wc) = (fair("h", &ma), fair("wb", &mb), fair("wc", &mc));
-    token(a.acquire(&h).await.unwrap());
+    let t = FairThree::held("pass").await;
+    let (a, b, c) = (&t.a, &t.b, &t.c);
     // The queue: wb, then wc; but wc asks for the bell first.
-    busy(b.acquire(&wb).await.unwrap());
-    busy(c.acquire(&wc).await.unwrap());
+    let (h, wb, wc) = t.reqs();
     let releaser = async {
         tokio::time::sleep(Duration::from_millis(400)).await;
         let at = Instant::now();
@@ -1386,7 +1398,7 @@ async fn mysql_a_bell_out_of_turn_is_passed_on() {
     };
     let b_turn = async {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        wait_until_granted(&b, &wb, Duration::from_secs(10)).await;
+        wait_until_granted(b, &wb, Duration::from_secs(10)).await;
         let granted = Instant::now();
         tokio::time::sleep(Duration::from_millis(300)).await;
         let at = Instant::now();
@@ -1394,7 +1406,7 @@ async fn mysql_a_bell_out_of_turn_is_passed_on() {
         (granted, at)
     };
     let c_turn = async {
-        wait_until_granted(&c, &wc, Duration::from_secs(10)).await;
+        wait_until_granted(c, &wc, Duration::from_secs(10)).await;
         Instant::now()
     };
     let (a_released, (b_granted, b_released), c_granted) = tokio::join!(releaser, b_turn, c_turn);
@@ -1411,29 +1423,51 @@ async fn mysql_a_bell_out_of_turn_is_passed_on() {
     c.release(&hr(&wc)).await.unwrap();
 }
 
+/// MySQL: a holder that leaves its hold to expire (`expire_in`: renewed once with `detach`, never
+/// released) frees its bell then, so the next waiter polls for the hold's end instead of sleeping
+/// through it to the end of its slice.
+async fn mysql_a_hold_left_to_expire_frees_its_bell() {
+    let t = FairThree::held("expire").await;
+    let (a, b, c) = (&t.a, &t.b, &t.c);
+    let (h, wb, wc) = t.reqs();
+    let releaser = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        a.release(&hr(&h)).await.unwrap();
+    };
+    // b is granted with the bell; it leaves its hold to expire in 400 ms.
+    let b_turn = async {
+        wait_until_granted(b, &wb, Duration::from_secs(10)).await;
+        let left = Duration::from_millis(400);
+        let hold = HoldRef {
+            lease: left,
+            ..hr(&wb)
+        };
+        let answer = b.extend(std::slice::from_ref(&hold), true).await.unwrap();
+        assert!(matches!(answer[..], [Extended::Held { .. }]), "{answer:?}");
+        Instant::now() + left
+    };
+    let c_turn = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        wait_until_granted(c, &wc, Duration::from_secs(10)).await;
+        Instant::now()
+    };
+    let ((), expires, granted) = tokio::join!(releaser, b_turn, c_turn);
+    let after = granted.saturating_duration_since(expires);
+    assert!(
+        after < Duration::from_millis(400),
+        "c granted {after:?} after b's hold expired"
+    );
+    c.release(&hr(&wc)).await.unwrap();
+}
+
 /// MySQL: a bell's connection killed at the server (while its holder polls as the waiter in
 /// front, and again while it holds the lock) costs the waiters nothing but polling: no error,
 /// and each is granted in turn.
 async fn mysql_killed_bell_connections_fall_back_to_polling() {
-    let d = Dialect::MySql;
-    let table = "dlt_bell";
-    let (a, b, c) = (
-        open_isolated(d, table).await,
-        open_isolated(d, table).await,
-        open_isolated(d, table).await,
-    );
-    let n = name(&uniq("killed"));
-    let key = super::super::bell::bell_key(table, n.as_str());
-    let (ma, mb, mc) = (meta("a"), meta("b"), meta("c"));
-    let fair = |owner, m| Request {
-        fair: true,
-        waiting: true,
-        ..rq(&n, owner, m)
-    };
-    let (h, wb, wc) = (fair("h", &ma), fair("wb", &mb), fair("wc", &mc));
-    token(a.acquire(&h).await.unwrap());
-    busy(b.acquire(&wb).await.unwrap());
-    busy(c.acquire(&wc).await.unwrap());
+    let t = FairThree::held("killed").await;
+    let (a, b, c) = (&t.a, &t.b, &t.c);
+    let (h, wb, wc) = t.reqs();
+    let key = super::super::bell::bell_key(BELL_TABLE, t.n.as_str());
     // Kills the session that holds the bell.
     let kill_the_bell = || {
         let (pool, key) = (a.inner.pool.clone(), key.clone());
@@ -1460,7 +1494,7 @@ async fn mysql_killed_bell_connections_fall_back_to_polling() {
         a.release(&hr(&h)).await.unwrap();
     };
     let b_turn = async {
-        wait_until_granted(&b, &wb, Duration::from_secs(10)).await;
+        wait_until_granted(b, &wb, Duration::from_secs(10)).await;
         // b holds the lock; whoever holds the bell now loses it too.
         tokio::time::sleep(Duration::from_millis(100)).await;
         kill_the_bell().await;
@@ -1471,7 +1505,7 @@ async fn mysql_killed_bell_connections_fall_back_to_polling() {
     };
     let c_turn = async {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        wait_until_granted(&c, &wc, Duration::from_secs(10)).await;
+        wait_until_granted(c, &wc, Duration::from_secs(10)).await;
         Instant::now()
     };
     let ((), released, granted) = tokio::join!(script, b_turn, c_turn);
@@ -2143,6 +2177,11 @@ mod mysql {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_bell_out_of_turn_is_passed_on() {
         super::mysql_a_bell_out_of_turn_is_passed_on().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hold_left_to_expire_frees_its_bell() {
+        super::mysql_a_hold_left_to_expire_frees_its_bell().await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
