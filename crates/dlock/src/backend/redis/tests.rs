@@ -18,7 +18,12 @@ async fn backend() -> RedisBackend {
 }
 
 async fn raw() -> ::redis::aio::MultiplexedConnection {
-    ::redis::Client::open(url())
+    raw_at(&url()).await
+}
+
+/// A plain connection to the server at `url`.
+async fn raw_at(url: &str) -> ::redis::aio::MultiplexedConnection {
+    ::redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()
         .await
@@ -926,11 +931,7 @@ async fn link_lost_and_opened_again(args: &[&str], resp: u8) {
     };
     registered_waiter(&b, &w).await;
     assert_eq!(b.shared.link_resp().await, Some(resp));
-    let mut r = ::redis::Client::open(u.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut r = raw_at(&u).await;
     let killed: i64 = ::redis::cmd("CLIENT")
         .arg(&["KILL", "TYPE", "pubsub"])
         .query_async(&mut r)
@@ -983,13 +984,6 @@ async fn hands_to_the_first_waiter_only(
     c: RedisBackend,
     resp: u8,
 ) {
-    let raw = || async {
-        ::redis::Client::open(url)
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap()
-    };
     let n = uniq("handoff-order");
     let base = a.base_key(&n);
     let (ma, mb, mc) = (meta("a"), meta("b"), meta("c"));
@@ -1012,7 +1006,7 @@ async fn hands_to_the_first_waiter_only(
     let mut ps = client.get_async_pubsub().await.unwrap();
     ps.subscribe(format!("{base}:released")).await.unwrap();
     assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
-    let mut r = raw().await;
+    let mut r = raw_at(url).await;
     let holder = owner_of(&mut r, &base).await;
     assert_eq!(holder, "first", "handed to the first registered waiter");
     b.wait(&wb, &bzb, Instant::now() + Duration::from_secs(5))

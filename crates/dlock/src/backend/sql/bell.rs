@@ -38,8 +38,8 @@ pub(super) const MAX_BELLS: usize = 32;
 /// How long one `GET_LOCK` waits before it is asked again (a wait slice of the core ends sooner
 /// and does not interrupt it).
 const ASK_FOR_SECS: i64 = 30;
-/// An idle bell connection older than this is closed instead of used again (the server may have
-/// closed it by then).
+/// An idle bell connection older than this is closed (when the bells are next used) instead of
+/// used again (the server may have closed it by then).
 const IDLE_FOR: Duration = Duration::from_secs(60);
 /// The first pause before a bell that came straight back is passed on again.
 const PASS_PAUSE_MIN: Duration = Duration::from_millis(2);
@@ -143,6 +143,10 @@ impl BellWait {
 }
 
 /// The bells of one MySQL backend: its bell connections, and the bells of its live holds.
+///
+/// Not a sqlx pool: a connection that holds a bell must never go back to a pool that would hand
+/// it out (or keep it idle) still holding the bell; these connections leave only by
+/// `RELEASE_LOCK` or by being closed.
 pub(super) struct Bells {
     connect: AnyConnectOptions,
     permits: Arc<Semaphore>,
@@ -173,13 +177,8 @@ impl Bells {
 
     /// An idle bell connection, or a new one while fewer than [`MAX_BELLS`] are open.
     async fn line(&self) -> Option<Line> {
-        {
-            let mut idle = lock(&self.idle);
-            while let Some((at, line)) = idle.pop() {
-                if at.elapsed() < IDLE_FOR {
-                    return Some(line);
-                }
-            }
+        if let Some(line) = self.idle_lines().pop() {
+            return Some(line.1);
         }
         let permit = self.permits.clone().try_acquire_owned().ok()?;
         match tokio::time::timeout(
@@ -200,6 +199,18 @@ impl Bells {
         }
     }
 
+    /// The idle bell connections, those idle for [`IDLE_FOR`] closed.
+    fn idle_lines(&self) -> std::sync::MutexGuard<'_, Vec<(Instant, Line)>> {
+        let mut idle = lock(&self.idle);
+        idle.retain(|(at, _)| at.elapsed() < IDLE_FOR);
+        idle
+    }
+
+    /// Keeps a connection that holds no bell for the next wait.
+    fn put_back(&self, line: Line) {
+        self.idle_lines().push((Instant::now(), line));
+    }
+
     /// Starts asking for the bell `key`.
     pub(super) fn ask(self: &Arc<Self>, key: String) -> Asking {
         let (tx, rx) = oneshot::channel();
@@ -218,7 +229,7 @@ impl Bells {
         .await;
         // Otherwise the connection is closed, which frees the bell too.
         if matches!(freed, Ok(Ok(_))) {
-            lock(&self.idle).push((Instant::now(), bell.line));
+            self.put_back(bell.line);
         }
     }
 
@@ -304,7 +315,7 @@ async fn ask(bells: Arc<Bells>, key: String, mut tx: oneshot::Sender<Rung>) {
             }
         }
         Some(0) => {
-            lock(&bells.idle).push((Instant::now(), line));
+            bells.put_back(line);
             let _ = tx.send(Rung::Timeout);
         }
         // NULL (an error in the server, the request killed) or a failed connection.
