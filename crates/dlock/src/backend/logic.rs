@@ -88,7 +88,12 @@ pub(crate) fn decide(
         })?;
         return Ok(Decision::Grant { token });
     }
-    let retry_in = holds.iter().map(|h| h.expires_in).min();
+    // Only waiters in the way: the first is about to be granted, and its hold, if its holder
+    // dies without a release (nobody is told), ends about a lease from now.
+    let retry_in = match holds.iter().map(|h| h.expires_in).min() {
+        None => Some(req.lease),
+        shortest => shortest,
+    };
     Ok(Decision::Busy {
         retry_in,
         enqueue: req.takes_queue_place(),
@@ -172,10 +177,15 @@ mod tests {
                 mode: Mode::Exclusive,
             },
         ];
-        assert!(matches!(
+        // (retried a lease from now: the waiter ahead is about to be granted, and its hold
+        // ends silently if its holder dies)
+        assert_eq!(
             decide(&r, &[], &q, 0).unwrap(),
-            Decision::Busy { .. }
-        ));
+            Decision::Busy {
+                retry_in: Some(Duration::from_secs(1)),
+                enqueue: true
+            }
+        );
         assert_eq!(
             decide(&r, &[], &q[1..], 0).unwrap(),
             Decision::Grant { token: 1 }

@@ -8,7 +8,7 @@
 --       waiting rwlock or semaphore request, woken by releases only while registered in w),
 --       14 waiter set ttl ms
 -- Returns {1, token} granted (token -1: a regrant of a hold without a recorded token),
---         {0, retry ms or -1} busy, {-1, kind, permits} kind mismatch, {-2, type} foreign key.
+--         {0, retry ms or -1} busy (see Busy::retry_in), {-1, kind, permits} kind mismatch, {-2, type} foreign key.
 local base, fence, exp, q, qexp, qinfo, qseq, meta =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local owner, kind, permits, mode = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
@@ -135,6 +135,9 @@ local retry = -1
 for _, h in ipairs(holds) do
   if h[4] >= 0 and (retry < 0 or h[4] < retry) then retry = h[4] end
 end
+-- Only waiters in the way: the first is about to be granted, and its hold, if its holder dies
+-- without a release, ends about a lease from now (logic::decide's rule).
+if #holds == 0 then retry = lease end
 if enqueue then
   if pos then
     redis.call('ZADD', qexp, fmt(now + qttl), owner)

@@ -299,10 +299,14 @@ async fn fair_waiters_are_granted_in_arrival_order_across_clients() {
     assert_eq!(order, ["w1", "w2"]);
     assert_eq!(info[0].waiters[0].meta, mb);
     a.release(&hr(&h)).await.unwrap();
-    // w2 is behind w1; a plain request does not barge past the queue
-    busy(a.acquire(&w2).await.unwrap());
+    // w2 is behind w1; a plain request does not barge past the queue. With only waiters in the
+    // way, both look again a lease from now (when w1's hold would end if its holder died).
+    assert_eq!(busy(a.acquire(&w2).await.unwrap()).retry_in, Some(w2.lease));
     let plain = rq(&n, "plain", &mb);
-    busy(b.acquire(&plain).await.unwrap());
+    assert_eq!(
+        busy(b.acquire(&plain).await.unwrap()).retry_in,
+        Some(plain.lease)
+    );
     token(b.acquire(&w1).await.unwrap());
     b.release(&hr(&w1)).await.unwrap();
     token(a.acquire(&w2).await.unwrap());

@@ -292,7 +292,12 @@ async fn fair_order(d: Dialect) {
     // a plain request does not barge past the queue, even once the lock is free
     let plain = rq(&n, "plain", &m);
     a.release(&hr(&holder)).await.unwrap();
-    busy(a.acquire(&plain).await.unwrap());
+    // with only waiters in the way: look again a lease from now (when w0's hold would end if
+    // its holder died unreleased)
+    assert_eq!(
+        busy(a.acquire(&plain).await.unwrap()).retry_in,
+        Some(plain.lease)
+    );
     let info_waiters = {
         // the queue is listed only with holders; take w0 first
         busy(b.acquire(&reqs[2]).await.unwrap());
@@ -309,7 +314,10 @@ async fn fair_order(d: Dialect) {
     };
     assert_eq!(info_waiters, ["w1", "w2"]);
     b.release(&hr(&reqs[0])).await.unwrap();
-    busy(b.acquire(&reqs[2]).await.unwrap());
+    assert_eq!(
+        busy(b.acquire(&reqs[2]).await.unwrap()).retry_in,
+        Some(reqs[2].lease)
+    );
     assert_eq!(token(b.acquire(&reqs[1]).await.unwrap()), 3);
     b.release(&hr(&reqs[1])).await.unwrap();
     assert_eq!(token(b.acquire(&reqs[2]).await.unwrap()), 4);
