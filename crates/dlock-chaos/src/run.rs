@@ -66,6 +66,12 @@ pub enum Fault {
     /// Leader election: SIGSTOP the leader between its read and its write for longer than the
     /// term, then SIGCONT (its late write carries the old term).
     ElectPause,
+    /// Fair mode: the workers take a fair (FIFO) mutex, so they wait in the name's queue (and
+    /// on MySQL/MariaDB for its bell); SIGKILL the holder.
+    FairKill,
+    /// Fair mode: kill every client connection at the store (on MySQL/MariaDB the waiters'
+    /// bell connections too) while fair waiters queue.
+    FairConnKill,
 }
 
 impl Fault {
@@ -90,6 +96,8 @@ impl Fault {
             Fault::DiskFull => "disk-full",
             Fault::ElectKill => "elect-kill",
             Fault::ElectPause => "elect-pause",
+            Fault::FairKill => "fair-kill",
+            Fault::FairConnKill => "fair-conn-kill",
         }
     }
 
@@ -98,11 +106,18 @@ impl Fault {
         matches!(self, Fault::ElectKill | Fault::ElectPause)
     }
 
-    /// The holder fault this one injects: the election's are the lock's kill and pause.
+    /// A fault of the fair-mode scenarios (the workers take a fair mutex).
+    pub fn fair(self) -> bool {
+        matches!(self, Fault::FairKill | Fault::FairConnKill)
+    }
+
+    /// The fault this one injects: the election's are the lock's kill and pause, the fair
+    /// mode's the kill and the connection kill.
     pub fn base(self) -> Fault {
         match self {
-            Fault::ElectKill => Fault::Kill,
+            Fault::ElectKill | Fault::FairKill => Fault::Kill,
             Fault::ElectPause => Fault::Pause,
+            Fault::FairConnKill => Fault::ConnKill,
             f => f,
         }
     }
@@ -204,6 +219,15 @@ pub fn scenarios(b: Backend, quick: bool) -> Vec<(Fault, Mode)> {
         | Backend::RedisClusterWait => &[],
     };
     v.extend(extra.iter().map(|f| (*f, Mode::Enforcing)));
+    // Fair mode where it is a choice (ZooKeeper and etcd queue every waiter, so their kill is
+    // fair already; Redlock and the session modes have none): a holder killed in front of a
+    // queue, and the connections killed under queued waiters.
+    let fair: &[Fault] = match b {
+        Backend::Redis | Backend::Postgres | Backend::Mysql => &[FairKill, FairConnKill],
+        Backend::Sqlite => &[FairKill],
+        _ => &[],
+    };
+    v.extend(fair.iter().map(|f| (*f, Mode::Enforcing)));
     // The election over every store whose holders the harness can kill (not the AOF restart
     // line).
     if b != Backend::RedisAof {
@@ -576,6 +600,8 @@ struct Harness<'a> {
     via_run: Option<PathBuf>,
     /// Workers take each hold as a term of the election of the name.
     election: bool,
+    /// Workers take a fair mutex.
+    fair: bool,
     runs: Runs,
     settings: &'a Settings,
     events: Events,
@@ -678,6 +704,7 @@ impl Harness<'_> {
             .args(["--run-ms", "14400000"])
             .args(self.naive.then_some("--naive"))
             .args(self.election.then_some("--election"))
+            .args(self.fair.then_some("--fair"))
             .args(
                 self.via_run
                     .iter()
@@ -967,9 +994,9 @@ impl Harness<'_> {
                 let (detail, until) = tokio::task::block_in_place(|| env.migrate_slot(&key))?;
                 rec(fault, holder, at, Some(until), detail)
             }
-            Fault::ElectKill | Fault::ElectPause => {
+            Fault::ElectKill | Fault::ElectPause | Fault::FairKill | Fault::FairConnKill => {
                 return Err(io::Error::other(
-                    "an election fault is injected as its base fault",
+                    "an election or fair-mode fault is injected as its base fault",
                 ))
             }
         })
@@ -1114,6 +1141,7 @@ pub async fn run(
             aim_long: mixed && !fault.store_wide(env.backend),
             naive: fault.base() == Fault::Pause,
             election: fault.election(),
+            fair: fault.fair(),
             via_run: via_run.clone(),
             runs: Arc::default(),
             settings,
@@ -1306,6 +1334,39 @@ mod tests {
             assert!(etcd.contains(&(f, Mode::Enforcing)));
         }
         assert_eq!(limitation(Backend::Etcd, Fault::ConnKill), None);
+    }
+
+    #[test]
+    fn fair_mode_runs_where_it_is_a_choice_and_is_judged_as_its_base_fault() {
+        for b in Backend::ALL {
+            let quick = scenarios(b, true);
+            let fair_kill = quick.contains(&(Fault::FairKill, Mode::Enforcing));
+            let expected = matches!(
+                b,
+                Backend::Sqlite | Backend::Redis | Backend::Postgres | Backend::Mysql
+            );
+            assert_eq!(fair_kill, expected, "{b:?}");
+            assert_eq!(
+                quick.contains(&(Fault::FairConnKill, Mode::Enforcing)),
+                expected && b != Backend::Sqlite,
+                "{b:?}"
+            );
+        }
+        assert_eq!(Fault::FairKill.base(), Fault::Kill);
+        assert_eq!(Fault::FairConnKill.base(), Fault::ConnKill);
+        assert!(Fault::FairConnKill.store_wide(Backend::Mysql));
+        let slow = Figures {
+            takeover_ms: vec![2500.0],
+            ..Figures::default()
+        };
+        let c = judge(
+            Backend::Redis,
+            Fault::FairKill,
+            Mode::Enforcing,
+            &slow,
+            &Settings::quick(),
+        );
+        assert_eq!(status(&c, "takeover within lease + 1 s"), Status::Fail);
     }
 
     #[test]

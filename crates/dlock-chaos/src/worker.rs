@@ -61,6 +61,10 @@ pub struct WorkerArgs {
     /// the term being the token.
     #[arg(long)]
     pub election: bool,
+    /// Take the mutex in fair (FIFO) mode: waiters keep queue places, and on MySQL/MariaDB a
+    /// waiter waits for its name's bell.
+    #[arg(long)]
+    pub fair: bool,
 }
 
 /// A hold of the loop: a mutex guard, or a term of the election.
@@ -161,7 +165,8 @@ async fn setup(
         .map_err(|e| (69, format!("connect: {e}")))?;
     let mutex = client
         .mutex(a.name.clone())
-        .map_err(|e| (64, format!("mutex: {e}")))?;
+        .map_err(|e| (64, format!("mutex: {e}")))?
+        .fair(a.fair);
     let res = ResourceClient::connect(a.resource)
         .await
         .map_err(|e| (69, format!("resource: {e}")))?;
