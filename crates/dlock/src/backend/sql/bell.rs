@@ -23,7 +23,8 @@
 //!   released), or, for a hold kept past its first lease, by the client's next fair grant that
 //!   keeps a bell: a forgotten hold keeps no bell for good.
 //! - A backend opens at most [`MAX_BELLS`] bell connections; a waiter that gets none, or whose
-//!   connection fails, polls.
+//!   connection fails, polls. A reused idle connection that fails (the server closed it) is
+//!   replaced by a new one once, and the other idle ones are closed.
 
 use super::server::fnv1a64;
 use sqlx::any::AnyConnectOptions;
@@ -175,11 +176,17 @@ impl Bells {
         })
     }
 
-    /// An idle bell connection, or a new one while fewer than [`MAX_BELLS`] are open.
-    async fn line(&self) -> Option<Line> {
+    /// An idle bell connection (`true`: reused), or a new one while fewer than [`MAX_BELLS`]
+    /// are open.
+    async fn line(&self) -> Option<(Line, bool)> {
         if let Some(line) = self.idle_lines().pop() {
-            return Some(line.1);
+            return Some((line.1, true));
         }
+        self.new_line().await.map(|l| (l, false))
+    }
+
+    /// A new bell connection, while fewer than [`MAX_BELLS`] are open.
+    async fn new_line(&self) -> Option<Line> {
         let permit = self.permits.clone().try_acquire_owned().ok()?;
         match tokio::time::timeout(
             super::OP_TIMEOUT,
@@ -287,26 +294,55 @@ impl Bells {
     pub(super) fn open(&self) -> usize {
         MAX_BELLS - self.permits.available_permits()
     }
+
+    /// The server's ids of the idle bell connections (for tests that kill them there).
+    #[cfg(test)]
+    pub(super) async fn idle_ids(&self) -> Vec<i64> {
+        let mut lines = std::mem::take(&mut *lock(&self.idle));
+        let mut ids = Vec::new();
+        for (_, line) in &mut lines {
+            let row = sqlx::query("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+                .fetch_one(line.conn())
+                .await;
+            ids.extend(row.and_then(|r| r.try_get::<i64, _>(0)));
+        }
+        lock(&self.idle).extend(lines);
+        ids
+    }
 }
 
 /// Asks the server for the bell `key` on a bell connection and sends what came of it; gives up
 /// (closing the connection, which withdraws the request) when nobody waits for the answer.
 async fn ask(bells: Arc<Bells>, key: String, mut tx: oneshot::Sender<Rung>) {
-    let Some(mut line) = bells.line().await else {
+    let Some((mut line, mut reused)) = bells.line().await else {
         let _ = tx.send(Rung::Failed);
         return;
     };
-    let asked = sqlx::query("SELECT CAST(COALESCE(GET_LOCK(?, ?), -1) AS SIGNED)")
-        .bind(key.as_str())
-        .bind(ASK_FOR_SECS)
-        .fetch_one(line.conn());
     let bound = Duration::from_secs(ASK_FOR_SECS.unsigned_abs()) + super::OP_TIMEOUT;
-    let answer = tokio::select! {
-        r = tokio::time::timeout(bound, asked) => match r {
-            Ok(r) => r.and_then(|row| row.try_get::<i64, _>(0)).ok(),
-            Err(_) => None,
-        },
-        _ = tx.closed() => return,
+    let answer = loop {
+        let asked = sqlx::query("SELECT CAST(COALESCE(GET_LOCK(?, ?), -1) AS SIGNED)")
+            .bind(key.as_str())
+            .bind(ASK_FOR_SECS)
+            .fetch_one(line.conn());
+        let r = tokio::select! {
+            r = tokio::time::timeout(bound, asked) => r,
+            _ = tx.closed() => return,
+        };
+        match r {
+            Ok(Ok(row)) => break row.try_get::<i64, _>(0).ok(),
+            // A reused connection that fails was most likely closed by the server while idle
+            // (its `wait_timeout`, a killed connection, a restart), and so were the others idle
+            // with it: they are closed, and the bell is asked for on a new connection.
+            Ok(Err(e)) if reused => {
+                tracing::debug!(error = %e, "an idle bell connection failed; opening another");
+                drop(std::mem::take(&mut *lock(&bells.idle)));
+                match bells.new_line().await {
+                    Some(l) => (line, reused) = (l, false),
+                    None => break None,
+                }
+            }
+            Ok(Err(_)) | Err(_) => break None,
+        }
     };
     match answer {
         Some(1) => {

@@ -1342,11 +1342,16 @@ impl FairThree {
             n: name(&uniq(prefix)),
             metas: [meta("a"), meta("b"), meta("c")],
         };
-        let (h, wb, wc) = t.reqs();
-        token(t.a.acquire(&h).await.unwrap());
-        busy(t.b.acquire(&wb).await.unwrap());
-        busy(t.c.acquire(&wc).await.unwrap());
+        t.queue().await;
         t
+    }
+
+    /// `a` takes the hold, then `b` and `c` queue behind it.
+    async fn queue(&self) {
+        let (h, wb, wc) = self.reqs();
+        token(self.a.acquire(&h).await.unwrap());
+        busy(self.b.acquire(&wb).await.unwrap());
+        busy(self.c.acquire(&wc).await.unwrap());
     }
 
     /// The fair requests of `a` (the holder), `b` and `c`.
@@ -1365,6 +1370,43 @@ impl FairThree {
 /// holder's release wakes it (`bell.rs`).
 async fn mysql_fair_waiters_are_rung_not_polled() {
     let t = FairThree::held("bell").await;
+    c_is_rung_behind_b(&t).await;
+    assert!(t.b.inner.bells.as_ref().unwrap().open() >= 1);
+}
+
+/// MySQL: a reused idle bell connection that the server has closed is replaced, so the next
+/// waits are rung again instead of polling.
+async fn mysql_dead_idle_bell_connections_are_replaced() {
+    let t = FairThree::held("idle").await;
+    c_is_rung_behind_b(&t).await;
+    // b's and c's bells go back to idle connections (freed in the background): kill those at
+    // the server.
+    for x in [&t.b, &t.c] {
+        let bells = x.inner.bells.as_ref().unwrap();
+        let until = Instant::now() + Duration::from_secs(2);
+        let ids = loop {
+            let ids = bells.idle_ids().await;
+            if !ids.is_empty() || Instant::now() > until {
+                break ids;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(!ids.is_empty(), "no idle bell connection");
+        for id in ids {
+            sqlx::query(&format!("KILL {id}"))
+                .execute(&t.a.inner.pool)
+                .await
+                .unwrap();
+        }
+    }
+    t.queue().await;
+    c_is_rung_behind_b(&t).await;
+}
+
+/// With `a` holding and `b`, `c` queued (FairThree::queue): `a` releases after 300 ms; `b`, which
+/// asked for the bell first, holds the lock and the bell for 1.5 s while `c` waits. `c` looks at
+/// most once in that time (the bell wakes it), and is granted soon after `b`'s release.
+async fn c_is_rung_behind_b(t: &FairThree) {
     let (a, b, c) = (&t.a, &t.b, &t.c);
     let (h, wb, wc) = t.reqs();
     let releaser = async {
@@ -1390,7 +1432,6 @@ async fn mysql_fair_waiters_are_rung_not_polled() {
     let ((), (looked, released), granted) = tokio::join!(releaser, b_turn, c_turn);
     assert!(looked <= 1, "c looked {looked} times behind b's hold");
     granted_soon_after(granted, released, "c after b's release");
-    assert!(b.inner.bells.as_ref().unwrap().open() >= 1);
     c.release(&hr(&wc)).await.unwrap();
 }
 
@@ -2182,6 +2223,11 @@ mod mysql {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_hold_left_to_expire_frees_its_bell() {
         super::mysql_a_hold_left_to_expire_frees_its_bell().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dead_idle_bell_connections_are_replaced() {
+        super::mysql_dead_idle_bell_connections_are_replaced().await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
