@@ -295,9 +295,10 @@ impl Grant {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Busy {
     /// When trying again may succeed even without a wake-up: the shortest remaining lease of the
-    /// holds in the way (a dead holder's lease runs out silently); with only fair waiters in the
-    /// way, the request's own lease (the first is about to be granted, and a hold it takes
-    /// also ends silently if its holder dies). `None` if unknown.
+    /// holds in the way (a dead holder's lease runs out silently); with only queued waiters in
+    /// the way (fair requests, waiting rwlock writers), the request's own lease (the first is
+    /// about to be granted, and a hold it takes also ends silently if its holder dies). `None`
+    /// if unknown.
     pub retry_in: Option<Duration>,
 }
 
