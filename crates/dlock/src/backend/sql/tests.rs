@@ -1105,6 +1105,43 @@ async fn postgres_listens_only_while_waiting() {
     assert_eq!(received(), got);
 }
 
+/// A waiter refused before its client's listener listened (it was down, or not needed yet) and
+/// whose wait finds it listening attempts again at once: its refusal registered nothing, so no
+/// release would tell it.
+#[cfg(feature = "postgres")]
+async fn postgres_a_waiter_refused_before_listening_attempts_again() {
+    let d = Dialect::Postgres;
+    let a = open(d, "dlt_relisten").await;
+    let b = open_cold(d, "dlt_relisten").await;
+    let state = b.inner.listener.clone().unwrap();
+    let m = meta("m");
+    let n = name(&uniq("relisten"));
+    let h = rq(&n, "h", &m);
+    let w = Request {
+        waiting: true,
+        ..rq(&n, "w", &m)
+    };
+    token(a.acquire(&h).await.unwrap());
+    let bz = busy(b.acquire(&w).await.unwrap());
+    // Another acquisition of b waits meanwhile: the listener starts.
+    state.demand.send_modify(|n| *n += 1);
+    let mut up = state.up.subscribe();
+    tokio::time::timeout(Duration::from_secs(5), up.wait_for(|u| *u))
+        .await
+        .unwrap()
+        .unwrap();
+    let t = Instant::now();
+    b.wait(&w, &bz, t + Duration::from_secs(3)).await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let bz = busy(b.acquire(&w).await.unwrap());
+    assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
+    b.wait(&w, &bz, Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    token(b.acquire(&w).await.unwrap());
+    assert_eq!(b.release(&hr(&w)).await.unwrap(), Released::Released);
+}
+
 /// A waiter's own attempt can take the hold a release handed it (a regrant) before its listener
 /// delivers the hand-off message; that message, arriving after the acquisition is done, must
 /// leave the hold alone (it was passed on as handed to a waiter that left, and the next waiter
@@ -2246,6 +2283,11 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn listens_only_while_waiting() {
         super::postgres_listens_only_while_waiting().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_refused_before_listening_attempts_again() {
+        super::postgres_a_waiter_refused_before_listening_attempts_again().await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
