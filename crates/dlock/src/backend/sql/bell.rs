@@ -25,6 +25,8 @@
 //! - A backend opens at most [`MAX_BELLS`] bell connections; a waiter that gets none, or whose
 //!   connection fails, polls. A reused idle connection that fails (the server closed it) is
 //!   replaced by a new one once, and the other idle ones are closed.
+//! - An idle bell connection is closed after [`IDLE_FOR`] without use, by a task that runs only
+//!   while there are idle ones: a client whose waits are over keeps no connections for them.
 
 use super::server::fnv1a64;
 use sqlx::any::AnyConnectOptions;
@@ -39,8 +41,7 @@ pub(super) const MAX_BELLS: usize = 32;
 /// How long one `GET_LOCK` waits before it is asked again (a wait slice of the core ends sooner
 /// and does not interrupt it).
 const ASK_FOR_SECS: i64 = 30;
-/// An idle bell connection older than this is closed (when the bells are next used) instead of
-/// used again (the server may have closed it by then).
+/// An idle bell connection unused for this long is closed (the server may close it too).
 const IDLE_FOR: Duration = Duration::from_secs(60);
 /// The first pause before a bell that came straight back is passed on again.
 const PASS_PAUSE_MIN: Duration = Duration::from_millis(2);
@@ -151,10 +152,20 @@ impl BellWait {
 pub(super) struct Bells {
     connect: AnyConnectOptions,
     permits: Arc<Semaphore>,
-    idle: StdMutex<Vec<(Instant, Line)>>,
+    idle: StdMutex<Idle>,
+    /// How long an idle connection is kept ([`IDLE_FOR`]; tests shorten it).
+    idle_for: StdMutex<Duration>,
     /// Fair holds granted while they held or asked for their name's bell, by owner token, with
     /// the end of their first lease.
     holds: StdMutex<HashMap<String, (Ringing, Instant)>>,
+}
+
+/// The idle bell connections, with when each was put back, and whether the task that closes
+/// them is running.
+#[derive(Default)]
+struct Idle {
+    lines: Vec<(Instant, Line)>,
+    closing: bool,
 }
 
 impl std::fmt::Debug for Bells {
@@ -171,7 +182,8 @@ impl Bells {
         Arc::new(Bells {
             connect,
             permits: Arc::new(Semaphore::new(MAX_BELLS)),
-            idle: StdMutex::new(Vec::new()),
+            idle: StdMutex::new(Idle::default()),
+            idle_for: StdMutex::new(IDLE_FOR),
             holds: StdMutex::new(HashMap::new()),
         })
     }
@@ -179,8 +191,9 @@ impl Bells {
     /// An idle bell connection (`true`: reused), or a new one while fewer than [`MAX_BELLS`]
     /// are open.
     async fn line(&self) -> Option<(Line, bool)> {
-        if let Some(line) = self.idle_lines().pop() {
-            return Some((line.1, true));
+        let reused = self.idle_lines().lines.pop();
+        if let Some((_, line)) = reused {
+            return Some((line, true));
         }
         self.new_line().await.map(|l| (l, false))
     }
@@ -206,16 +219,22 @@ impl Bells {
         }
     }
 
-    /// The idle bell connections, those idle for [`IDLE_FOR`] closed.
-    fn idle_lines(&self) -> std::sync::MutexGuard<'_, Vec<(Instant, Line)>> {
+    /// The idle bell connections, without those idle for longer than [`IDLE_FOR`] (dropped).
+    fn idle_lines(&self) -> std::sync::MutexGuard<'_, Idle> {
+        let idle_for = *lock(&self.idle_for);
         let mut idle = lock(&self.idle);
-        idle.retain(|(at, _)| at.elapsed() < IDLE_FOR);
+        idle.lines.retain(|(at, _)| at.elapsed() < idle_for);
         idle
     }
 
-    /// Keeps a connection that holds no bell for the next wait.
-    fn put_back(&self, line: Line) {
-        self.idle_lines().push((Instant::now(), line));
+    /// Keeps a connection that holds no bell for the next wait, and starts the task that closes
+    /// idle ones if it is not running.
+    fn put_back(self: &Arc<Self>, line: Line) {
+        let mut idle = lock(&self.idle);
+        idle.lines.push((Instant::now(), line));
+        if !std::mem::replace(&mut idle.closing, true) {
+            tokio::spawn(close_idle(Arc::downgrade(self)));
+        }
     }
 
     /// Starts asking for the bell `key`.
@@ -226,7 +245,7 @@ impl Bells {
     }
 
     /// Frees `bell` (the next waiter that asked for it gets it) and keeps its connection.
-    pub(super) async fn free(&self, mut bell: Bell) {
+    pub(super) async fn free(self: &Arc<Self>, mut bell: Bell) {
         let freed = tokio::time::timeout(
             super::OP_TIMEOUT,
             sqlx::query("DO RELEASE_LOCK(?)")
@@ -298,7 +317,7 @@ impl Bells {
     /// The server's ids of the idle bell connections (for tests that kill them there).
     #[cfg(test)]
     pub(super) async fn idle_ids(&self) -> Vec<i64> {
-        let mut lines = std::mem::take(&mut *lock(&self.idle));
+        let mut lines = std::mem::take(&mut lock(&self.idle).lines);
         let mut ids = Vec::new();
         for (_, line) in &mut lines {
             let row = sqlx::query("SELECT CAST(CONNECTION_ID() AS SIGNED)")
@@ -306,8 +325,45 @@ impl Bells {
                 .await;
             ids.extend(row.and_then(|r| r.try_get::<i64, _>(0)));
         }
-        lock(&self.idle).extend(lines);
+        lock(&self.idle).lines.extend(lines);
         ids
+    }
+
+    /// Shortens how long idle connections are kept (tests).
+    #[cfg(test)]
+    pub(super) fn set_idle_for(&self, d: Duration) {
+        *lock(&self.idle_for) = d;
+    }
+}
+
+/// Closes idle bell connections once they have been idle for [`IDLE_FOR`], until none is left
+/// (or the backend is gone, which closes them all).
+async fn close_idle(bells: std::sync::Weak<Bells>) {
+    loop {
+        let (expired, next) = {
+            let Some(b) = bells.upgrade() else {
+                return;
+            };
+            let idle_for = *lock(&b.idle_for);
+            let mut idle = lock(&b.idle);
+            let (expired, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut idle.lines)
+                .into_iter()
+                .partition(|(at, _)| at.elapsed() >= idle_for);
+            idle.lines = kept;
+            let next = idle.lines.iter().map(|(at, _)| *at + idle_for).min();
+            if next.is_none() {
+                idle.closing = false;
+            }
+            (expired, next)
+        };
+        for (_, line) in expired {
+            let conn = line.conn.into_inner().unwrap_or_else(|p| p.into_inner());
+            let _ = tokio::time::timeout(super::OP_TIMEOUT, conn.close()).await;
+        }
+        match next {
+            Some(at) => tokio::time::sleep_until(at.into()).await,
+            None => return,
+        }
     }
 }
 

@@ -1550,6 +1550,48 @@ async fn mysql_dead_idle_bell_connections_are_replaced() {
     c_is_rung_behind_b(&t).await;
 }
 
+/// MySQL: idle bell connections are closed once unused for their idle time, with nothing else
+/// going on in the client (a client whose waits are over keeps no connections for them).
+async fn mysql_idle_bell_connections_are_closed() {
+    let t = FairThree::held("idle-close").await;
+    for x in [&t.b, &t.c] {
+        x.inner
+            .bells
+            .as_ref()
+            .unwrap()
+            .set_idle_for(Duration::from_millis(600));
+    }
+    c_is_rung_behind_b(&t).await;
+    let mut ids = Vec::new();
+    for x in [&t.b, &t.c] {
+        let bells = x.inner.bells.as_ref().unwrap();
+        let until = Instant::now() + Duration::from_secs(2);
+        let mine = loop {
+            let mine = bells.idle_ids().await;
+            if !mine.is_empty() || Instant::now() > until {
+                break mine;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(!mine.is_empty(), "no idle bell connection");
+        ids.extend(mine);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for x in [&t.b, &t.c] {
+        assert_eq!(x.inner.bells.as_ref().unwrap().open(), 0);
+    }
+    let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    let left: i64 = sqlx::query(&format!(
+        "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.PROCESSLIST WHERE ID IN ({list})"
+    ))
+    .fetch_one(&t.a.inner.pool)
+    .await
+    .unwrap()
+    .try_get(0)
+    .unwrap();
+    assert_eq!(left, 0, "bell connections {list} still open at the server");
+}
+
 /// With `a` holding and `b`, `c` queued (FairThree::queue): `a` releases after 300 ms; `b`, which
 /// asked for the bell first, holds the lock and the bell for 1.5 s while `c` waits. `c` looks at
 /// most once in that time (the bell wakes it), and is granted soon after `b`'s release.
@@ -2385,6 +2427,11 @@ mod mysql {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn dead_idle_bell_connections_are_replaced() {
         super::mysql_dead_idle_bell_connections_are_replaced().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn idle_bell_connections_are_closed() {
+        super::mysql_idle_bell_connections_are_closed().await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
