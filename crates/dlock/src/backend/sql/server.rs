@@ -459,17 +459,14 @@ fn map_err(shown: &str, e: sqlx::Error) -> Error {
 
 /// How long the PostgreSQL listener keeps listening after the last waiter of its backend left.
 const LISTEN_LINGER: Duration = Duration::from_secs(2);
-/// How long its connection stays open after that, not listening, for the next waiter.
-const LISTENER_KEPT: Duration = Duration::from_secs(60);
 
 /// The state of the PostgreSQL listener, shared with its task.
 ///
-/// The listener connects when an acquisition of the backend first waits, and listens (and holds
-/// the advisory lock that makes this client's registrations live) only while some acquisition
-/// waits and for [`LISTEN_LINGER`] after: a `NOTIFY` signals every session of the database that
-/// listens on any channel, and each signalled session reads the notification queue in a
-/// transaction of its own, so a client that waits for nothing costs the server nothing. The
-/// connection is closed after [`LISTENER_KEPT`] more without a waiter.
+/// The listener's connection is open from `open` on, but it listens (and holds the advisory lock
+/// that makes this client's registrations live) only while some acquisition of the backend
+/// waits, and for [`LISTEN_LINGER`] after: a `NOTIFY` signals every session of the database
+/// that listens on any channel, and each signalled session reads the notification queue in a
+/// transaction of its own, so a client that waits for nothing costs the server nothing.
 #[derive(Debug)]
 struct ListenerState {
     /// `true` while LISTEN is active; changes (both ways) wake every waiter.
@@ -477,18 +474,13 @@ struct ListenerState {
     /// While it is up: the advisory lock its session holds, `(lk1, lk2)`, which also names
     /// this client's hand-off channel (see [`fast::handoff_channel`]).
     key: StdMutex<Option<(i32, i32)>>,
-    /// The listener will listen as soon as somebody waits (it is not listening because nobody
-    /// did, not because its connection failed): a waiter waits for it instead of polling.
+    /// The connection is open and will listen as soon as somebody waits (it is not listening
+    /// because nobody did): a waiter waits for it instead of polling.
     idle: AtomicBool,
     /// How many acquisitions of the backend wait (see [`Listening`]).
     demand: tokio::sync::watch::Sender<usize>,
     /// How long it keeps listening after the last waiter left.
     linger: StdMutex<Duration>,
-    /// How long its connection stays open after it stopped listening.
-    kept: StdMutex<Duration>,
-    /// The server process of its connection while it is open (tests).
-    #[cfg(test)]
-    pid: std::sync::atomic::AtomicI32,
     /// Notifications received (tests: proof of what the server delivered).
     #[cfg(test)]
     received: AtomicU64,
@@ -499,12 +491,9 @@ impl ListenerState {
         ListenerState {
             up: tokio::sync::watch::channel(false).0,
             key: StdMutex::new(None),
-            idle: AtomicBool::new(true),
+            idle: AtomicBool::new(false),
             demand: tokio::sync::watch::channel(0).0,
             linger: StdMutex::new(LISTEN_LINGER),
-            kept: StdMutex::new(LISTENER_KEPT),
-            #[cfg(test)]
-            pid: std::sync::atomic::AtomicI32::new(0),
             #[cfg(test)]
             received: AtomicU64::new(0),
         }
@@ -559,36 +548,31 @@ fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Runs the LISTEN connection of one backend until the backend is dropped (then the task is
-/// aborted). It connects when somebody waits and closes the connection when nobody has for a
-/// while; a connection that fails is made again with backoff while somebody waits, who polls
-/// meanwhile. The connection listens only while somebody waits (see [`ListenerState`]): each
-/// time it starts, it takes a new random advisory lock, held for as long as it listens, and
-/// listens on the table's channel and on the hand-off channel that lock names.
+/// aborted). Reconnects with backoff; while down, waiters poll. The connection listens only
+/// while somebody waits (see [`ListenerState`]): each time it starts, it takes a new random
+/// advisory lock, held for as long as it listens, and listens on the table's channel and on
+/// the hand-off channel that lock names.
 #[cfg(feature = "postgres")]
-async fn listen_loop(url: String, sql: std::sync::Weak<Sql>, state: Arc<ListenerState>) {
+async fn listen_loop(
+    url: String,
+    sql: std::sync::Weak<Sql>,
+    state: Arc<ListenerState>,
+    ready: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut ready = Some(ready);
     let mut backoff = Duration::from_millis(100);
     let Some(channel) = sql.upgrade().map(|s| s.table.clone()) else {
         return;
     };
-    let mut demand = state.demand.subscribe();
     loop {
-        if demand.wait_for(|n| *n > 0).await.is_err() {
-            return;
-        }
-        let opts = match sqlx::postgres::PgConnectOptions::from_str(&url) {
-            Ok(o) => o
-                .disable_statement_logging()
-                .application_name("dlock-listener"),
-            Err(e) => {
-                tracing::warn!(error = %e, "postgres LISTEN connection: bad URL");
-                return;
-            }
-        };
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(OP_TIMEOUT)
-            .connect_lazy_with(opts);
         let attempt = async {
+            let opts = sqlx::postgres::PgConnectOptions::from_str(&url)?
+                .disable_statement_logging()
+                .application_name("dlock-listener");
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(OP_TIMEOUT)
+                .connect_lazy_with(opts);
             let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
             l.eager_reconnect(false);
             Ok::<_, sqlx::Error>(l)
@@ -597,26 +581,22 @@ async fn listen_loop(url: String, sql: std::sync::Weak<Sql>, state: Arc<Listener
             Ok(Ok(l)) => {
                 backoff = Duration::from_millis(100);
                 state.idle.store(true, Ordering::SeqCst);
-                let failed = serve(l, &channel, &sql, &state).await;
-                let _ = tokio::time::timeout(OP_TIMEOUT, pool.close()).await;
-                #[cfg(test)]
-                state.pid.store(0, Ordering::SeqCst);
-                let Some(e) = failed else {
-                    // Closed: nobody waited for a while.
-                    continue;
-                };
+                if let Some(r) = ready.take() {
+                    let _ = r.send(());
+                }
+                let e = serve(l, &channel, &sql, &state).await;
                 *lock(&state.key) = None;
                 state.idle.store(false, Ordering::SeqCst);
                 state.up.send_replace(false);
                 tracing::warn!(%channel, error = %e, "postgres LISTEN connection lost; waiters poll until it is back");
             }
             Ok(Err(e)) => {
-                state.idle.store(false, Ordering::SeqCst);
                 tracing::warn!(error = %e, "postgres LISTEN connection failed; retrying");
+                ready.take();
             }
             Err(_) => {
-                state.idle.store(false, Ordering::SeqCst);
                 tracing::warn!("postgres LISTEN connection timed out; retrying");
+                ready.take();
             }
         }
         let pause = backoff.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
@@ -626,25 +606,15 @@ async fn listen_loop(url: String, sql: std::sync::Weak<Sql>, state: Arc<Listener
 }
 
 /// Serves one listener connection: listens while somebody waits, hands the notifications to
-/// the waiters, until the connection fails (the error says how) or nobody waited for
-/// [`ListenerState::kept`] after it stopped listening (`None`).
+/// the waiters, until the connection fails (the error says how).
 #[cfg(feature = "postgres")]
 async fn serve(
     mut l: sqlx::postgres::PgListener,
     channel: &str,
     sql: &std::sync::Weak<Sql>,
     state: &ListenerState,
-) -> Option<sqlx::Error> {
-    #[cfg(test)]
-    if let Ok(pid) = sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
-        .fetch_one(&mut l)
-        .await
-    {
-        state.pid.store(pid, Ordering::SeqCst);
-    }
+) -> sqlx::Error {
     let mut demand = state.demand.subscribe();
-    // While not listening: since when.
-    let mut quiet_since: Option<tokio::time::Instant> = None;
     // While listening: its lock; and when the last waiter left.
     let mut listening: Option<(i32, i32)> = None;
     let mut unwanted_since: Option<tokio::time::Instant> = None;
@@ -652,11 +622,8 @@ async fn serve(
         let wanted = *demand.borrow_and_update() > 0;
         match (wanted, listening) {
             (true, None) => match start_listening(&mut l, channel, state).await {
-                Ok(key) => {
-                    listening = Some(key);
-                    quiet_since = None;
-                }
-                Err(e) => return Some(e),
+                Ok(key) => listening = Some(key),
+                Err(e) => return e,
             },
             (true, Some(_)) => unwanted_since = None,
             (false, Some(key)) => {
@@ -667,23 +634,16 @@ async fn serve(
                         .upgrade()
                         .is_some_and(|s| s.handoffs.load(Ordering::Relaxed));
                     if let Err(e) = stop_listening(&mut l, channel, key, registers).await {
-                        return Some(e);
+                        return e;
                     }
                     listening = None;
                     unwanted_since = None;
-                    quiet_since = Some(tokio::time::Instant::now());
                 }
             }
-            (false, None) => {
-                let since = *quiet_since.get_or_insert_with(tokio::time::Instant::now);
-                if since.elapsed() >= *lock(&state.kept) {
-                    return None;
-                }
-            }
+            (false, None) => {}
         }
-        let next = match (listening, unwanted_since, quiet_since) {
-            (Some(_), Some(since), _) => Some(since + *lock(&state.linger)),
-            (None, _, Some(since)) => Some(since + *lock(&state.kept)),
+        let linger_ends = match (listening, unwanted_since) {
+            (Some(_), Some(since)) => Some(since + *lock(&state.linger)),
             _ => None,
         };
         tokio::select! {
@@ -702,11 +662,11 @@ async fn serve(
                         handed(sql, n.payload());
                     }
                 }
-                Ok(None) => return Some(sqlx::Error::Protocol("the connection closed".into())),
-                Err(e) => return Some(e),
+                Ok(None) => return sqlx::Error::Protocol("the connection closed".into()),
+                Err(e) => return e,
             },
             _ = demand.changed() => {}
-            _ = sleep_until_some(next) => {}
+            _ = sleep_until_some(linger_ends) => {}
         }
     }
 }
@@ -891,7 +851,7 @@ impl Drop for Sql {
 
 impl SqlBackend {
     /// Connects to the store at `url` (see the module docs for the options), creates or checks
-    /// its tables, and on PostgreSQL starts the listener (it connects when somebody first waits).
+    /// its tables, and on PostgreSQL starts the LISTEN connection.
     ///
     /// Errors: [`Error::InvalidConfig`] for a bad URL or option, [`Error::Unavailable`] when the
     /// server cannot be reached within [`OP_TIMEOUT`] or its tables belong to a newer dlock.
@@ -918,8 +878,17 @@ impl SqlBackend {
             let state = Arc::new(ListenerState::new());
             backend.listener = Some(state.clone());
             let backend = Arc::new(backend);
-            let task = tokio::spawn(listen_loop(cfg.driver_url, Arc::downgrade(&backend), state));
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let task = tokio::spawn(listen_loop(
+                cfg.driver_url,
+                Arc::downgrade(&backend),
+                state,
+                tx,
+            ));
             *lock(&backend.listener_task) = Some(task);
+            // Wait for the listener's connection, so that the first waiter need not poll while
+            // it connects; if it cannot connect, waiters poll until it does.
+            let _ = tokio::time::timeout(OP_TIMEOUT, rx).await;
             return Ok(SqlBackend { inner: backend });
         }
         Ok(SqlBackend {

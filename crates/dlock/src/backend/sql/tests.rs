@@ -1013,9 +1013,8 @@ async fn postgres_handoffs_skip_the_gone_and_pass_on() {
 
 /// A client listens only while one of its acquisitions waits (and for its linger after): the
 /// database's notifications do not reach a client that waits for nothing, and one that starts
-/// waiting connects, listens, registers with its next attempt and is handed the lock all the
-/// same. When it stops, its advisory lock is free (its registrations are dead to a release);
-/// a while later its connection is closed.
+/// waiting listens, registers with its next attempt and is handed the lock all the same. When
+/// it stops, its advisory lock is free (its registrations are dead to a release).
 #[cfg(feature = "postgres")]
 async fn postgres_listens_only_while_waiting() {
     let d = Dialect::Postgres;
@@ -1024,7 +1023,6 @@ async fn postgres_listens_only_while_waiting() {
     let b = open_cold(d, &table).await;
     let state = b.inner.listener.clone().unwrap();
     *lock(&state.linger) = Duration::from_millis(300);
-    *lock(&state.kept) = Duration::from_millis(600);
     let received = || state.received.load(Ordering::SeqCst);
     let notify = || async {
         sqlx::query("SELECT pg_notify($1, 'somebody')")
@@ -1034,11 +1032,10 @@ async fn postgres_listens_only_while_waiting() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
-    // Nobody of b waits: not connected, nothing delivered.
+    // Nobody of b waits: not listening, nothing delivered.
     notify().await;
     assert_eq!(received(), 0);
     assert_eq!(state.key(), None);
-    assert_eq!(state.pid.load(Ordering::SeqCst), 0);
     let m = meta("m");
     let n = name(&uniq("listen"));
     let h = rq(&n, "h", &m);
@@ -1079,8 +1076,6 @@ async fn postgres_listens_only_while_waiting() {
         t.elapsed()
     );
     let key = state.key().unwrap();
-    let pid = state.pid.load(Ordering::SeqCst);
-    assert_ne!(pid, 0);
     let before = fast_counts(&b);
     token(b.acquire(&w).await.unwrap());
     assert_eq!(fast_counts(&b), before, "the handed attempt sent nothing");
@@ -1108,31 +1103,6 @@ async fn postgres_listens_only_while_waiting() {
     let got = received();
     notify().await;
     assert_eq!(received(), got);
-    // Nobody waited for a while: the connection is closed, at the server too.
-    let until = Instant::now() + Duration::from_secs(5);
-    while state.pid.load(Ordering::SeqCst) != 0 {
-        assert!(
-            Instant::now() < until,
-            "the listener's connection stayed open"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let open: i64 = sqlx::query("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
-        .bind(pid)
-        .fetch_one(&a.inner.pool)
-        .await
-        .unwrap()
-        .try_get(0)
-        .unwrap();
-    assert_eq!(open, 0);
-    // The next wait connects again.
-    token(a.acquire(&h).await.unwrap());
-    let bz = busy(b.acquire(&w).await.unwrap());
-    let t = Instant::now();
-    b.wait(&w, &bz, t + Duration::from_secs(5)).await.unwrap();
-    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
-    assert!(state.key().is_some());
-    a.release(&hr(&h)).await.unwrap();
 }
 
 /// A waiter refused before its client's listener listened (it was down, or not needed yet) and
