@@ -36,9 +36,7 @@
 //! place). It looks for waiters under the name's wake lock (`WAKE_KEY`); a grant routine call
 //! that registers its waiter takes that lock shared and looks again before it registers. A
 //! client is live while its listener connection holds the session advisory lock
-//! `(lk1, lk2)` its registrations name: the server frees it when the connection ends, and the
-//! listener frees it (and deletes the client's registrations) when it stops listening because
-//! nobody of the client waits; it listens again under a new lock.
+//! `(lk1, lk2)` its registrations name: the server frees it when the connection ends.
 //!
 //! Every routine sets `enable_bitmapscan = off` for its transaction: a bitmap scan never marks
 //! index entries of dead rows, so on a table that autovacuum does not clean (it is off, or has

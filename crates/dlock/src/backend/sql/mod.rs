@@ -78,17 +78,11 @@
 //!
 //! # Wake-ups
 //!
-//! PostgreSQL: a release, cancel or force-release that finds somebody waiting sends `NOTIFY` on
-//! the channel named like the table with the lock name as payload (or hands the lock to a
-//! registered waiter and tells its client alone, see [`fast`]). Each backend keeps one listener
-//! connection (`PgListener`) that wakes the waiters of that name; a waiter subscribes before it
-//! re-reads the lock, so a release is never missed. The connection opens with the backend but
-//! `LISTEN`s only while an acquisition of the backend waits, and for 2 s after the last one
-//! left: a `NOTIFY` costs the server one transaction for every session of the database that
-//! listens on any channel, so a client that waits for nothing costs nothing. A waiter refused
-//! while its client did not listen waits for the listener to start (one round trip) and
-//! attempts again. While the listener is down (it reconnects with backoff) waiters poll as on
-//! MySQL. MySQL/MariaDB have no notification: waiters poll with a
+//! PostgreSQL: every release, cancel and force-release sends `NOTIFY` on the channel named like
+//! the table with the lock name as payload. Each backend keeps one listener connection
+//! (`PgListener`) that wakes the waiters of that name; a waiter subscribes before it re-reads
+//! the lock, so a release is never missed. While the listener is down (it reconnects with
+//! backoff) waiters poll as on MySQL. MySQL/MariaDB have no notification: waiters poll with a
 //! jittered interval from [`POLL_MIN`] to [`POLL_MAX`], bounded by the blocking holder's remaining
 //! lease. The interval doubles while the lock stays as it was and starts again from its shortest
 //! whenever a look finds it changed hands (or the fair queue moved), so waiters of a lock that

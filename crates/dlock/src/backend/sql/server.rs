@@ -457,16 +457,7 @@ fn map_err(shown: &str, e: sqlx::Error) -> Error {
 // ---------------------------------------------------------------------------------------------
 // Wake-ups and hand-offs
 
-/// How long the PostgreSQL listener keeps listening after the last waiter of its backend left.
-const LISTEN_LINGER: Duration = Duration::from_secs(2);
-
 /// The state of the PostgreSQL listener, shared with its task.
-///
-/// The listener's connection is open from `open` on, but it listens (and holds the advisory lock
-/// that makes this client's registrations live) only while some acquisition of the backend
-/// waits, and for [`LISTEN_LINGER`] after: a `NOTIFY` signals every session of the database
-/// that listens on any channel, and each signalled session reads the notification queue in a
-/// transaction of its own, so a client that waits for nothing costs the server nothing.
 #[derive(Debug)]
 struct ListenerState {
     /// `true` while LISTEN is active; changes (both ways) wake every waiter.
@@ -474,63 +465,11 @@ struct ListenerState {
     /// While it is up: the advisory lock its session holds, `(lk1, lk2)`, which also names
     /// this client's hand-off channel (see [`fast::handoff_channel`]).
     key: StdMutex<Option<(i32, i32)>>,
-    /// The connection is open and will listen as soon as somebody waits (it is not listening
-    /// because nobody did): a waiter waits for it instead of polling.
-    idle: AtomicBool,
-    /// How many acquisitions of the backend wait (see [`Listening`]).
-    demand: tokio::sync::watch::Sender<usize>,
-    /// How long it keeps listening after the last waiter left.
-    linger: StdMutex<Duration>,
-    /// Notifications received (tests: proof of what the server delivered).
-    #[cfg(test)]
-    received: AtomicU64,
 }
 
 impl ListenerState {
-    fn new() -> ListenerState {
-        ListenerState {
-            up: tokio::sync::watch::channel(false).0,
-            key: StdMutex::new(None),
-            idle: AtomicBool::new(false),
-            demand: tokio::sync::watch::channel(0).0,
-            linger: StdMutex::new(LISTEN_LINGER),
-            #[cfg(test)]
-            received: AtomicU64::new(0),
-        }
-    }
-
     fn key(&self) -> Option<(i32, i32)> {
         *lock(&self.key)
-    }
-
-    /// Stops listening if nobody waits: the key and the state go first (under the demand's
-    /// lock, so a waiter that comes now sees them gone and asks again). `true` if it stopped.
-    fn stop_if_unwanted(&self) -> bool {
-        let demand = self.demand.borrow();
-        if *demand > 0 {
-            return false;
-        }
-        *lock(&self.key) = None;
-        self.idle.store(true, Ordering::SeqCst);
-        self.up.send_replace(false);
-        true
-    }
-}
-
-/// An acquisition's want of the listener: while one lives, the listener listens.
-#[derive(Debug)]
-struct Listening(Arc<ListenerState>);
-
-impl Listening {
-    fn new(state: &Arc<ListenerState>) -> Listening {
-        state.demand.send_modify(|n| *n += 1);
-        Listening(state.clone())
-    }
-}
-
-impl Drop for Listening {
-    fn drop(&mut self) {
-        self.0.demand.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -548,10 +487,9 @@ fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Runs the LISTEN connection of one backend until the backend is dropped (then the task is
-/// aborted). Reconnects with backoff; while down, waiters poll. The connection listens only
-/// while somebody waits (see [`ListenerState`]): each time it starts, it takes a new random
-/// advisory lock, held for as long as it listens, and listens on the table's channel and on
-/// the hand-off channel that lock names.
+/// aborted). Reconnects with backoff; while down, waiters poll. Each connection takes a new
+/// random advisory lock, held for the session, and listens on the table's channel and on the
+/// hand-off channel that lock names.
 #[cfg(feature = "postgres")]
 async fn listen_loop(
     url: String,
@@ -561,10 +499,13 @@ async fn listen_loop(
 ) {
     let mut ready = Some(ready);
     let mut backoff = Duration::from_millis(100);
-    let Some(channel) = sql.upgrade().map(|s| s.table.clone()) else {
+    let Some((channel, signals)) = sql.upgrade().map(|s| (s.table.clone(), s.signals.clone()))
+    else {
         return;
     };
     loop {
+        let (lk1, lk2): (i32, i32) = rand::random();
+        let handoffs = fast::handoff_channel(&channel, lk1, lk2);
         let attempt = async {
             let opts = sqlx::postgres::PgConnectOptions::from_str(&url)?
                 .disable_statement_logging()
@@ -575,20 +516,39 @@ async fn listen_loop(
                 .connect_lazy_with(opts);
             let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
             l.eager_reconnect(false);
+            l.listen_all([channel.as_str(), handoffs.as_str()]).await?;
+            let held: bool = sqlx::query("SELECT pg_try_advisory_lock($1, $2)")
+                .bind(lk1)
+                .bind(lk2)
+                .fetch_one(&mut l)
+                .await?
+                .try_get(0)?;
+            if !held {
+                return Err(sqlx::Error::Protocol(
+                    "the listener's advisory lock is taken".into(),
+                ));
+            }
             Ok::<_, sqlx::Error>(l)
         };
         match tokio::time::timeout(OP_TIMEOUT, attempt).await {
-            Ok(Ok(l)) => {
+            Ok(Ok(mut l)) => {
                 backoff = Duration::from_millis(100);
-                state.idle.store(true, Ordering::SeqCst);
+                *lock(&state.key) = Some((lk1, lk2));
+                state.up.send_replace(true);
                 if let Some(r) = ready.take() {
                     let _ = r.send(());
                 }
-                let e = serve(l, &channel, &sql, &state).await;
+                // `Ok(None)` or an error: the connection is gone.
+                while let Ok(Some(n)) = l.try_recv().await {
+                    if n.channel() == handoffs {
+                        handed(&sql, n.payload());
+                    } else {
+                        signals.wake(n.payload());
+                    }
+                }
+                tracing::warn!(%channel, "postgres LISTEN connection lost; waiters poll until it is back");
                 *lock(&state.key) = None;
-                state.idle.store(false, Ordering::SeqCst);
                 state.up.send_replace(false);
-                tracing::warn!(%channel, error = %e, "postgres LISTEN connection lost; waiters poll until it is back");
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "postgres LISTEN connection failed; retrying");
@@ -603,147 +563,6 @@ async fn listen_loop(
         tokio::time::sleep(pause).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
-}
-
-/// Serves one listener connection: listens while somebody waits, hands the notifications to
-/// the waiters, until the connection fails (the error says how).
-#[cfg(feature = "postgres")]
-async fn serve(
-    mut l: sqlx::postgres::PgListener,
-    channel: &str,
-    sql: &std::sync::Weak<Sql>,
-    state: &ListenerState,
-) -> sqlx::Error {
-    let mut demand = state.demand.subscribe();
-    // While listening: its lock; and when the last waiter left.
-    let mut listening: Option<(i32, i32)> = None;
-    let mut unwanted_since: Option<tokio::time::Instant> = None;
-    loop {
-        let wanted = *demand.borrow_and_update() > 0;
-        match (wanted, listening) {
-            (true, None) => match start_listening(&mut l, channel, state).await {
-                Ok(key) => listening = Some(key),
-                Err(e) => return e,
-            },
-            (true, Some(_)) => unwanted_since = None,
-            (false, Some(key)) => {
-                let since = *unwanted_since.get_or_insert_with(tokio::time::Instant::now);
-                let linger = *lock(&state.linger);
-                if since.elapsed() >= linger && state.stop_if_unwanted() {
-                    let registers = sql
-                        .upgrade()
-                        .is_some_and(|s| s.handoffs.load(Ordering::Relaxed));
-                    if let Err(e) = stop_listening(&mut l, channel, key, registers).await {
-                        return e;
-                    }
-                    listening = None;
-                    unwanted_since = None;
-                }
-            }
-            (false, None) => {}
-        }
-        let linger_ends = match (listening, unwanted_since) {
-            (Some(_), Some(since)) => Some(since + *lock(&state.linger)),
-            _ => None,
-        };
-        tokio::select! {
-            n = l.try_recv() => match n {
-                Ok(Some(n)) => {
-                    #[cfg(test)]
-                    state.received.fetch_add(1, Ordering::SeqCst);
-                    if n.channel() == channel {
-                        if let Some(sql) = sql.upgrade() {
-                            sql.signals.wake(n.payload());
-                        }
-                    } else {
-                        // A hand-off, perhaps under a lock it no longer listens under (sent
-                        // before it stopped): a lock handed to an owner that no longer waits
-                        // here is passed on.
-                        handed(sql, n.payload());
-                    }
-                }
-                Ok(None) => return sqlx::Error::Protocol("the connection closed".into()),
-                Err(e) => return e,
-            },
-            _ = demand.changed() => {}
-            _ = sleep_until_some(linger_ends) => {}
-        }
-    }
-}
-
-/// Sleeps until `at`, or forever.
-#[cfg(feature = "postgres")]
-async fn sleep_until_some(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Takes a new advisory lock and listens on the table's channel and on the hand-off channel it
-/// names; then the key and the state say so.
-#[cfg(feature = "postgres")]
-async fn start_listening(
-    l: &mut sqlx::postgres::PgListener,
-    channel: &str,
-    state: &ListenerState,
-) -> std::result::Result<(i32, i32), sqlx::Error> {
-    let (lk1, lk2) = loop {
-        let key: (i32, i32) = rand::random();
-        let held: bool = bounded_sql(
-            sqlx::query("SELECT pg_try_advisory_lock($1, $2)")
-                .bind(key.0)
-                .bind(key.1)
-                .fetch_one(&mut *l),
-        )
-        .await?
-        .try_get(0)?;
-        if held {
-            break key;
-        }
-    };
-    let handoffs = fast::handoff_channel(channel, lk1, lk2);
-    bounded_sql(l.listen_all([channel, handoffs.as_str()])).await?;
-    *lock(&state.key) = Some((lk1, lk2));
-    state.idle.store(false, Ordering::SeqCst);
-    state.up.send_replace(true);
-    Ok((lk1, lk2))
-}
-
-/// Stops listening (the key and the state are gone already, see
-/// [`ListenerState::stop_if_unwanted`]): the client's registrations under `key` go (where the
-/// store `registers` waiters) and its lock is freed, so no release hands it a lock any more,
-/// then `UNLISTEN`. A hand-off committed before the delete is read before the delete's answer
-/// (the server sends the notifications it has before it says it is ready), and is passed on by
-/// the caller.
-#[cfg(feature = "postgres")]
-async fn stop_listening(
-    l: &mut sqlx::postgres::PgListener,
-    channel: &str,
-    (lk1, lk2): (i32, i32),
-    registers: bool,
-) -> std::result::Result<(), sqlx::Error> {
-    let sql = if registers {
-        format!(
-            "WITH gone AS (DELETE FROM {w} WHERE lk1 = $1 AND lk2 = $2) \
-             SELECT pg_advisory_unlock($1, $2)",
-            w = fast::waiters(channel)
-        )
-    } else {
-        "SELECT pg_advisory_unlock($1, $2)".to_owned()
-    };
-    bounded_sql(sqlx::query(&sql).bind(lk1).bind(lk2).execute(&mut *l)).await?;
-    bounded_sql(l.unlisten_all()).await
-}
-
-/// `f` within [`OP_TIMEOUT`] (a listener statement that hangs is a connection that failed).
-#[cfg(feature = "postgres")]
-async fn bounded_sql<T>(
-    f: impl std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
-) -> std::result::Result<T, sqlx::Error> {
-    tokio::time::timeout(OP_TIMEOUT, f)
-        .await
-        .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut))
 }
 
 /// The parts of a hand-off message `"token owner name"`: the token in plain decimal, a non-empty
@@ -875,7 +694,11 @@ impl SqlBackend {
         let mut backend = Sql::open(&cfg).await?;
         #[cfg(feature = "postgres")]
         if backend.dialect == Dialect::Postgres {
-            let state = Arc::new(ListenerState::new());
+            let (up, _) = tokio::sync::watch::channel(false);
+            let state = Arc::new(ListenerState {
+                up,
+                key: StdMutex::new(None),
+            });
             backend.listener = Some(state.clone());
             let backend = Arc::new(backend);
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -886,8 +709,8 @@ impl SqlBackend {
                 tx,
             ));
             *lock(&backend.listener_task) = Some(task);
-            // Wait for the listener's connection, so that the first waiter need not poll while
-            // it connects; if it cannot connect, waiters poll until it does.
+            // Wait for LISTEN to be active so no release after `open` returns is missed; if it
+            // cannot start, waiters poll until it does.
             let _ = tokio::time::timeout(OP_TIMEOUT, rx).await;
             return Ok(SqlBackend { inner: backend });
         }
@@ -1848,7 +1671,6 @@ impl Backend for SqlBackend {
             attempted: false,
             placed: false,
             bell,
-            listening: None,
         })
     }
 
@@ -2049,32 +1871,6 @@ impl GrantWrites for SqlWrites<'_> {
 
 type SqlResult = std::result::Result<(), sqlx::Error>;
 
-/// A wait while the listener does not listen: one that starts as soon as somebody waits (it
-/// says so within a round trip) is waited for, a broken one is polled past. Once it listens, a
-/// waiter that `attempted` attempts again (its refusal could not register it).
-async fn not_listening(
-    state: &ListenerState,
-    listener: &mut tokio::sync::watch::Receiver<bool>,
-    attempted: bool,
-    until: Instant,
-    poll: Watch,
-) -> Watch {
-    if !state.idle.load(Ordering::SeqCst) {
-        return poll;
-    }
-    let until = until.min(Instant::now() + POLL_MAX);
-    tokio::select! {
-        _ = listener.changed() => {
-            if *listener.borrow_and_update() && attempted {
-                Watch::Changed
-            } else {
-                Watch::Recheck
-            }
-        }
-        _ = tokio::time::sleep_until(until.into()) => Watch::Recheck,
-    }
-}
-
 /// What a waiting attempt knew when it was sent: the count of the listener's wake-ups of its
 /// name and the listener's state, so a notification between the attempt and the wait counts.
 struct Since {
@@ -2114,8 +1910,6 @@ struct SqlAcquisition {
     placed: bool,
     /// A fair mutex waiter's bell (MySQL).
     bell: Option<BellWait>,
-    /// Its want of the listener (PostgreSQL), from its first wait on.
-    listening: Option<Listening>,
 }
 
 impl SqlAcquisition {
@@ -2316,12 +2110,6 @@ impl Acquisition for SqlAcquisition {
         let Some(listener) = since.listener.as_mut() else {
             return Ok(poll);
         };
-        let Some(state) = self.store.listener.clone() else {
-            return Ok(poll);
-        };
-        if self.listening.is_none() {
-            self.listening = Some(Listening::new(&state));
-        }
         let slot = self.reg.as_ref().map(|r| r.slot.clone());
         // Handed the lock since the attempt: take it.
         if slot.as_ref().is_some_and(|s| lock(&s.token).is_some()) {
@@ -2331,19 +2119,19 @@ impl Acquisition for SqlAcquisition {
         if listener.has_changed().unwrap_or(true) {
             let up = *listener.borrow_and_update();
             if !up {
-                return Ok(not_listening(&state, listener, self.attempted, until, poll).await);
+                return Ok(poll);
             }
             match self.reg.as_mut() {
-                // Listening (again) under a new lock: a registration made under the old one no
-                // longer counts, and a refusal while it did not listen registered nobody; a
-                // waiter registers by attempting, an observer below.
+                // Back under a new lock: a registration made under the old one no longer
+                // counts, and a refusal while it was down registered nobody; a waiter registers
+                // by attempting, an observer below.
                 Some(_) if self.attempted => return Ok(Watch::Changed),
                 Some(r) => r.registered = false,
                 None => return Ok(Watch::Recheck),
             }
         }
         if !*listener.borrow() {
-            return Ok(not_listening(&state, listener, self.attempted, until, poll).await);
+            return Ok(poll);
         }
         // An observer (it never attempts) on a store whose releases wake only who waits:
         // registered first, then it looks again.
