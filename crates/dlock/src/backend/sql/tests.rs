@@ -1452,6 +1452,21 @@ async fn mysql_fair_waiters_are_rung_not_polled() {
     assert!(t.b.inner.bells.as_ref().unwrap().open() >= 1);
 }
 
+/// The server's ids of `x`'s idle bell connections, once there are any (its bells are freed in
+/// the background after a release).
+async fn idle_bell_ids(x: &SqlBackend) -> Vec<i64> {
+    let bells = x.inner.bells.as_ref().unwrap();
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let ids = bells.idle_ids().await;
+        if !ids.is_empty() {
+            return ids;
+        }
+        assert!(Instant::now() < until, "no idle bell connection");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// MySQL: a reused idle bell connection that the server has closed is replaced, so the next
 /// waits are rung again instead of polling.
 async fn mysql_dead_idle_bell_connections_are_replaced() {
@@ -1460,17 +1475,7 @@ async fn mysql_dead_idle_bell_connections_are_replaced() {
     // b's and c's bells go back to idle connections (freed in the background): kill those at
     // the server.
     for x in [&t.b, &t.c] {
-        let bells = x.inner.bells.as_ref().unwrap();
-        let until = Instant::now() + Duration::from_secs(2);
-        let ids = loop {
-            let ids = bells.idle_ids().await;
-            if !ids.is_empty() || Instant::now() > until {
-                break ids;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        assert!(!ids.is_empty(), "no idle bell connection");
-        for id in ids {
+        for id in idle_bell_ids(x).await {
             sqlx::query(&format!("KILL {id}"))
                 .execute(&t.a.inner.pool)
                 .await
@@ -1493,20 +1498,8 @@ async fn mysql_idle_bell_connections_are_closed() {
             .set_idle_for(Duration::from_millis(600));
     }
     c_is_rung_behind_b(&t).await;
-    let mut ids = Vec::new();
-    for x in [&t.b, &t.c] {
-        let bells = x.inner.bells.as_ref().unwrap();
-        let until = Instant::now() + Duration::from_secs(2);
-        let mine = loop {
-            let mine = bells.idle_ids().await;
-            if !mine.is_empty() || Instant::now() > until {
-                break mine;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        assert!(!mine.is_empty(), "no idle bell connection");
-        ids.extend(mine);
-    }
+    let mut ids = idle_bell_ids(&t.b).await;
+    ids.extend(idle_bell_ids(&t.c).await);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for x in [&t.b, &t.c] {
         assert_eq!(x.inner.bells.as_ref().unwrap().open(), 0);
