@@ -191,7 +191,7 @@ impl Bells {
     /// An idle bell connection (`true`: reused), or a new one while fewer than [`MAX_BELLS`]
     /// are open.
     async fn line(&self) -> Option<(Line, bool)> {
-        let reused = self.idle_lines().lines.pop();
+        let reused = lock(&self.idle).lines.pop();
         if let Some((_, line)) = reused {
             return Some((line, true));
         }
@@ -217,14 +217,6 @@ impl Bells {
             }
             Err(_) => None,
         }
-    }
-
-    /// The idle bell connections, without those idle for longer than [`IDLE_FOR`] (dropped).
-    fn idle_lines(&self) -> std::sync::MutexGuard<'_, Idle> {
-        let idle_for = *lock(&self.idle_for);
-        let mut idle = lock(&self.idle);
-        idle.lines.retain(|(at, _)| at.elapsed() < idle_for);
-        idle
     }
 
     /// Keeps a connection that holds no bell for the next wait, and starts the task that closes

@@ -936,6 +936,30 @@ async fn postgres_release_wakes_only_who_waits() {
     assert_eq!(b.release(&hr(&w)).await.unwrap(), Released::Released);
 }
 
+/// Ends `victim`'s listener session at the server (found by the advisory lock it holds), through
+/// `by`'s pool. `true` if it was there to end.
+#[cfg(feature = "postgres")]
+async fn kill_listener(victim: &SqlBackend, by: &SqlBackend) -> bool {
+    let (lk1, lk2) = victim
+        .inner
+        .listener
+        .as_ref()
+        .and_then(|l| l.key())
+        .unwrap();
+    sqlx::query(
+        "SELECT COALESCE(bool_or(pg_terminate_backend(pid)), false) FROM pg_locks \
+         WHERE locktype = 'advisory' AND classid = ($1::bigint & 4294967295)::oid \
+         AND objid = ($2::bigint & 4294967295)::oid AND objsubid = 2",
+    )
+    .bind(i64::from(lk1))
+    .bind(i64::from(lk2))
+    .fetch_one(&by.inner.pool)
+    .await
+    .unwrap()
+    .try_get(0)
+    .unwrap()
+}
+
 /// Hand-offs go in arrival order to waiters whose client still listens; a waiter that gives up
 /// after it was handed the lock passes it on.
 #[cfg(feature = "postgres")]
@@ -958,20 +982,7 @@ async fn postgres_handoffs_skip_the_gone_and_pass_on() {
     let bc = busy(c.acquire(&wc).await.unwrap());
     // The first waiter's client is cut off (its listener's session ends, and with it the
     // advisory lock its registration names).
-    let (lk1, lk2) = gone.inner.listener.as_ref().and_then(|l| l.key()).unwrap();
-    let killed: bool = sqlx::query(
-        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
-         AND classid = ($1::bigint & 4294967295)::oid AND objid = ($2::bigint & 4294967295)::oid \
-         AND objsubid = 2",
-    )
-    .bind(i64::from(lk1))
-    .bind(i64::from(lk2))
-    .fetch_one(&a.inner.pool)
-    .await
-    .unwrap()
-    .try_get(0)
-    .unwrap();
-    assert!(killed);
+    assert!(kill_listener(&gone, &a).await);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
     let holder = |info: Vec<LockInfo>| info[0].holders[0].owner.clone();
@@ -1028,17 +1039,7 @@ async fn postgres_a_waiter_refused_while_the_listener_was_down_attempts_again() 
     // comes back after 50-100 ms; tried again if the refusal came too late and registered).
     let mut refused = None;
     for _ in 0..10 {
-        let (lk1, lk2) = state.key().unwrap();
-        sqlx::query(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
-             AND classid = ($1::bigint & 4294967295)::oid \
-             AND objid = ($2::bigint & 4294967295)::oid AND objsubid = 2",
-        )
-        .bind(i64::from(lk1))
-        .bind(i64::from(lk2))
-        .execute(&a.inner.pool)
-        .await
-        .unwrap();
+        assert!(kill_listener(&b, &a).await);
         let deadline = until(5);
         while state.key().is_some() {
             assert!(Instant::now() < deadline, "the listener did not notice");
