@@ -24,7 +24,11 @@
 //! `attempt`, `extend` and `force_release` run in one write transaction started with
 //! `BEGIN IMMEDIATE`, which takes the database's write lock *before* reading: two processes can
 //! never both read "free" and both insert. `attempt` loads the live holds, queue places and fence
-//! of the name, applies the shared grant rule (`logic::decide`) and commits. `release` and
+//! of the name, applies the shared grant rule (`logic::decide`) and commits. An exclusive request
+//! that takes no queue place first tries the same transaction as one list of statements, sent to
+//! the connection's thread at once (`step.rs`): it grants a name with no live hold or queue
+//! place, and answers a refusal from the name's state; only a regrant goes on to the full
+//! transaction. `release` and
 //! `cancel` are single `DELETE` statements comparing the owner token. A waiter repeating `attempt`
 //! keeps its queue place (same `seq`); the place's expiry (now + [`QUEUE_PLACE_TTL`]) is rewritten
 //! only once it is more than a second old, so a polling fair waiter does not cost a synced write
@@ -115,6 +119,7 @@
 
 mod batch;
 mod machine;
+mod step;
 mod watch;
 
 use crate::backend::sql::common::{
@@ -204,14 +209,10 @@ const V1_TO_V2: &[&str] = &[
     "ALTER TABLE dlock_holds ADD COLUMN state INTEGER NOT NULL DEFAULT 0",
 ];
 
-/// Loads the live holds and queue places of `name` at `now` on `conn`.
-/// The whole state of `name` (fence row, holds, queue places, live or expired) in one statement.
-async fn load_state(
-    conn: &mut sqlx::SqliteConnection,
-    name: &str,
-    now: i64,
-) -> std::result::Result<Result<Loaded>, sqlx::Error> {
-    let rows: Vec<StateRow> = sqlx::query_as(
+/// The statement that reads the whole state of name `?1` (fence row, holds, queue places, live
+/// or expired) as [`StateRow`]s.
+macro_rules! state_of_name {
+    () => {
         "SELECT 'f' AS part, '' AS owner, '' AS kind, 0 AS permits, '' AS mode, fence AS ord,
                 0 AS expires_ms
          FROM dlock_fences WHERE name = ?1
@@ -222,11 +223,21 @@ async fn load_state(
          UNION ALL
          SELECT 'q', owner, '', 0, mode, seq, expires_ms
          FROM dlock_queue WHERE name = ?1
-         ORDER BY part, ord",
-    )
-    .bind(name)
-    .fetch_all(&mut *conn)
-    .await?;
+         ORDER BY part, ord"
+    };
+}
+use state_of_name;
+
+/// The whole state of `name` (fence row, holds, queue places, live or expired) in one statement.
+async fn load_state(
+    conn: &mut sqlx::SqliteConnection,
+    name: &str,
+    now: i64,
+) -> std::result::Result<Result<Loaded>, sqlx::Error> {
+    let rows: Vec<StateRow> = sqlx::query_as(state_of_name!())
+        .bind(name)
+        .fetch_all(&mut *conn)
+        .await?;
     Ok(Loaded::split(ROWS, rows, now))
 }
 
@@ -496,19 +507,21 @@ impl SqliteBackend {
         tx.commit().await.map_err(|e| self.err(e))
     }
 
-    /// Whether `req` would still be refused now (read-only; the acquisition's look).
+    /// Whether `req` would still be refused now (read-only; the acquisition's look). One
+    /// statement, autocommitted: it reads one snapshot of the name (WAL), without a transaction
+    /// around it that would cost two more hand-overs to the connection's thread.
     async fn still_busy(&self, req: &Request<'_>) -> Result<Look> {
         #[cfg(test)]
         self.looks
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         let now = now_ms();
-        let loaded = load_state(&mut tx, req.name.as_str(), now)
+        let loaded = load_state(&mut conn, req.name.as_str(), now)
             .await
             .map_err(|e| self.err(e))??;
-        tx.commit().await.map_err(|e| self.err(e))?;
         Ok(loaded.state.look(req, now))
     }
+
     /// Removes `req`'s queue place, if any (waking the other processes' waiters).
     async fn cancel_place(&self, req: &Request<'_>) -> Result<()> {
         self.remove_owner(req.name.as_str(), req.owner, false).await
@@ -561,6 +574,11 @@ impl SqliteBackend {
 
     /// `req`'s attempt in a write transaction of its own.
     async fn acquire_alone(&self, req: &Request<'_>) -> Result<Attempt> {
+        if step::fits(req) {
+            if let Some(attempt) = self.attempt_in_one_step(req).await? {
+                return Ok(attempt);
+            }
+        }
         let mut tx = self.begin_write().await?;
         // Read the clock only once the write lock is ours.
         let now = now_ms();
@@ -2209,5 +2227,145 @@ mod tests {
         b.pool.close().await;
         let b = open(&path).await;
         assert_eq!(b.describe("").await.unwrap().len(), 2);
+    }
+
+    /// The one-step attempt grants a free name with the stored fence plus one and the hold's
+    /// columns as the full path writes them, takes over an expired hold, refuses with the
+    /// holder's time left, and leaves to the full path what needs another write (a regrant, a
+    /// fence at its end).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_one_step_attempt_answers_as_the_grant_rule_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let (a, b) = (open(&path).await, open(&path).await);
+        let n = name("step");
+        let (ma, mb) = (meta("A"), meta("B"));
+        let (ra, rb) = (rq(&n, "owner-a", &ma), wait_rq(&n, "owner-b", &mb));
+        assert!(step::fits(&ra) && step::fits(&rb));
+        sqlx::query("INSERT INTO dlock_fences (name, fence) VALUES ('step', 41)")
+            .execute(&a.pool)
+            .await
+            .unwrap();
+        let granted = a.attempt_in_one_step(&ra).await.unwrap().unwrap();
+        assert_eq!(token(granted), 42);
+        let info = b.describe("step").await.unwrap();
+        let h = &info[0].holders[0];
+        assert_eq!(
+            (h.owner.as_str(), h.token, &h.meta),
+            ("owner-a", Some(42), &ma)
+        );
+        assert_eq!(info[0].kind, LockKind::Mutex);
+        let left = h.lease_left_ms.unwrap();
+        assert!(left <= 30_000 && left > 25_000, "{left}");
+        let retry = busy(b.attempt_in_one_step(&rb).await.unwrap().unwrap())
+            .retry_in
+            .unwrap();
+        assert!(
+            retry <= LONG && retry > LONG - Duration::from_secs(5),
+            "{retry:?}"
+        );
+        // The owner's own hold is a regrant: a write the step leaves to the full path.
+        assert!(a.attempt_in_one_step(&ra).await.unwrap().is_none());
+        assert_eq!(token(a.acquire(&ra).await.unwrap()), 42);
+        // An expired hold is deleted and the name granted.
+        sqlx::query("UPDATE dlock_holds SET expires_ms = 0")
+            .execute(&a.pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            token(b.attempt_in_one_step(&rb).await.unwrap().unwrap()),
+            43
+        );
+        let (holds,): (i64,) = sqlx::query_as("SELECT count(*) FROM dlock_holds")
+            .fetch_one(&a.pool)
+            .await
+            .unwrap();
+        assert_eq!(holds, 1);
+        // A fair waiter's queue place keeps a plain request out, also when an expired hold was
+        // deleted just before (the fence moves only when the step inserts its fence row).
+        assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::Released);
+        assert_eq!(
+            token(b.attempt_in_one_step(&rb).await.unwrap().unwrap()),
+            44
+        );
+        sqlx::query("UPDATE dlock_holds SET expires_ms = 0")
+            .execute(&a.pool)
+            .await
+            .unwrap();
+        let rc = Request {
+            fair: true,
+            ..wait_rq(&n, "owner-c", &mb)
+        };
+        assert!(!step::fits(&rc));
+        sqlx::query(
+            "INSERT INTO dlock_queue (name, owner, mode, expires_ms, client_id, host, pid)
+             VALUES ('step', 'owner-c', 'exclusive', ?, 'c', 'h', 1)",
+        )
+        .bind(now_ms() + 60_000)
+        .execute(&a.pool)
+        .await
+        .unwrap();
+        assert!(busy(a.attempt_in_one_step(&ra).await.unwrap().unwrap())
+            .retry_in
+            .is_some());
+        assert_eq!(stored_fence(&a, "step").await, 44);
+        let (holds,): (i64,) = sqlx::query_as("SELECT count(*) FROM dlock_holds")
+            .fetch_one(&a.pool)
+            .await
+            .unwrap();
+        assert_eq!(holds, 0);
+        // A fence at its end: the step writes nothing, the full path refuses with an error.
+        let m = name("spent");
+        let rm = rq(&m, "owner-m", &ma);
+        sqlx::query("INSERT INTO dlock_fences (name, fence) VALUES ('spent', ?)")
+            .bind(i64::MAX)
+            .execute(&a.pool)
+            .await
+            .unwrap();
+        assert!(a.attempt_in_one_step(&rm).await.unwrap().is_none());
+        assert!(a.acquire(&rm).await.is_err());
+        assert_eq!(stored_fence(&a, "spent").await, i64::MAX);
+        assert!(a.describe("spent").await.unwrap().is_empty());
+    }
+
+    /// A step that fails after its `BEGIN IMMEDIATE` closes its connection: the transaction
+    /// sqlx does not count is rolled back, so the write lock is free for everyone at once (not
+    /// after the other processes' busy timeout) and the backend serves the next attempt.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_step_cut_short_leaves_no_transaction_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let (a, b) = (open(&path).await, open(&path).await);
+        sqlx::query(
+            "CREATE TRIGGER refuse BEFORE INSERT ON dlock_holds WHEN NEW.owner = 'refused'
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+        )
+        .execute(&a.pool)
+        .await
+        .unwrap();
+        let n = name("cut");
+        let m = meta("A");
+        let e = a
+            .attempt_in_one_step(&rq(&n, "refused", &m))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("refused by the test"), "{e}");
+        let started = Instant::now();
+        let mut tx =
+            tokio::time::timeout(Duration::from_secs(2), b.pool.begin_with("BEGIN IMMEDIATE"))
+                .await
+                .expect("the write lock stayed taken")
+                .unwrap();
+        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        tx.rollback().await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        for _ in 0..MAX_CONNECTIONS + 1 {
+            let r = rq(&n, "owner-a", &m);
+            assert_eq!(token(a.acquire(&r).await.unwrap()), 1);
+        }
     }
 }
