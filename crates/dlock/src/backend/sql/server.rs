@@ -77,6 +77,7 @@ pub(super) struct Stmts {
     pub(super) lock_fence: String,
     pub(super) lock_fence_now: String,
     pub(super) load_all: String,
+    pub(super) look_all: String,
     pub(super) set_fence: String,
     pub(super) bump_fence: String,
     pub(super) read_fence: String,
@@ -116,6 +117,17 @@ impl Stmts {
             Dialect::MySql => "CHAR_LENGTH",
         };
         let s = |x: String| d.sql(&x);
+        // Every row of the name, holds ('h', by fence) then queue ('q', by seq), live or
+        // expired. A revoked hold is read with an empty owner: nobody's, yet in everyone's way.
+        let state_rows = format!(
+            "SELECT 'h' AS part, CASE WHEN state = 2 THEN '' ELSE owner END AS owner, kind, \
+                    permits, mode, fence AS ord, expires_at_ms \
+             FROM {t} WHERE name = ? \
+             UNION ALL \
+             SELECT 'q' AS part, owner, '' AS kind, 0 AS permits, mode, seq AS ord, \
+                    expires_at_ms \
+             FROM {t}_queue WHERE name = ?"
+        );
         Stmts {
             now: format!("SELECT {now}"),
             ensure_fence: s(match d {
@@ -149,17 +161,12 @@ impl Stmts {
                     format!("SELECT fence, {now} FROM {t}_fences WHERE name = ? FOR UPDATE")
                 }
             }),
-            // Every row of the name, holds ('h', by fence) then queue ('q', by seq), live or
-            // expired: one round trip; expired rows are deleted only when there are any.
-            // A revoked hold is read with an empty owner: nobody's, yet in everyone's way.
-            load_all: s(format!(
-                "SELECT 'h' AS part, CASE WHEN state = 2 THEN '' ELSE owner END AS owner, kind, \
-                        permits, mode, fence AS ord, expires_at_ms \
-                 FROM {t} WHERE name = ? \
-                 UNION ALL \
-                 SELECT 'q' AS part, owner, '' AS kind, 0 AS permits, mode, seq AS ord, \
-                        expires_at_ms \
-                 FROM {t}_queue WHERE name = ? \
+            // The name's rows in one round trip; expired rows are deleted only when there are
+            // any.
+            load_all: s(format!("{state_rows} ORDER BY part, ord")),
+            // The same with the server's clock as part 'n' (in `ord`): a look in one round trip.
+            look_all: s(format!(
+                "{state_rows} UNION ALL SELECT 'n' AS part, '', '', 0, '', {now}, 0 \
                  ORDER BY part, ord"
             )),
             set_fence: s(format!("UPDATE {t}_fences SET fence = ? WHERE name = ?")),
@@ -1386,19 +1393,22 @@ impl Sql {
         Ok((state, expired && cleanup))
     }
 
-    /// `true` if `req` would still be refused now (read-only; the acquisition's look).
+    /// `true` if `req` would still be refused now (read-only; the acquisition's look): the
+    /// name's rows and the server's clock in one round trip.
     async fn still_busy(&self, req: &Request<'_>) -> Result<Look> {
         self.looks.fetch_add(1, Ordering::Relaxed);
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        let now = self.db_now(&mut conn).await.map_err(|e| self.err(e))?;
-        let state = self
-            .load_state(&mut conn, req.name.as_str(), now, false)
+        let name = req.name.as_str();
+        let mut rows: Vec<StateRow> = sqlx::query_as(&self.st.look_all)
+            .bind(name)
+            .bind(name)
+            .fetch_all(&self.pool)
             .await
-            .map_err(|e| match e {
-                TxError::Sql(e) => self.err(e),
-                TxError::Dlock(e) => e,
-            })?
-            .0;
+            .map_err(|e| self.err(e))?;
+        let now = match rows.iter().position(|r| r.0 == "n") {
+            Some(i) => rows.remove(i).5,
+            None => return Err(ROWS.corrupt("server clock", &"no row")),
+        };
+        let Loaded { state, .. } = Loaded::split(ROWS, rows, now)?;
         Ok(state.look(req, now))
     }
 
