@@ -225,6 +225,7 @@ fn share(e: &Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::sql::sqlite::tests::refuse_holds;
     use crate::backend::test_support::*;
     use crate::backend::{Backend, LockKind, Mode};
     use std::path::Path;
@@ -383,13 +384,7 @@ mod tests {
         let path = dir.path().join("x.db");
         let b = open(&path).await;
         // The hold of one name cannot be written: its statement fails inside the batch.
-        sqlx::query(
-            "CREATE TRIGGER boom BEFORE INSERT ON dlock_holds WHEN NEW.name = 'boom'
-             BEGIN SELECT RAISE(ABORT, 'no holds of boom'); END",
-        )
-        .execute(&b.pool)
-        .await
-        .unwrap();
+        refuse_holds(&b, "NEW.name = 'boom'", "no holds of boom").await;
         drop(b);
         let queued = [
             ("a", "oa", LockKind::Mutex),

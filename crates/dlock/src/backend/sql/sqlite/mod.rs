@@ -1157,6 +1157,27 @@ mod tests {
         SqliteBackend::open(path).await.unwrap()
     }
 
+    /// Makes every insert of a hold `when` (an SQL condition on `NEW`) fail with `why`, as a
+    /// statement failing inside a grant transaction.
+    pub(super) async fn refuse_holds(b: &SqliteBackend, when: &str, why: &str) {
+        sqlx::query(&format!(
+            "CREATE TRIGGER refuse BEFORE INSERT ON dlock_holds WHEN {when}
+             BEGIN SELECT RAISE(ABORT, '{why}'); END"
+        ))
+        .execute(&b.pool)
+        .await
+        .unwrap();
+    }
+
+    /// The hold rows of the file, live or expired.
+    async fn hold_rows(b: &SqliteBackend) -> i64 {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM dlock_holds")
+            .fetch_one(&b.pool)
+            .await
+            .unwrap();
+        n
+    }
+
     async fn stored_fence(b: &SqliteBackend, n: &str) -> i64 {
         let (f,): (i64,) = sqlx::query_as("SELECT fence FROM dlock_fences WHERE name = ?")
             .bind(n)
@@ -2276,11 +2297,7 @@ mod tests {
             token(b.attempt_in_one_step(&rb).await.unwrap().unwrap()),
             43
         );
-        let (holds,): (i64,) = sqlx::query_as("SELECT count(*) FROM dlock_holds")
-            .fetch_one(&a.pool)
-            .await
-            .unwrap();
-        assert_eq!(holds, 1);
+        assert_eq!(hold_rows(&a).await, 1);
         // A fair waiter's queue place keeps a plain request out, also when an expired hold was
         // deleted just before (the fence moves only when the step inserts its fence row).
         assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::Released);
@@ -2309,11 +2326,7 @@ mod tests {
             .retry_in
             .is_some());
         assert_eq!(stored_fence(&a, "step").await, 44);
-        let (holds,): (i64,) = sqlx::query_as("SELECT count(*) FROM dlock_holds")
-            .fetch_one(&a.pool)
-            .await
-            .unwrap();
-        assert_eq!(holds, 0);
+        assert_eq!(hold_rows(&a).await, 0);
         // A fence at its end: the step writes nothing, the full path refuses with an error.
         let m = name("spent");
         let rm = rq(&m, "owner-m", &ma);
@@ -2336,13 +2349,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.db");
         let (a, b) = (open(&path).await, open(&path).await);
-        sqlx::query(
-            "CREATE TRIGGER refuse BEFORE INSERT ON dlock_holds WHEN NEW.owner = 'refused'
-             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
-        )
-        .execute(&a.pool)
-        .await
-        .unwrap();
+        refuse_holds(&a, "NEW.owner = 'refused'", "refused by the test").await;
         let n = name("cut");
         let m = meta("A");
         let e = a
