@@ -76,7 +76,7 @@
 //! database, and each process watches the database's directory for writes to that file (inotify
 //! on Linux, kqueue/FSEvents elsewhere, through the `notify` crate; one watch per file per
 //! process, shared by every backend on it). A report makes the waiters re-read the lock (a
-//! read-only transaction, which in WAL mode never blocks or is blocked by writers); they return as
+//! read-only statement, which in WAL mode never blocks or is blocked by writers); they return as
 //! soon as the grant rule would let them in. The byte is written after the commit, so the report
 //! never comes before the change is visible (a commit's own `-wal` writes would: they precede its
 //! fsync and the WAL index update that publishes it), and other commits (grants, renewals) wake
