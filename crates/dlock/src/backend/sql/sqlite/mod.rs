@@ -120,7 +120,6 @@
 mod batch;
 mod machine;
 mod step;
-mod turns;
 mod watch;
 
 use crate::backend::sql::common::{
@@ -138,7 +137,7 @@ use sqlx::sqlite::{
 use sqlx::ConnectOptions;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use watch::{file_watch_for, FileWatch, Waiting};
+use watch::{file_watch_for, FileWatch};
 
 /// The shortest interval between two polls of a waiter (see the module docs).
 pub const POLL_MIN: Duration = Duration::from_millis(5);
@@ -918,7 +917,6 @@ impl Backend for SqliteBackend {
             store: self.clone(),
             want: Want::new(req),
             watch: None,
-            waiting: None,
         })
     }
 
@@ -1102,8 +1100,6 @@ struct SqliteAcquisition {
     store: SqliteBackend,
     want: Want,
     watch: Option<tokio::sync::watch::Receiver<bool>>,
-    /// The name marked as waited for by this process, from the first wait on (`turns.rs`).
-    waiting: Option<Waiting>,
 }
 
 #[async_trait::async_trait]
@@ -1112,16 +1108,7 @@ impl Acquisition for SqliteAcquisition {
         if self.want.waiting {
             self.mark();
         }
-        let req = self.want.req();
-        let name = req.name.as_str();
-        if req.waiting && req.mode == Mode::Exclusive && self.store.watch.stand_back(name) {
-            tokio::time::sleep(turns::STAND_BACK).await;
-        }
-        let answer = self.store.attempt_grouped(&req).await;
-        if let Ok(Attempt::Granted(Grant { token: Some(t), .. })) = &answer {
-            self.store.watch.granted(name, *t);
-        }
-        answer
+        self.store.attempt_grouped(&self.want.req()).await
     }
 
     fn mark(&mut self) -> bool {
@@ -1130,9 +1117,6 @@ impl Acquisition for SqliteAcquisition {
     }
 
     async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
-        if self.waiting.is_none() {
-            self.waiting = self.store.watch.waiting(self.want.name.as_str());
-        }
         let poll = Watch::Poll {
             min: POLL_MIN,
             max: POLL_MAX,

@@ -9,7 +9,6 @@
 //! per process, shared by every backend opened on it. If the watch or the file cannot be set up
 //! (no inotify instances left, an unsupported file system) the store polls as before.
 
-use super::turns::Turns;
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -22,24 +21,8 @@ use tokio::sync::watch;
 pub(crate) struct FileWatch {
     changed: Arc<watch::Sender<bool>>,
     _watcher: Option<RecommendedWatcher>,
-    /// `<db>-wake`, written after every commit that may let a waiter in; its record locks say
-    /// which names each process waits for (`turns.rs`).
+    /// `<db>-wake`, written after every commit that may let a waiter in.
     wake_file: Option<std::fs::File>,
-    turns: Turns,
-}
-
-/// A name this process waits for, marked on the wake file until dropped (`turns.rs`).
-pub(crate) struct Waiting {
-    watch: Arc<FileWatch>,
-    name: String,
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        if let Some(f) = &self.watch.wake_file {
-            self.watch.turns.done_waiting(f, &self.name);
-        }
-    }
 }
 
 impl std::fmt::Debug for FileWatch {
@@ -61,30 +44,6 @@ impl FileWatch {
         self.changed.subscribe()
     }
 
-    /// Marks `name` as waited for by this process while the answer lives; `None` without a wake
-    /// file.
-    pub(crate) fn waiting(self: &Arc<Self>, name: &str) -> Option<Waiting> {
-        let f = self.wake_file.as_ref()?;
-        self.turns.waiting(f, name);
-        Some(Waiting {
-            watch: self.clone(),
-            name: name.to_owned(),
-        })
-    }
-
-    /// Records a grant of `name` with `token` in this process.
-    pub(crate) fn granted(&self, name: &str, token: u64) {
-        self.turns.granted(name, token);
-    }
-
-    /// Whether this process's next waiting attempt of `name` lets another process's waiter in
-    /// first (see `turns.rs`).
-    pub(crate) fn stand_back(&self, name: &str) -> bool {
-        self.wake_file
-            .as_ref()
-            .is_some_and(|f| self.turns.stand_back(f, name))
-    }
-
     /// Tells the waiters of every process that a commit that may let them in is visible now.
     pub(crate) fn poke(&self) {
         if let Some(f) = &self.wake_file {
@@ -100,11 +59,9 @@ impl FileWatch {
 
     fn start(db: &Path) -> FileWatch {
         let changed = Arc::new(watch::channel(false).0);
-        // Readable too: a shared record lock needs it (`turns.rs`).
         let wake_file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
-            .read(true)
             .write(true)
             .open(wake_path(db));
         let (watcher, wake_file) = match wake_file {
@@ -127,7 +84,6 @@ impl FileWatch {
             changed,
             _watcher: watcher,
             wake_file,
-            turns: Turns::default(),
         }
     }
 }
