@@ -981,14 +981,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_majority_must_be_reachable_at_connect() {
-        let port = |_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        };
-        let ports: Vec<u16> = (0..3).map(port).collect();
+        // Three distinct free ports: the listeners stay bound until all three are chosen (a
+        // port freed at once may be handed out again), then close so that nothing answers.
+        let listeners: Vec<std::net::TcpListener> = (0..3)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        drop(listeners);
         let url = format!(
             "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}?connect_timeout=1s",
             ports[0], ports[1], ports[2]
