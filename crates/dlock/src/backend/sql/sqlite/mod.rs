@@ -27,8 +27,8 @@
 //! of the name, applies the shared grant rule (`logic::decide`) and commits. An exclusive request
 //! that takes no queue place first tries the same transaction as one list of statements, sent to
 //! the connection's thread at once (`step.rs`): it grants a name with no live hold or queue
-//! place, and answers a refusal from the name's state; only a regrant goes on to the full
-//! transaction. `release` and
+//! place, and answers a refusal from the name's state; a regrant (or a fence at its end) goes on
+//! to the full transaction. `release` and
 //! `cancel` are single `DELETE` statements comparing the owner token. A waiter repeating `attempt`
 //! keeps its queue place (same `seq`); the place's expiry (now + [`QUEUE_PLACE_TTL`]) is rewritten
 //! only once it is more than a second old, so a polling fair waiter does not cost a synced write
