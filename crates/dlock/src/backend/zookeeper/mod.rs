@@ -1323,8 +1323,9 @@ impl Backend for ZooKeeperBackend {
     async fn describe(&self, prefix: &str) -> Result<Vec<LockInfo>> {
         let s = self.session().await?;
         // The session's server (a follower, perhaps) catches up with the leader first, so the
-        // listing shows every grant committed before it, other clients' included.
-        s.run(Via::Leader, s.client.sync("/"))
+        // listing shows every grant committed before it, other clients' included. Tried again
+        // while the connection is lost, as the listing's reads are.
+        s.retry(Via::Leader, || s.client.sync("/"))
             .await
             .map_err(unavailable)?;
         let tops = match self.list(&s, "/").await {
