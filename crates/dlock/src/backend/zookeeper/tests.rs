@@ -165,6 +165,13 @@ async fn children(raw: &zk::Client, name: &str) -> Vec<String> {
     }
 }
 
+/// The data of the lock node `kid` of `name`, read after a `sync` for the same reason.
+async fn node_data(raw: &zk::Client, name: &str, kid: &str) -> Vec<u8> {
+    let path = format!("/{}/{}", escape_name(name), kid);
+    raw.sync(&path).await.unwrap();
+    raw.get_data(&path).await.unwrap().0
+}
+
 async fn within<T>(d: Duration, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(d, f).await.expect("timed out")
 }
@@ -730,20 +737,14 @@ async fn set_value_replaces_the_holders_value_only() {
     token(b.acquire(&rv).await.unwrap());
     let kids = children(&raw, "values-raw").await;
     assert_eq!(kids.len(), 1, "{kids:?}");
-    let (data, _) = raw
-        .get_data(&format!("/{}/{}", escape_name("values-raw"), kids[0]))
-        .await
-        .unwrap();
+    let data = node_data(&raw, "values-raw", &kids[0]).await;
     let d: NodeData = serde_json::from_slice(&data).unwrap();
     assert_eq!(d.value.as_deref(), Some("leader"));
     assert_eq!(
         b.set_value(&hr(&rv), "next").await.unwrap(),
         Released::Released
     );
-    let (data, _) = raw
-        .get_data(&format!("/{}/{}", escape_name("values-raw"), kids[0]))
-        .await
-        .unwrap();
+    let data = node_data(&raw, "values-raw", &kids[0]).await;
     let d: NodeData = serde_json::from_slice(&data).unwrap();
     assert_eq!(d.value.as_deref(), Some("next"));
     // A revoked hold is nobody's: no new value.
@@ -757,10 +758,7 @@ async fn set_value_replaces_the_holders_value_only() {
     let rp = rq(&n, "1b9a3c6e-6b1d-4d3f-9a57-1f2e3d4c5b6a", &mp);
     token(b.acquire(&rp).await.unwrap());
     let kids = children(&raw, "values-raw").await;
-    let (data, _) = raw
-        .get_data(&format!("/{}/{}", escape_name("values-raw"), kids[0]))
-        .await
-        .unwrap();
+    let data = node_data(&raw, "values-raw", &kids[0]).await;
     assert!(!String::from_utf8_lossy(&data).contains("value"));
     assert_eq!(b.release(&hr(&rp)).await.unwrap(), Released::Released);
 }
