@@ -353,10 +353,9 @@ impl Inner {
                     self.store.keep(&hold);
                     // Wake the watchdog only if it would otherwise sleep past this hold's first
                     // renewal (each grant of an uncontended loop would wake it for nothing).
-                    if self
-                        .schedule
-                        .wakes_after((sent + g.valid_for / 3).min(deadline))
-                    {
+                    let first = (sent + g.valid_for / 3).min(deadline);
+                    if self.schedule.wakes_after(first) {
+                        self.schedule.ask(first);
                         self.store.kick.notify_one();
                     }
                     let waited = crate::clock::elapsed(started);

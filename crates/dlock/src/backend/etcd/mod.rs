@@ -1868,39 +1868,47 @@ impl Backend for EtcdBackend {
     /// One keep-alive of the lease answers for every hold (see the module docs); a key cannot
     /// be marked detached (`expire_in` is refused on a session store).
     async fn extend(&self, holds: &[HoldRef<'_>], _detach: bool) -> Result<Vec<Extended>> {
-        let recs: Vec<Option<HeldKey>> = {
+        // The parts of each hold used here (not a clone of its key and names: a client may
+        // renew tens of thousands a second).
+        let recs: Vec<Option<(Arc<Session>, Arc<KeyWatch>, bool)>> = {
             let held = self.held();
-            holds.iter().map(|h| held.get(h.owner).cloned()).collect()
+            holds
+                .iter()
+                .map(|h| {
+                    held.get(h.owner)
+                        .map(|k| (k.session.clone(), k.watch.clone(), k.watch_id.is_some()))
+                })
+                .collect()
         };
         // One confirmation per lease in the batch (there is one, unless a lease expired).
         let mut confirmed: HashMap<i64, Option<Duration>> = HashMap::new();
         let mut out = Vec::with_capacity(holds.len());
         let mut unwatched = Vec::new();
         for (h, rec) in holds.iter().zip(recs) {
-            let Some(rec) = rec else {
+            let Some((session, watch, watched)) = rec else {
                 out.push(Extended::Gone);
                 continue;
             };
-            if rec.watch.revoked.load(Ordering::Acquire) {
+            if watch.revoked.load(Ordering::Acquire) {
                 out.push(Extended::Revoked);
                 continue;
             }
-            if rec.watch.deleted.load(Ordering::Acquire) {
+            if watch.deleted.load(Ordering::Acquire) {
                 out.push(Extended::Gone);
                 continue;
             }
-            let valid = match confirmed.get(&rec.session.lease) {
+            let valid = match confirmed.get(&session.lease) {
                 Some(v) => *v,
                 None => {
-                    let v = rec.session.confirm().await;
-                    confirmed.insert(rec.session.lease, v);
+                    let v = session.confirm().await;
+                    confirmed.insert(session.lease, v);
                     v
                 }
             };
             out.push(match valid {
                 Some(v) => {
-                    if rec.watch_id.is_none() {
-                        unwatched.push((h.owner, rec));
+                    if !watched {
+                        unwatched.push((h.owner, session, watch));
                     }
                     Extended::Held {
                         valid_for: v.min(h.lease),
@@ -1910,13 +1918,14 @@ impl Backend for EtcdBackend {
             });
         }
         // Held keys get their watch at their first renewal.
-        for (owner, rec) in unwatched {
-            let id = rec.session.watch_key(rec.watch.clone()).await;
+        for (owner, session, watch) in unwatched {
+            let id = session.watch_key(watch.clone()).await;
             let mut held = self.held();
             match held.get_mut(owner) {
-                Some(h) if h.place.key == rec.place.key => h.watch_id = Some(id),
+                // The same grant (its watch is made for it).
+                Some(h) if Arc::ptr_eq(&h.watch, &watch) => h.watch_id = Some(id),
                 // Released meanwhile.
-                _ => rec.session.unwatch(id),
+                _ => session.unwatch(id),
             }
         }
         Ok(out)
