@@ -20,6 +20,11 @@
 //! object: the holder's metadata (`owner`, `client_id`, `host`, `pid`, and `value` for a hold
 //! that carries one: an election leader's), the primitive (`lock`, `mode`, `permits`) and, after
 //! a forced release, `revoked`. An empty value (what etcd's own clients write) is a mutex.
+//! The acquisitions of one client put their keys through one queue per lease (`batch.rs`):
+//! while a transaction that puts keys is in flight, the next ones wait and then go out joined
+//! in one transaction (every compare, every put and read), at most one key of a name in each,
+//! since the keys of one transaction share its revision; a client taking many names at once
+//! costs the cluster one raft entry per batch instead of one per name.
 //! [`Backend::set_value`] rewrites the JSON in a transaction that compares the key's create
 //! revision (the owner's hold) and mod revision (nothing written since it was read), keeping the
 //! key's lease.
@@ -83,6 +88,7 @@
 
 use super::queue::{turn, Entry, Turn};
 use super::*;
+mod batch;
 pub(crate) mod url;
 use crate::error::Error;
 use etcd_client as ec;
@@ -312,6 +318,10 @@ pub(crate) struct Stats {
     pub(crate) name_watches: AtomicU64,
     /// Reads of a name's keys while its watch was new.
     pub(crate) catch_up_reads: AtomicU64,
+    /// Transactions that put the queue entries of more than one acquisition (`batch.rs`), and
+    /// the entries they put.
+    pub(crate) joined: AtomicU64,
+    pub(crate) joined_entries: AtomicU64,
 }
 
 /// One lease and what hangs on it.
@@ -332,6 +342,8 @@ struct Session {
     /// it was dropped. The sweeper deletes them once such a request is surely over (a dead
     /// acquisition's key would otherwise block its name as long as this client lives).
     orphans: StdMutex<HashMap<(String, String), Instant>>,
+    /// Queue entries waiting for the lease's next transaction (group commit, `batch.rs`).
+    batch: StdMutex<batch::Queue>,
     /// The watches of held keys, by watch id, and the stream they are on.
     watches: StdMutex<HashMap<i64, Arc<KeyWatch>>>,
     watch_tx: tokio::sync::Mutex<Option<ec::WatchRequestSender>>,
@@ -359,6 +371,15 @@ impl Session {
             .unwrap_or_else(|p| p.into_inner())
             .entry((name.to_owned(), owner.to_owned()))
             .or_insert_with(Instant::now);
+    }
+
+    /// The request that [`Session::expect_gone`] covers is being sent now (it may have waited
+    /// for a batch): the sweeper counts from here.
+    fn sending(&self, name: &str, owner: &str) {
+        self.orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((name.to_owned(), owner.to_owned()), Instant::now());
     }
 
     /// The request that [`Session::expect_gone`] covered went through.
@@ -1089,12 +1110,16 @@ impl EtcdBackend {
     /// A transaction, through [`EtcdBackend::call`] (every transaction of this store is
     /// idempotent: a put on `create_revision == 0`, a delete on its revision, reads).
     async fn txn(&self, txn: ec::Txn) -> Result<ec::TxnResponse> {
+        self.call_txn(txn).await.map_err(unavailable)
+    }
+
+    /// A transaction, through [`EtcdBackend::call`], with etcd's error.
+    async fn call_txn(&self, txn: ec::Txn) -> Result<ec::TxnResponse, ec::Error> {
         self.call(|mut c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }
         })
         .await
-        .map_err(unavailable)
     }
 
     /// A read, through [`EtcdBackend::call`].
@@ -1163,6 +1188,7 @@ impl EtcdBackend {
             keeper: tokio::sync::Mutex::new(None),
             plain_keys: StdMutex::new(HashSet::new()),
             orphans: StdMutex::new(HashMap::new()),
+            batch: StdMutex::new(batch::Queue::default()),
             watches: StdMutex::new(HashMap::new()),
             watch_tx: tokio::sync::Mutex::new(None),
             next_watch: AtomicI64::new(1),
@@ -1228,22 +1254,21 @@ impl EtcdBackend {
             Some(ec::PutOptions::new().with_lease(s.lease)),
         )];
         then.extend(reads);
-        let txn = ec::Txn::new()
-            .when([ec::Compare::create_revision(
-                key.clone(),
-                ec::CompareOp::Equal,
-                0,
-            )])
-            .and_then(then)
-            .or_else([ec::TxnOp::get(key.clone(), None)]);
+        let entry = batch::Entry {
+            dir,
+            name: name.clone(),
+            owner: req.owner.to_owned(),
+            compare: ec::Compare::create_revision(key.clone(), ec::CompareOp::Equal, 0),
+            then,
+            otherwise: vec![ec::TxnOp::get(key.clone(), None)],
+        };
         s.expect_gone(&name, req.owner);
-        let resp = match self
-            .call(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await
-        {
+        let answer = batch::submit(self, s, entry).await.unwrap_or_else(|_| {
+            Err(ec::Error::IoError(std::io::Error::other(
+                "the transaction's batch was dropped",
+            )))
+        });
+        let (succeeded, rev, responses) = match answer {
             Ok(r) => r,
             Err(e) => {
                 if lease_gone(&e) {
@@ -1263,12 +1288,11 @@ impl EtcdBackend {
                 return Err(unavailable(e));
             }
         };
-        let rev = resp.header().map_or(0, |h| h.revision());
-        let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+        let mut gets = responses.into_iter().filter_map(|r| match r {
             ec::TxnOpResponse::Get(mut g) => Some(g.take_kvs()),
             _ => None,
         });
-        if !resp.succeeded() {
+        if !succeeded {
             // The key exists: this owner's, from an attempt whose answer was lost.
             let kv = gets.next().and_then(|mut k| k.pop());
             let Some(kv) = kv.filter(|kv| KeyData::read(kv.value()).owner == req.owner) else {

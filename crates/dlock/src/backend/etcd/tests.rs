@@ -345,6 +345,85 @@ async fn waiters_of_one_client_share_one_watch() {
     assert_eq!(b.stats().name_watches.load(Ordering::Relaxed), 2);
 }
 
+/// Acquisitions of many names at once by one client put their keys in joined transactions
+/// (one revision each, so at most one key of a name in each), and a key that exists already
+/// (here one put by hand under the client's plain key of a name) sends the joined entries alone
+/// again, each answered as before: the others granted, that name queued behind the foreign key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_entries_of_many_names_go_in_joined_transactions() {
+    let etcd = Cluster::any();
+    let p = prefix();
+    let b = etcd.backend(&p, "5s").await;
+    let mut raw = etcd.raw().await;
+    let lease = b.lease_id().await.unwrap();
+    let taken = format!("{p}/{}/{lease:x}", escape_name("taken"));
+    raw.put(taken.clone(), "", None).await.unwrap();
+    let m = meta("joined");
+    // 300 names, 20 owners on one of them ("same"), and "taken".
+    let mut wants: Vec<(LockName, String)> = (0..300)
+        .map(|i| (name(&format!("n{i}")), format!("owner-{i}")))
+        .collect();
+    wants.extend((0..20).map(|i| (name("same"), format!("same-{i}"))));
+    wants.push((name("taken"), "taken-owner".to_string()));
+    use futures_util::stream::StreamExt;
+    let answers: Vec<(usize, Attempt)> = futures_util::stream::iter(wants.iter().enumerate())
+        .map(|(i, (n, o))| {
+            let (b, m) = (&b, &m);
+            // The owners of "same" wait: their keys stay queued.
+            let req = if n.as_str() == "same" {
+                wait_rq(n, o, m)
+            } else {
+                rq(n, o, m)
+            };
+            async move { (i, b.begin(&req).attempt().await.unwrap()) }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let joined = b.stats().joined.load(Ordering::Relaxed);
+    let entries = b.stats().joined_entries.load(Ordering::Relaxed);
+    eprintln!(
+        "{} acquisitions: {joined} joined transactions of {entries} entries",
+        wants.len()
+    );
+    assert!(
+        joined >= 1 && entries >= 2 * joined,
+        "{joined} joined, {entries} entries"
+    );
+    let mut same_granted = 0;
+    for (i, a) in answers {
+        let (n, _) = &wants[i];
+        match n.as_str() {
+            "same" => same_granted += usize::from(matches!(a, Attempt::Granted(_))),
+            "taken" => {
+                busy(a);
+            }
+            _ => {
+                token(a);
+            }
+        }
+    }
+    assert_eq!(same_granted, 1, "one owner of \"same\" holds");
+    // Of one name, no two keys share a revision; the foreign key stays first under "taken".
+    let same = keys(&mut raw, &p, "same").await;
+    let revs: HashSet<i64> = same.iter().map(|kv| kv.create_revision()).collect();
+    assert_eq!(same.len(), 20, "{same:?}");
+    assert_eq!(revs.len(), 20, "{same:?}");
+    let under_taken = keys(&mut raw, &p, "taken").await;
+    assert_eq!(
+        under_taken.first().map(|kv| kv.key()),
+        Some(taken.as_bytes())
+    );
+    assert_eq!(under_taken.len(), 1, "a refused try leaves no key");
+    // A joined transaction's error reaches each of its entries as the same kind of error.
+    let e = raw
+        .put("x", "", Some(ec::PutOptions::new().with_lease(0x7e57)))
+        .await
+        .unwrap_err();
+    assert!(lease_gone(&e), "{e}");
+    assert!(lease_gone(&batch::copy(&e)) && !transient(&batch::copy(&e)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn renewing_many_holds_is_one_keepalive() {
     let etcd = Cluster::any();
