@@ -35,6 +35,8 @@ pub(super) struct Entry {
     pub(super) dir: String,
     pub(super) name: String,
     pub(super) owner: String,
+    /// The key is the lease's plain key of the name (reserved for this entry).
+    pub(super) plain: bool,
     /// The key does not exist yet.
     pub(super) compare: ec::Compare,
     /// The put and the reads.
@@ -90,15 +92,29 @@ async fn flush(b: EtcdBackend, s: Arc<Session>) {
 
 /// The next batch: entries in the order they came, at most one per name and at most
 /// [`MAX_TXN_OPS`] operations. An entry whose acquisition is gone is dropped unsent (its key is
-/// then never put). Clears `flushing` when nothing is left.
+/// then never put, and the plain key it reserved is free again). Clears `flushing` when nothing
+/// is left.
 fn take(s: &Session) -> Vec<Waiting> {
-    let mut q = s.batch.lock().unwrap_or_else(|p| p.into_inner());
+    let mut gone = Vec::new();
+    let batch = {
+        let mut q = s.batch.lock().unwrap_or_else(|p| p.into_inner());
+        pick(&mut q, &mut gone)
+    };
+    let mut plain = s.plain_keys.lock().unwrap_or_else(|p| p.into_inner());
+    for e in gone.into_iter().filter(|e| e.plain) {
+        plain.remove(&e.name);
+    }
+    batch
+}
+
+fn pick(q: &mut Queue, gone: &mut Vec<Entry>) -> Vec<Waiting> {
     let mut batch: Vec<Waiting> = Vec::new();
     let mut names = HashSet::new();
     let mut ops = 0;
     let mut kept = VecDeque::new();
     while let Some(w) = q.entries.pop_front() {
         if w.answer.is_closed() {
+            gone.push(w.entry);
             continue;
         }
         let fits = batch.len() < MAX_TXN_OPS && ops + w.entry.then.len() <= MAX_TXN_OPS;
@@ -200,6 +216,60 @@ pub(super) fn copy(e: &ec::Error) -> ec::Error {
 mod tests {
     use super::super::lease_gone;
     use super::*;
+
+    fn entry(name: &str, ops: usize) -> (Waiting, tokio::sync::oneshot::Receiver<Answer>) {
+        let (answer, rx) = tokio::sync::oneshot::channel();
+        let key = format!("p/{name}/1");
+        let entry = Entry {
+            dir: format!("p/{name}/"),
+            name: name.to_owned(),
+            owner: "o".to_owned(),
+            plain: true,
+            compare: ec::Compare::create_revision(key.clone(), ec::CompareOp::Equal, 0),
+            then: (0..ops)
+                .map(|_| ec::TxnOp::get(key.clone(), None))
+                .collect(),
+            otherwise: Vec::new(),
+        };
+        (Waiting { entry, answer }, rx)
+    }
+
+    /// A batch takes entries in order, one per name and at most 128 operations; an entry
+    /// whose acquisition is gone is set aside unsent; `flushing` ends with an empty queue.
+    #[test]
+    fn a_batch_is_one_entry_per_name_within_the_limit() {
+        let mut q = Queue {
+            flushing: true,
+            ..Queue::default()
+        };
+        let mut rxs = Vec::new();
+        for name in ["a", "b", "a", "gone"] {
+            let (w, rx) = entry(name, 3);
+            q.entries.push_back(w);
+            rxs.push(rx);
+        }
+        drop(rxs.pop());
+        for i in 0..50 {
+            let (w, rx) = entry(&format!("n{i}"), 3);
+            q.entries.push_back(w);
+            rxs.push(rx);
+        }
+        let mut gone = Vec::new();
+        let first = pick(&mut q, &mut gone);
+        let names: Vec<&str> = first.iter().map(|w| w.entry.name.as_str()).collect();
+        // a, b, then n0.. up to 42 entries of 3 operations (126 of 128).
+        assert_eq!(names.len(), 42, "{names:?}");
+        assert_eq!(&names[..3], ["a", "b", "n0"]);
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].name, "gone");
+        // The second "a" and the rest wait for the next batch, in order.
+        let second = pick(&mut q, &mut gone);
+        assert_eq!(second[0].entry.name, "a");
+        assert_eq!(second.len(), 1 + 50 - 40);
+        assert!(q.flushing);
+        assert!(pick(&mut q, &mut gone).is_empty());
+        assert!(!q.flushing, "an empty queue ends the flusher");
+    }
 
     /// (A gRPC status, the lease's "not found" among them, is checked against a real cluster in
     /// the store's tests.)

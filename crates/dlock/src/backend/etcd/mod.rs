@@ -1258,6 +1258,7 @@ impl EtcdBackend {
             dir,
             name: name.clone(),
             owner: req.owner.to_owned(),
+            plain,
             compare: ec::Compare::create_revision(key.clone(), ec::CompareOp::Equal, 0),
             then,
             otherwise: vec![ec::TxnOp::get(key.clone(), None)],
