@@ -7,9 +7,10 @@
 //! yet) and every entry's operations (its put and the reads of its name's queue), which etcd
 //! runs in order. A batch holds at most one entry per name: the keys of one transaction share
 //! its revision, and a name's queue is ordered by the keys' create revisions. When the joined
-//! compare fails (an entry's key exists: an earlier attempt whose answer was lost) or the
-//! transaction fails, each entry is sent alone, as it would have been without the batch, and
-//! answered from its own transaction.
+//! compare fails (an entry's key exists: an earlier attempt whose answer was lost), each entry
+//! is sent alone, as it would have been without the batch, and answered from its own
+//! transaction. When the joined transaction fails, each entry is answered with an error of the
+//! same kind ([`copy`]), not sent again: a second try would take another call's time.
 
 use super::{transient, EtcdBackend, Session};
 use etcd_client as ec;
