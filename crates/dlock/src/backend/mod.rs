@@ -28,6 +28,14 @@
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod etcd;
+#[cfg(any(
+    feature = "sqlite",
+    feature = "zookeeper",
+    feature = "etcd",
+    feature = "postgres",
+    feature = "mysql"
+))]
+pub(crate) mod group;
 pub(crate) mod logic;
 pub mod memory;
 #[cfg(any(feature = "zookeeper", feature = "etcd"))]

@@ -136,6 +136,8 @@
 //! database is [`Error::Unavailable`](crate::Error::Unavailable) within seconds, never a hang.
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+mod batch;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod bell;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]

@@ -1,6 +1,7 @@
 //! PostgreSQL and MySQL/MariaDB in lease mode: [`SqlBackend`], one backend over a [`Dialect`].
 //! Tables, options and wake-ups are described in the [module docs](super).
 
+use super::batch;
 use super::bell::{bell_key, BellWait, Bells, Ringing, Rung};
 use super::common::{
     bind_hold, bind_waiter, extend_answers, extend_groups, grant, kind_columns, listing, ms,
@@ -9,6 +10,7 @@ use super::common::{
 };
 use super::config::{Dialect, HoldMode, SqlConfig};
 use super::fast;
+use crate::backend::group;
 use crate::backend::*;
 use crate::error::bounded;
 use crate::error::Error;
@@ -663,6 +665,10 @@ pub(crate) struct Sql {
     fast_answers: [AtomicU64; 3],
     /// Looks of waiters (`still_busy`) so far.
     looks: AtomicU64,
+    /// Grant routine calls that wait for a pooled connection's slot, batched (MySQL, `batch.rs`).
+    pub(super) grants: batch::Grants,
+    /// Batches of more than one grant sent, and the grants they made.
+    pub(super) batched: [AtomicU64; 2],
     /// The names' bells (MySQL in lease mode, see `bell.rs`).
     bells: Option<Arc<Bells>>,
 }
@@ -794,6 +800,8 @@ impl Sql {
             fast_call,
             fast_answers: Default::default(),
             looks: AtomicU64::new(0),
+            grants: batch::Grants::new(MAX_CONNECTIONS as usize),
+            batched: Default::default(),
             bells: (dialect == Dialect::MySql && cfg.mode == HoldMode::Lease)
                 .then(|| Bells::new(connect.clone())),
             connect,
@@ -1049,28 +1057,56 @@ impl Sql {
         }
     }
 
-    /// The one-round-trip grant (`fast.rs`) when `req` is one it can answer: `None` means take
-    /// the full path. With the answer, the highest token of the holds in the way (0 if none).
-    async fn fast_acquire(
-        &self,
-        req: &Request<'_>,
-        reg: Option<&RegArgs>,
-    ) -> std::result::Result<Option<(Attempt, u64)>, sqlx::Error> {
-        let lease_ms = ms(req.lease);
-        // Exclusive requests that take no queue place only: the routine answers shared ones
-        // only on a free name, and everywhere else (a reader beside readers, a semaphore permit
-        // beside permits) they would pay its round trip and then the full transaction.
-        // MySQL's routine does not write values: a hold with one (an election's) takes the full
-        // path there.
-        let eligible = self.mode == HoldMode::Lease
+    /// Whether the grant routine is called for `req`: exclusive requests that take no queue
+    /// place only. The routine answers shared ones only on a free name, and everywhere else (a
+    /// reader beside readers, a semaphore permit beside permits) they would pay its round trip
+    /// and then the full transaction. MySQL's routine does not write values: a hold with one (an
+    /// election's) takes the full path there.
+    fn fast_eligible(&self, req: &Request<'_>) -> bool {
+        self.mode == HoldMode::Lease
             && self.fast.load(Ordering::Relaxed)
             && (req.meta.value.is_none() || self.dialect == Dialect::Postgres)
             && req.mode == Mode::Exclusive
             && !req.takes_queue_place()
-            && lease_ms < (1 << 50);
-        if !eligible {
+            && ms(req.lease) < (1 << 50)
+    }
+
+    /// [`Sql::fast_acquire`], batched with the calls that wait for a connection meanwhile
+    /// (`batch.rs`). A waiter registered by an earlier attempt (PostgreSQL) calls the routine
+    /// alone: its grant removes the registration, which a batch does not.
+    async fn fast_grouped(
+        self: &Arc<Self>,
+        req: &Request<'_>,
+        reg: Option<&RegArgs>,
+    ) -> std::result::Result<Option<(Attempt, u64)>, sqlx::Error> {
+        if reg.is_some_and(|r| r.registered) || !self.fast_eligible(req) {
+            return self.fast_acquire(req, reg).await;
+        }
+        let ask = batch::Ask {
+            want: Want::new(req),
+            reg: reg.copied(),
+        };
+        match group::enter(&batch::Granting(self.clone()), ask) {
+            group::Entered::Alone(_turn, _) => self.fast_acquire(req, reg).await,
+            group::Entered::Queued(rx) => match rx.await {
+                Ok(batch::Grouped::Decided(a, seen)) => Ok(Some((a, seen))),
+                Ok(batch::Grouped::Failed(e)) => Err(e),
+                Ok(batch::Grouped::Undecided) | Err(_) => self.fast_acquire(req, reg).await,
+            },
+        }
+    }
+
+    /// The one-round-trip grant (`fast.rs`) when `req` is one it can answer: `None` means take
+    /// the full path. With the answer, the highest token of the holds in the way (0 if none).
+    pub(super) async fn fast_acquire(
+        &self,
+        req: &Request<'_>,
+        reg: Option<&RegArgs>,
+    ) -> std::result::Result<Option<(Attempt, u64)>, sqlx::Error> {
+        if !self.fast_eligible(req) {
             return Ok(None);
         }
+        let lease_ms = ms(req.lease);
         let (kind, permits) = kind_columns(req.kind);
         let q = sqlx::query(&self.fast_call)
             .bind(req.name.as_str())
@@ -1416,12 +1452,12 @@ impl Sql {
     /// token of the holds that refused it (a hand-off with a higher one came after).
     /// `wake_lock`: the full path takes the name's wake lock (see `fast::WAKE_KEY`).
     async fn acquire_tx(
-        &self,
+        self: &Arc<Self>,
         req: &Request<'_>,
         reg: Option<&RegArgs>,
         wake_lock: bool,
     ) -> Result<(Attempt, u64)> {
-        match self.fast_acquire(req, reg).await {
+        match self.fast_grouped(req, reg).await {
             Ok(Some(a)) => return Ok(a),
             Ok(None) => {}
             // A deadlock or serialization failure: the full path retries.

@@ -853,6 +853,60 @@ async fn table_listener(table: &str) -> sqlx::postgres::PgListener {
     l
 }
 
+/// PostgreSQL: a waiting attempt that queued for a connection's slot and went out alone calls
+/// the routine as its caller would have: refused, it registers, and the release hands it the lock.
+#[cfg(feature = "postgres")]
+async fn postgres_a_queued_waiter_alone_in_its_batch_registers() {
+    let d = Dialect::Postgres;
+    let table = own_table("dlt_batchreg");
+    let a = Arc::new(open_isolated(d, &table).await);
+    let other = open_isolated(d, &table).await;
+    let (ma, mb) = (meta("A"), meta("B"));
+    let n = name(&uniq("breg"));
+    let h = rq(&n, "h", &ma);
+    token(other.acquire(&h).await.unwrap());
+    // Every slot taken, so the waiter's attempt queues.
+    let g = batch::Granting(a.inner.clone());
+    let turns: Vec<_> = (0..MAX_CONNECTIONS)
+        .map(|_| {
+            let ask = batch::Ask {
+                want: Want::new(&h),
+                reg: None,
+            };
+            match group::enter(&g, ask) {
+                group::Entered::Alone(turn, _) => turn,
+                group::Entered::Queued(_) => panic!("a slot was free"),
+            }
+        })
+        .collect();
+    let waiter = tokio::spawn({
+        let (a, n) = (a.clone(), n.clone());
+        async move {
+            let w = Request {
+                waiting: true,
+                ..rq(&n, "w", &mb)
+            };
+            a.acquire(&w).await.unwrap()
+        }
+    });
+    let until = Instant::now() + Duration::from_secs(3);
+    while a.inner.grants.queued() == 0 {
+        assert!(Instant::now() < until, "the attempt never queued");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    drop(turns);
+    busy(waiter.await.unwrap());
+    let registered: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {table}_waiters WHERE owner = 'w'"
+    ))
+    .fetch_one(&a.inner.pool)
+    .await
+    .unwrap();
+    assert_eq!(registered, 1, "the refused waiter registered");
+    assert_eq!(other.release(&hr(&h)).await.unwrap(), Released::HandedOff);
+    drop_tables(&a, &table).await;
+}
+
 /// A release wakes only who waits: nobody (no `NOTIFY` at all), a reader (the name's channel),
 /// a registered mutex waiter (handed the lock, told alone, and it takes the hold without a
 /// statement).
@@ -1338,6 +1392,106 @@ async fn postgres_a_grant_in_progress_wins_the_race() {
         .execute(&a.inner.pool)
         .await
         .unwrap();
+}
+
+/// Grants of many new names at once go in batches (`batch.rs`) while every connection's slot is
+/// taken: each name is granted once with the next fence, a name that is held or has an expired
+/// hold is left to the routine (refused, or granted by the full path with the next fence), and
+/// the tokens of a second burst on the same names go on from the first.
+async fn grants_of_many_names_go_in_batches(d: Dialect) {
+    let table = own_table("dlt_batch");
+    let a = Arc::new(open(d, &table).await);
+    let other = open(d, &table).await;
+    let base = uniq("batch");
+    let m = meta("m");
+    let held = name(&format!("{base}/held"));
+    let expired = name(&format!("{base}/expired"));
+    token(other.acquire(&rq(&held, "other", &m)).await.unwrap());
+    let short = Request {
+        lease: Duration::from_millis(50),
+        ..rq(&expired, "other", &m)
+    };
+    token(other.acquire(&short).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let names: Vec<LockName> = (0..120)
+        .map(|i| name(&format!("{base}/{i}")))
+        .chain([held.clone(), expired.clone()])
+        .collect();
+    let burst = |round: u64| {
+        let tasks: Vec<_> = names
+            .iter()
+            .map(|n| {
+                let (a, n, m) = (a.clone(), n.clone(), m.clone());
+                tokio::spawn(async move {
+                    let owner = format!("o{round}-{n}");
+                    a.acquire(&rq(&n, &owner, &m)).await.unwrap()
+                })
+            })
+            .collect();
+        async move {
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.unwrap());
+            }
+            out
+        }
+    };
+    let first = burst(1).await;
+    let [batches, batched] = &a.inner.batched;
+    let (batches, batched) = (
+        batches.load(Ordering::Relaxed),
+        batched.load(Ordering::Relaxed),
+    );
+    assert!(
+        batches >= 1 && batched >= 2,
+        "batches {batches}, grants in them {batched}"
+    );
+    for (n, at) in names.iter().zip(&first) {
+        match n {
+            n if *n == held => assert!(matches!(at, Attempt::Busy(_)), "{at:?}"),
+            n if *n == expired => assert_eq!(token(at.clone()), 2),
+            _ => assert_eq!(token(at.clone()), 1, "{n}"),
+        }
+    }
+    let rows: Vec<(String, String, i64)> =
+        sqlx::query_as(&format!("SELECT name, owner, fence FROM {table}"))
+            .fetch_all(&a.inner.pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), names.len(), "one hold per name");
+    for (n, owner, fence) in &rows {
+        let want = if *n == held.as_str() {
+            "other".to_owned()
+        } else {
+            format!("o1-{n}")
+        };
+        assert_eq!(owner, &want);
+        assert_eq!(
+            *fence,
+            if *n == held.as_str() {
+                1
+            } else if *n == expired.as_str() {
+                2
+            } else {
+                1
+            }
+        );
+    }
+    // Released, and taken again in a burst: the next fence of each name.
+    sqlx::query(&format!("DELETE FROM {table} WHERE owner LIKE 'o1-%'"))
+        .execute(&a.inner.pool)
+        .await
+        .unwrap();
+    let second = burst(2).await;
+    for (n, at) in names.iter().zip(second) {
+        match n {
+            n if *n == held => assert!(matches!(at, Attempt::Busy(_))),
+            n if *n == expired => assert_eq!(token(at), 3),
+            _ => assert_eq!(token(at), 2, "{n}"),
+        }
+    }
+    assert!(a.inner.batched[0].load(Ordering::Relaxed) > batches);
+    drop_tables(&a, &table).await;
 }
 
 #[cfg(feature = "mysql")]
@@ -2249,11 +2403,17 @@ mod postgres {
         session_mode_values,
         a_table_without_values_gets_the_column,
         an_open_table_is_not_migrated_again,
+        grants_of_many_names_go_in_batches,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn notify_wakes_well_before_polling() {
         super::postgres_notify_wakes_well_before_polling().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_queued_waiter_alone_in_its_batch_registers() {
+        super::postgres_a_queued_waiter_alone_in_its_batch_registers().await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2331,6 +2491,7 @@ mod mysql {
         session_mode_values,
         a_table_without_values_gets_the_column,
         an_open_table_is_not_migrated_again,
+        grants_of_many_names_go_in_batches,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
