@@ -3,6 +3,9 @@
 //! client taking thousands of names at once then costs the cluster one raft entry per batch
 //! instead of one per name).
 //!
+//! The queue is the generic group commit (`backend/group.rs`) with one slot per lease: an
+//! acquisition that finds no transaction of its lease in flight sends its own at once.
+//!
 //! A batch is the entries' transactions joined: every entry's compare (its key does not exist
 //! yet) and every entry's operations (its put and the reads of its name's queue), which etcd
 //! runs in order. A batch holds at most one entry per name: the keys of one transaction share
@@ -13,20 +16,20 @@
 //! same kind ([`copy`]), not sent again: a second try would take another call's time.
 
 use super::{transient, EtcdBackend, Session};
+use crate::backend::group::{Batcher, Group, Job};
 use etcd_client as ec;
-use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// etcd's default limit of operations in each part of a transaction (`--max-txn-ops`).
 const MAX_TXN_OPS: usize = 128;
 
-/// The entries waiting for the next transaction of a lease.
-#[derive(Debug, Default)]
-pub(super) struct Queue {
-    entries: VecDeque<Waiting>,
-    /// A flusher task runs (it sends what queues until the queue is empty).
-    flushing: bool,
+/// The entries of one lease: one transaction in flight at a time.
+pub(super) type Queue = Group<Entry, Answer>;
+
+/// A new lease's queue.
+pub(super) fn queue() -> Queue {
+    Group::new(1)
 }
 
 /// One queue entry: an acquisition's transaction.
@@ -50,108 +53,58 @@ pub(super) struct Entry {
 /// responses of its operations (`then` or `otherwise`).
 pub(super) type Answer = Result<(bool, i64, Vec<ec::TxnOpResponse>), ec::Error>;
 
-struct Waiting {
-    entry: Entry,
-    answer: tokio::sync::oneshot::Sender<Answer>,
-}
+/// A lease's queue with its backend, as the flusher's handle.
+#[derive(Clone)]
+pub(super) struct Lease(pub(super) EtcdBackend, pub(super) Arc<Session>);
 
-impl std::fmt::Debug for Waiting {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.entry.fmt(f)
+impl Batcher for Lease {
+    type Item = Entry;
+    type Answer = Answer;
+    const LIMIT: usize = MAX_TXN_OPS;
+
+    fn group(&self) -> &Queue {
+        &self.1.batch
     }
-}
 
-/// Queues `entry` on the lease `s`, starting a flusher if none runs; the answer comes when its
-/// transaction (joined or alone) was answered.
-pub(super) fn submit(
-    b: &EtcdBackend,
-    s: &Arc<Session>,
-    entry: Entry,
-) -> tokio::sync::oneshot::Receiver<Answer> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let start = {
-        let mut q = s.batch.lock().unwrap_or_else(|p| p.into_inner());
-        q.entries.push_back(Waiting { entry, answer: tx });
-        !std::mem::replace(&mut q.flushing, true)
-    };
-    if start {
-        tokio::spawn(flush(b.clone(), s.clone()));
+    fn key<'a>(&self, e: &'a Entry) -> Option<&'a str> {
+        Some(&e.dir)
     }
-    rx
-}
 
-/// Sends batches until the queue is empty.
-async fn flush(b: EtcdBackend, s: Arc<Session>) {
-    loop {
-        let batch = take(&s);
-        if batch.is_empty() {
+    fn cost(&self, e: &Entry) -> usize {
+        e.then.len()
+    }
+
+    /// The entry's key is never put: the plain key it reserved is free again.
+    fn left(&self, e: Entry) {
+        if e.plain {
+            let mut plain = self.1.plain_keys.lock().unwrap_or_else(|p| p.into_inner());
+            plain.remove(&e.name);
+        }
+    }
+
+    async fn send(&self, batch: Vec<Job<Entry, Answer>>) {
+        let (b, s) = (&self.0, &self.1);
+        if let [_] = batch.as_slice() {
+            for job in batch {
+                let _ = job.answer.send(alone(b, s, &job.item).await);
+            }
             return;
         }
-        send(&b, &s, batch).await;
-    }
-}
-
-/// The next batch: entries in the order they came, at most one per name and at most
-/// [`MAX_TXN_OPS`] operations. An entry whose acquisition is gone is dropped unsent (its key is
-/// then never put, and the plain key it reserved is free again). Clears `flushing` when nothing
-/// is left.
-fn take(s: &Session) -> Vec<Waiting> {
-    let mut gone = Vec::new();
-    let batch = {
-        let mut q = s.batch.lock().unwrap_or_else(|p| p.into_inner());
-        pick(&mut q, &mut gone)
-    };
-    let mut plain = s.plain_keys.lock().unwrap_or_else(|p| p.into_inner());
-    for e in gone.into_iter().filter(|e| e.plain) {
-        plain.remove(&e.name);
-    }
-    batch
-}
-
-fn pick(q: &mut Queue, gone: &mut Vec<Entry>) -> Vec<Waiting> {
-    let mut batch: Vec<Waiting> = Vec::new();
-    let mut names = HashSet::new();
-    let mut ops = 0;
-    let mut kept = VecDeque::new();
-    while let Some(w) = q.entries.pop_front() {
-        if w.answer.is_closed() {
-            gone.push(w.entry);
-            continue;
-        }
-        let fits = batch.len() < MAX_TXN_OPS && ops + w.entry.then.len() <= MAX_TXN_OPS;
-        if fits && !names.contains(&w.entry.dir) {
-            ops += w.entry.then.len();
-            names.insert(w.entry.dir.clone());
-            batch.push(w);
-        } else {
-            kept.push_back(w);
-        }
-    }
-    q.entries = kept;
-    if batch.is_empty() {
-        q.flushing = false;
-    }
-    batch
-}
-
-/// Sends one batch (a lone entry as its own transaction) and answers its entries.
-async fn send(b: &EtcdBackend, s: &Session, batch: Vec<Waiting>) {
-    if batch.len() > 1 {
         // The sweeper counts from the send: an entry's key may appear up to a call after it.
-        for w in &batch {
-            s.sending(&w.entry.name, &w.entry.owner);
+        for j in &batch {
+            s.sending(&j.item.name, &j.item.owner);
         }
         let txn = ec::Txn::new()
             .when(
                 batch
                     .iter()
-                    .map(|w| w.entry.compare.clone())
+                    .map(|j| j.item.compare.clone())
                     .collect::<Vec<_>>(),
             )
             .and_then(
                 batch
                     .iter()
-                    .flat_map(|w| w.entry.then.iter().cloned())
+                    .flat_map(|j| j.item.then.iter().cloned())
                     .collect::<Vec<_>>(),
             );
         match b.call_txn(txn).await {
@@ -163,43 +116,41 @@ async fn send(b: &EtcdBackend, s: &Session, batch: Vec<Waiting>) {
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);
                 let rev = resp.header().map_or(0, |h| h.revision());
                 let mut responses = resp.op_responses().into_iter();
-                for w in batch {
-                    let mine: Vec<_> = responses.by_ref().take(w.entry.then.len()).collect();
-                    let _ = w.answer.send(Ok((true, rev, mine)));
+                for j in batch {
+                    let mine: Vec<_> = responses.by_ref().take(j.item.then.len()).collect();
+                    let _ = j.answer.send(Ok((true, rev, mine)));
                 }
             }
             // A key existed: each entry alone, all at once.
             Ok(_) => {
-                futures_util::future::join_all(batch.into_iter().map(|w| alone(b, s, w))).await;
+                futures_util::future::join_all(batch.into_iter().map(|j| async move {
+                    let _ = j.answer.send(alone(b, s, &j.item).await);
+                }))
+                .await;
             }
             // Each entry's answer is the error (its kind kept: the caller tells a lease that
             // is gone and an error that may have let the put through from the others), not a
             // second try that would take another call's time.
             Err(e) => {
-                for w in batch {
-                    let _ = w.answer.send(Err(copy(&e)));
+                for j in batch {
+                    let _ = j.answer.send(Err(copy(&e)));
                 }
             }
         }
-        return;
-    }
-    for w in batch {
-        alone(b, s, w).await;
     }
 }
 
-/// Sends one entry as its own transaction and answers it.
-async fn alone(b: &EtcdBackend, s: &Session, w: Waiting) {
-    s.sending(&w.entry.name, &w.entry.owner);
+/// Sends one entry as its own transaction.
+pub(super) async fn alone(b: &EtcdBackend, s: &Session, e: &Entry) -> Answer {
+    s.sending(&e.name, &e.owner);
     let txn = ec::Txn::new()
-        .when([w.entry.compare.clone()])
-        .and_then(w.entry.then.clone())
-        .or_else(w.entry.otherwise.clone());
-    let answer = b.call_txn(txn).await.map(|resp| {
+        .when([e.compare.clone()])
+        .and_then(e.then.clone())
+        .or_else(e.otherwise.clone());
+    b.call_txn(txn).await.map(|resp| {
         let rev = resp.header().map_or(0, |h| h.revision());
         (resp.succeeded(), rev, resp.op_responses())
-    });
-    let _ = w.answer.send(answer);
+    })
 }
 
 /// An error of the same kind as `e` for another entry of its batch (etcd's errors are not
@@ -217,60 +168,6 @@ pub(super) fn copy(e: &ec::Error) -> ec::Error {
 mod tests {
     use super::super::lease_gone;
     use super::*;
-
-    fn entry(name: &str, ops: usize) -> (Waiting, tokio::sync::oneshot::Receiver<Answer>) {
-        let (answer, rx) = tokio::sync::oneshot::channel();
-        let key = format!("p/{name}/1");
-        let entry = Entry {
-            dir: format!("p/{name}/"),
-            name: name.to_owned(),
-            owner: "o".to_owned(),
-            plain: true,
-            compare: ec::Compare::create_revision(key.clone(), ec::CompareOp::Equal, 0),
-            then: (0..ops)
-                .map(|_| ec::TxnOp::get(key.clone(), None))
-                .collect(),
-            otherwise: Vec::new(),
-        };
-        (Waiting { entry, answer }, rx)
-    }
-
-    /// A batch takes entries in order, one per name and at most 128 operations; an entry
-    /// whose acquisition is gone is set aside unsent; `flushing` ends with an empty queue.
-    #[test]
-    fn a_batch_is_one_entry_per_name_within_the_limit() {
-        let mut q = Queue {
-            flushing: true,
-            ..Queue::default()
-        };
-        let mut rxs = Vec::new();
-        for name in ["a", "b", "a", "gone"] {
-            let (w, rx) = entry(name, 3);
-            q.entries.push_back(w);
-            rxs.push(rx);
-        }
-        drop(rxs.pop());
-        for i in 0..50 {
-            let (w, rx) = entry(&format!("n{i}"), 3);
-            q.entries.push_back(w);
-            rxs.push(rx);
-        }
-        let mut gone = Vec::new();
-        let first = pick(&mut q, &mut gone);
-        let names: Vec<&str> = first.iter().map(|w| w.entry.name.as_str()).collect();
-        // a, b, then n0.. up to 42 entries of 3 operations (126 of 128).
-        assert_eq!(names.len(), 42, "{names:?}");
-        assert_eq!(&names[..3], ["a", "b", "n0"]);
-        assert_eq!(gone.len(), 1);
-        assert_eq!(gone[0].name, "gone");
-        // The second "a" and the rest wait for the next batch, in order.
-        let second = pick(&mut q, &mut gone);
-        assert_eq!(second[0].entry.name, "a");
-        assert_eq!(second.len(), 1 + 50 - 40);
-        assert!(q.flushing);
-        assert!(pick(&mut q, &mut gone).is_empty());
-        assert!(!q.flushing, "an empty queue ends the flusher");
-    }
 
     /// (A gRPC status, the lease's "not found" among them, is checked against a real cluster in
     /// the store's tests.)

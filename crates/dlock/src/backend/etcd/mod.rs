@@ -343,7 +343,7 @@ struct Session {
     /// acquisition's key would otherwise block its name as long as this client lives).
     orphans: StdMutex<HashMap<(String, String), Instant>>,
     /// Queue entries waiting for the lease's next transaction (group commit, `batch.rs`).
-    batch: StdMutex<batch::Queue>,
+    batch: batch::Queue,
     /// The watches of held keys, by watch id, and the stream they are on.
     watches: StdMutex<HashMap<i64, Arc<KeyWatch>>>,
     watch_tx: tokio::sync::Mutex<Option<ec::WatchRequestSender>>,
@@ -1188,7 +1188,7 @@ impl EtcdBackend {
             keeper: tokio::sync::Mutex::new(None),
             plain_keys: StdMutex::new(HashSet::new()),
             orphans: StdMutex::new(HashMap::new()),
-            batch: StdMutex::new(batch::Queue::default()),
+            batch: batch::queue(),
             watches: StdMutex::new(HashMap::new()),
             watch_tx: tokio::sync::Mutex::new(None),
             next_watch: AtomicI64::new(1),
@@ -1264,11 +1264,14 @@ impl EtcdBackend {
             otherwise: vec![ec::TxnOp::get(key.clone(), None)],
         };
         s.expect_gone(&name, req.owner);
-        let answer = batch::submit(self, s, entry).await.unwrap_or_else(|_| {
-            Err(ec::Error::IoError(std::io::Error::other(
-                "the transaction's batch was dropped",
-            )))
-        });
+        let answer = match group::enter(&batch::Lease(self.clone(), s.clone()), entry) {
+            group::Entered::Alone(_turn, entry) => batch::alone(self, s, &entry).await,
+            group::Entered::Queued(rx) => rx.await.unwrap_or_else(|_| {
+                Err(ec::Error::IoError(std::io::Error::other(
+                    "the transaction's batch was dropped",
+                )))
+            }),
+        };
         let (succeeded, rev, responses) = match answer {
             Ok(r) => r,
             Err(e) => {

@@ -3,32 +3,34 @@
 //! next ones queue, and go out together in one `multi` once it is answered. Many new names then
 //! cost one transaction of the ensemble instead of one each.
 //!
+//! The queue is the generic group commit (`backend/group.rs`) with one slot per session: a
+//! create that finds no `multi` of its session in flight sends its own at once.
+//!
 //! A batch holds at most one create per lock node: the nodes of one transaction share its zxid,
 //! the fencing token, which must grow from one holder of a name to the next.
 
 use super::{send_multi, MultiOutcome, Parent, Session, Via, ZooKeeperBackend};
-use std::collections::{HashSet, VecDeque};
+use crate::backend::group::{Batcher, Group, Job};
 use std::sync::Arc;
 use zookeeper_client as zk;
 
 /// The most creates (of lock node and child each) in one `multi`.
 const BATCH_MAX: usize = 64;
 
-/// The creates waiting for the next `multi` of a session.
-#[derive(Debug, Default)]
-pub(super) struct Queue {
-    ops: VecDeque<Op>,
-    /// A flusher task runs (it sends what queues until the queue is empty).
-    flushing: bool,
+/// The creates of one session: one `multi` of them in flight at a time.
+pub(super) type Queue = Group<Op, Answer>;
+
+/// A new session's queue.
+pub(super) fn queue() -> Queue {
+    Group::new(1)
 }
 
 /// One create of a lock node and its child (the owner's node).
 #[derive(Debug)]
-struct Op {
-    lock_path: String,
-    child: String,
-    data: Vec<u8>,
-    answer: tokio::sync::oneshot::Sender<Answer>,
+pub(super) struct Op {
+    pub(super) lock_path: String,
+    pub(super) child: String,
+    pub(super) data: Vec<u8>,
 }
 
 /// What became of a queued create.
@@ -40,68 +42,30 @@ pub(super) enum Answer {
     Again,
 }
 
-/// Queues the create of `lock_path` with the child `child` (a sequential path) in `s`, starting
-/// a flusher if none runs.
-pub(super) fn submit(
-    b: &ZooKeeperBackend,
-    s: &Arc<Session>,
-    lock_path: &str,
-    child: &str,
-    data: Vec<u8>,
-) -> tokio::sync::oneshot::Receiver<Answer> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let start = {
-        let mut q = s.batch.lock().unwrap_or_else(|p| p.into_inner());
-        q.ops.push_back(Op {
-            lock_path: lock_path.to_owned(),
-            child: child.to_owned(),
-            data,
-            answer: tx,
-        });
-        !std::mem::replace(&mut q.flushing, true)
-    };
-    if start {
-        tokio::spawn(flush(b.clone(), s.clone()));
-    }
-    rx
-}
+/// A session's queue with its backend, as the flusher's handle.
+#[derive(Clone)]
+pub(super) struct Creates(pub(super) ZooKeeperBackend, pub(super) Arc<Session>);
 
-/// Sends batches until the queue is empty.
-async fn flush(b: ZooKeeperBackend, s: Arc<Session>) {
-    loop {
-        let ops = take(&b, &s);
-        if ops.is_empty() {
-            return;
-        }
-        send(&b, &s, ops).await;
-    }
-}
+impl Batcher for Creates {
+    type Item = Op;
+    type Answer = Answer;
+    const LIMIT: usize = BATCH_MAX;
 
-/// The next batch: at most [`BATCH_MAX`] creates, one per lock node. Creates whose acquisition
-/// went away are dropped, and those under a lock node known by now are answered `Again`. An
-/// empty batch ends the flusher (under the queue's lock, so a create queued later starts one).
-fn take(b: &ZooKeeperBackend, s: &Session) -> Vec<Op> {
-    let mut q = s.batch.lock().unwrap_or_else(|p| p.into_inner());
-    let (mut ops, mut rest, mut paths) = (Vec::new(), VecDeque::new(), HashSet::new());
-    for op in q.ops.drain(..) {
-        if op.answer.is_closed() {
-            continue;
-        }
-        if b.parent(&op.lock_path).is_some() {
-            let _ = op.answer.send(Answer::Again);
-            continue;
-        }
-        if ops.len() < BATCH_MAX && paths.insert(op.lock_path.clone()) {
-            ops.push(op);
-        } else {
-            rest.push_back(op);
-        }
+    fn group(&self) -> &Queue {
+        &self.1.batch
     }
-    q.ops = rest;
-    if ops.is_empty() {
-        q.flushing = false;
+
+    fn key<'a>(&self, op: &'a Op) -> Option<&'a str> {
+        Some(&op.lock_path)
     }
-    ops
+
+    fn settled(&self, op: &Op) -> Option<Answer> {
+        self.0.parent(&op.lock_path).map(|_| Answer::Again)
+    }
+
+    async fn send(&self, batch: Vec<Job<Op, Answer>>) {
+        send(&self.0, &self.1, batch).await
+    }
 }
 
 fn add(m: &mut zk::MultiWriter<'_>, op: &Op) -> Result<(), zk::Error> {
@@ -111,15 +75,35 @@ fn add(m: &mut zk::MultiWriter<'_>, op: &Op) -> Result<(), zk::Error> {
     m.add_create(&op.child, &op.data, &child)
 }
 
+/// Sends one create in a `multi` of its own.
+async fn one(s: &Session, op: &Op) -> Result<MultiOutcome, zk::Error> {
+    let mut m = s.client.new_multi_writer();
+    match add(&mut m, op) {
+        Ok(()) => s.run(Via::Leader, send_multi(&mut m)).await,
+        Err(e) => Err(e),
+    }
+}
+
+/// [`one`], for a caller that runs alone; notes what the answer says of the lock node.
+pub(super) async fn alone(
+    b: &ZooKeeperBackend,
+    s: &Session,
+    op: &Op,
+) -> Result<MultiOutcome, zk::Error> {
+    let r = one(s, op).await;
+    note(b, op, &r);
+    r
+}
+
 /// Sends one batch as one `multi` and answers each create. When the server refuses one create
 /// (its lock node was there, say), the transaction did nothing: that create gets the refusal,
 /// and the others are sent again at once, each in a `multi` of its own.
-async fn send(b: &ZooKeeperBackend, s: &Session, ops: Vec<Op>) {
+async fn send(b: &ZooKeeperBackend, s: &Session, ops: Vec<Job<Op, Answer>>) {
     let mut m = s.client.new_multi_writer();
-    for op in &ops {
-        if let Err(e) = add(&mut m, op) {
-            for op in ops {
-                answer(b, s, op, Err(e.clone()));
+    for j in &ops {
+        if let Err(e) = add(&mut m, &j.item) {
+            for j in ops {
+                answer(b, s, j, Err(e.clone()));
             }
             return;
         }
@@ -127,52 +111,55 @@ async fn send(b: &ZooKeeperBackend, s: &Session, ops: Vec<Op>) {
     match s.run(Via::Leader, send_multi(&mut m)).await {
         Ok(Ok(results)) => {
             let mut results = results.into_iter();
-            for op in ops {
+            for j in ops {
                 let two = results.by_ref().take(2).collect();
-                answer(b, s, op, Ok(Ok(two)));
+                answer(b, s, j, Ok(Ok(two)));
             }
         }
         Ok(Err((i, e))) => {
             let (refused, mut others) = (i / 2, Vec::new());
-            for (k, op) in ops.into_iter().enumerate() {
+            for (k, j) in ops.into_iter().enumerate() {
                 if k == refused {
-                    answer(b, s, op, Ok(Err((i % 2, e.clone()))));
+                    answer(b, s, j, Ok(Err((i % 2, e.clone()))));
                 } else {
-                    others.push(op);
+                    others.push(j);
                 }
             }
-            let alone = others.into_iter().map(|op| async move {
-                let mut m = s.client.new_multi_writer();
-                let r = match add(&mut m, &op) {
-                    Ok(()) => s.run(Via::Leader, send_multi(&mut m)).await,
-                    Err(e) => Err(e),
-                };
-                answer(b, s, op, r);
+            let each = others.into_iter().map(|j| async move {
+                let r = one(s, &j.item).await;
+                answer(b, s, j, r);
             });
-            futures_util::future::join_all(alone).await;
+            futures_util::future::join_all(each).await;
         }
         Err(e) => {
-            for op in ops {
-                answer(b, s, op, Err(e.clone()));
+            for j in ops {
+                answer(b, s, j, Err(e.clone()));
             }
         }
     }
 }
 
-/// Notes what the answer says of the lock node (so that the creates queued behind it for the
-/// same name go under it) and hands it over; a node created for an acquisition that went away
-/// meanwhile is deleted again.
-fn answer(b: &ZooKeeperBackend, s: &Session, op: Op, r: Result<MultiOutcome, zk::Error>) {
-    match &r {
-        Ok(Ok(_)) | Ok(Err((0, zk::Error::NodeExists))) => {
-            b.note_parent(&op.lock_path, Some(Parent::Writable));
-        }
-        _ => {}
+/// Notes what a create's answer says of its lock node: the creates queued behind it for the
+/// same name go under it.
+fn note(b: &ZooKeeperBackend, op: &Op, r: &Result<MultiOutcome, zk::Error>) {
+    if let Ok(Ok(_)) | Ok(Err((0, zk::Error::NodeExists))) = r {
+        b.note_parent(&op.lock_path, Some(Parent::Writable));
     }
-    if let Err(Answer::Done(Ok(Ok(results)))) = op.answer.send(Answer::Done(r)) {
+}
+
+/// Notes what the answer says of the lock node and hands it over; a node created for an
+/// acquisition that went away meanwhile is deleted again.
+fn answer(
+    b: &ZooKeeperBackend,
+    s: &Session,
+    j: Job<Op, Answer>,
+    r: Result<MultiOutcome, zk::Error>,
+) {
+    note(b, &j.item, &r);
+    if let Err(Answer::Done(Ok(Ok(results)))) = j.answer.send(Answer::Done(r)) {
         for res in results {
             if let zk::MultiWriteResult::Create { path, .. } = res {
-                if path != op.lock_path {
+                if path != j.item.lock_path {
                     let client = s.client.clone();
                     tokio::spawn(async move {
                         let _ = client.delete(&path, None).await;

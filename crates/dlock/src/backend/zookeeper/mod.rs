@@ -162,7 +162,7 @@ struct Session {
     /// Send time of the last request the leader answered (`Via::Leader`).
     contact: StdMutex<Instant>,
     /// Creates under lock nodes not seen yet, waiting for the next group commit.
-    batch: StdMutex<batch::Queue>,
+    batch: batch::Queue,
 }
 
 impl fmt::Debug for Session {
@@ -777,7 +777,7 @@ impl ZooKeeperBackend {
             timeout,
             dead: AtomicBool::new(false),
             contact: StdMutex::new(sent),
-            batch: StdMutex::default(),
+            batch: batch::queue(),
         });
         sh.stats.sessions.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
@@ -892,12 +892,22 @@ impl ZooKeeperBackend {
             }
             let parent = self.parent(lock_path);
             let outcome = match parent {
-                None => match batch::submit(self, s, lock_path, &path, data.clone()).await {
-                    Ok(batch::Answer::Done(r)) => r,
-                    Ok(batch::Answer::Again) => continue,
-                    // The group commit's task went away (the runtime is shutting down).
-                    Err(_) => Err(zk::Error::ClientClosed),
-                },
+                None => {
+                    let op = batch::Op {
+                        lock_path: lock_path.to_owned(),
+                        child: path.clone(),
+                        data: data.clone(),
+                    };
+                    match group::enter(&batch::Creates(self.clone(), s.clone()), op) {
+                        group::Entered::Alone(_turn, op) => batch::alone(self, s, &op).await,
+                        group::Entered::Queued(rx) => match rx.await {
+                            Ok(batch::Answer::Done(r)) => r,
+                            Ok(batch::Answer::Again) => continue,
+                            // The group commit's task went away (the runtime is shutting down).
+                            Err(_) => Err(zk::Error::ClientClosed),
+                        },
+                    }
+                }
                 Some(Parent::Writable) => {
                     let mut m = s.client.new_multi_writer();
                     m.add_create(&path, &data, &opts).map_err(unavailable)?;

@@ -3,7 +3,8 @@
 //! most [`BATCH_MAX`]) before its one `COMMIT`: a burst of acquisitions (a client taking
 //! thousands of names at once) then costs one synced commit per batch instead of one each. An
 //! attempt that finds no transaction of its backend under way runs its own at once, in its
-//! caller's task, as without batching.
+//! caller's task, as without batching (the group commit of `backend/group.rs`, one slot per
+//! backend, no per-name rule).
 //!
 //! A batch decides its attempts in arrival order, each against what the ones before it wrote, so
 //! two attempts of one name in a batch exclude each other like two transactions would, and each
@@ -19,71 +20,54 @@
 //! and its queue place, by owner).
 
 use super::{now_ms, SqliteBackend};
+use crate::backend::group::{self, Batcher, Entered, Group, Job};
 use crate::backend::sql::common::TxError;
 use crate::backend::{Attempt, Request, Want};
 use crate::error::{Error, Result};
-use std::collections::VecDeque;
-use std::sync::Mutex as StdMutex;
-use tokio::sync::oneshot;
 
 /// The most attempts in one transaction (the write lock is held while they are decided).
 pub(super) const BATCH_MAX: usize = 64;
 
-/// The attempts waiting for the next transaction of one backend.
-#[derive(Debug, Default)]
-pub(super) struct Queue {
-    jobs: VecDeque<Job>,
-    /// A transaction of attempts (one alone, or a batch) is under way or about to start: new
-    /// attempts queue.
-    busy: bool,
+/// The attempts of one backend: one write transaction of its own under way at a time.
+pub(super) type Queue = Group<Want, Result<Attempt>>;
+
+/// A new backend's queue.
+pub(super) fn queue() -> std::sync::Arc<Queue> {
+    std::sync::Arc::new(Group::new(1))
 }
 
-/// A queued attempt and where its answer goes.
-#[derive(Debug)]
-struct Job {
-    want: Want,
-    answer: oneshot::Sender<Result<Attempt>>,
-}
+impl Batcher for SqliteBackend {
+    type Item = Want;
+    type Answer = Result<Attempt>;
+    const LIMIT: usize = BATCH_MAX;
 
-fn lock(q: &StdMutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
-    q.lock().unwrap_or_else(|p| p.into_inner())
+    fn group(&self) -> &Queue {
+        &self.batch
+    }
+
+    async fn send(&self, batch: Vec<Job<Want, Result<Attempt>>>) {
+        self.run_batch(batch).await
+    }
 }
 
 impl SqliteBackend {
     /// `req`'s attempt: in a transaction of its own when none of this backend's is under way,
     /// else in the next batch.
     pub(super) async fn attempt_grouped(&self, req: &Request<'_>) -> Result<Attempt> {
-        let queued = {
-            let mut q = lock(&self.batch);
-            if q.busy {
-                let (answer, rx) = oneshot::channel();
-                q.jobs.push_back(Job {
-                    want: Want::new(req),
-                    answer,
-                });
-                Some(rx)
-            } else {
-                q.busy = true;
-                None
-            }
-        };
-        match queued {
-            Some(rx) => rx.await.unwrap_or_else(|_| {
+        match group::enter(self, Want::new(req)) {
+            Entered::Queued(rx) => rx.await.unwrap_or_else(|_| {
                 Err(Error::Unavailable(
                     "the sqlite store's batch of attempts ended without an answer (its runtime \
                      is shutting down)"
                         .into(),
                 ))
             }),
-            None => {
-                let _turn = Turn(self);
-                Self::busy_answer(self.acquire_alone(req).await)
-            }
+            Entered::Alone(_turn, _) => Self::busy_answer(self.acquire_alone(req).await),
         }
     }
 
     /// Runs one batch and answers each of its attempts.
-    async fn run_batch(&self, jobs: Vec<Job>) {
+    async fn run_batch(&self, jobs: Vec<Job<Want, Result<Attempt>>>) {
         #[cfg(test)]
         self.batches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -101,7 +85,7 @@ impl SqliteBackend {
         let mut answers = Vec::with_capacity(jobs.len());
         let mut failed = false;
         for job in &jobs {
-            match self.grant_in(&mut tx, &job.want.req(), now).await {
+            match self.grant_in(&mut tx, &job.item.req(), now).await {
                 Ok(a) => answers.push(Ok(a)),
                 Err(TxError::Dlock(e)) => answers.push(Err(e)),
                 Err(TxError::Sql(e)) => {
@@ -130,14 +114,14 @@ impl SqliteBackend {
             if job.answer.is_closed() {
                 continue;
             }
-            let a = Self::busy_answer(self.acquire_alone(&job.want.req()).await);
+            let a = Self::busy_answer(self.acquire_alone(&job.item.req()).await);
             self.answer(job, a).await;
         }
     }
 
     /// Hands `a` to `job`'s caller; when it went away, removes what the attempt wrote for it.
-    async fn answer(&self, job: Job, a: Result<Attempt>) {
-        let Job { want, answer } = job;
+    async fn answer(&self, job: Job<Want, Result<Attempt>>, a: Result<Attempt>) {
+        let Job { item: want, answer } = job;
         if answer.send(a).is_err() {
             let r = self
                 .remove_owner(want.name.as_str(), &want.owner, true)
@@ -145,69 +129,6 @@ impl SqliteBackend {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "removing an abandoned attempt's grant");
             }
-        }
-    }
-}
-
-/// An attempt's or a batch's turn at the write transaction. When it ends (its future dropped
-/// too), the queued attempts get the next batch, in a task of their own.
-struct Turn<'a>(&'a SqliteBackend);
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        let mut q = lock(&self.0.batch);
-        if q.jobs.is_empty() {
-            q.busy = false;
-            return;
-        }
-        drop(q);
-        // The flusher's guard is made here and moved into the task, so a task that never runs
-        // (a runtime shutting down) still frees the queue.
-        let flusher = Flusher(Some(self.0.clone()));
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(flusher.run());
-            }
-            Err(_) => drop(flusher),
-        }
-    }
-}
-
-/// The task that runs batches until the queue is empty. Dropped before that, it answers the
-/// queued attempts with an error and frees the queue, so a later attempt runs its own.
-struct Flusher(Option<SqliteBackend>);
-
-impl Flusher {
-    async fn run(mut self) {
-        let Some(b) = self.0.clone() else { return };
-        loop {
-            let jobs = {
-                let mut q = lock(&b.batch);
-                let mut jobs = Vec::new();
-                while jobs.len() < BATCH_MAX {
-                    let Some(job) = q.jobs.pop_front() else { break };
-                    if !job.answer.is_closed() {
-                        jobs.push(job);
-                    }
-                }
-                if jobs.is_empty() {
-                    q.busy = false;
-                    self.0 = None;
-                    return;
-                }
-                jobs
-            };
-            b.run_batch(jobs).await;
-        }
-    }
-}
-
-impl Drop for Flusher {
-    fn drop(&mut self) {
-        if let Some(b) = self.0.take() {
-            let mut q = lock(&b.batch);
-            q.jobs.clear();
-            q.busy = false;
         }
     }
 }
@@ -247,7 +168,7 @@ mod tests {
     /// Waits (at most 3 s) until `ok` holds of `b`'s queue.
     async fn until_queue(b: &SqliteBackend, ok: impl Fn(&Queue) -> bool) {
         let end = Instant::now() + Duration::from_secs(3);
-        while !ok(&lock(&b.batch)) {
+        while !ok(&b.batch) {
             assert!(Instant::now() < end, "the queue never got there");
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
@@ -302,19 +223,19 @@ mod tests {
         let b = open(path).await;
         let block = blocker(path).await;
         let first = spawn_attempt(&b, "first", "o-first", LockKind::Mutex);
-        until_queue(&b, |q| q.busy).await;
+        until_queue(&b, |q| q.busy() == 1).await;
         let tasks: Vec<_> = queued
             .iter()
             .map(|(n, o, k)| ((n.to_string(), o.to_string()), spawn_attempt(&b, n, o, *k)))
             .collect();
-        until_queue(&b, |q| q.jobs.len() == queued.len()).await;
+        until_queue(&b, |q| q.queued() == queued.len()).await;
         block.rollback().await.unwrap();
         let first = first.await.unwrap();
         let mut answers = Vec::new();
         for (key, t) in tasks {
             answers.push((key, t.await.unwrap()));
         }
-        until_queue(&b, |q| !q.busy).await;
+        until_queue(&b, |q| q.busy() == 0).await;
         (b, first, answers)
     }
 
@@ -415,28 +336,28 @@ mod tests {
         // Gone while queued: left out of the batch.
         let block = blocker(&path).await;
         let first = spawn_attempt(&b, "first", "o-first", LockKind::Mutex);
-        until_queue(&b, |q| q.busy).await;
+        until_queue(&b, |q| q.busy() == 1).await;
         let gone = spawn_attempt(&b, "gone", "o-gone", LockKind::Mutex);
         let kept = spawn_attempt(&b, "kept", "o-kept", LockKind::Mutex);
-        until_queue(&b, |q| q.jobs.len() == 2).await;
+        until_queue(&b, |q| q.queued() == 2).await;
         gone.abort();
         assert!(gone.await.unwrap_err().is_cancelled());
         block.rollback().await.unwrap();
         token(first.await.unwrap().unwrap());
         token(kept.await.unwrap().unwrap());
-        until_queue(&b, |q| !q.busy).await;
+        until_queue(&b, |q| q.busy() == 0).await;
         assert!(
             fence_rows(&b, "gone").await.is_empty(),
             "it was never decided"
         );
 
         // Gone while its batch ran: granted, then removed.
-        let (answer, rx) = oneshot::channel();
+        let (answer, rx) = tokio::sync::oneshot::channel();
         drop(rx);
         let m = meta("m");
         let n = name("late");
-        let want = Want::new(&rq(&n, "o-late", &m));
-        b.run_batch(vec![Job { want, answer }]).await;
+        let item = Want::new(&rq(&n, "o-late", &m));
+        b.run_batch(vec![Job { item, answer }]).await;
         assert_eq!(fence_rows(&b, "late").await, vec![1], "it was granted");
         assert_eq!(held_names(&b).await, ["first", "kept"]);
     }

@@ -254,7 +254,7 @@ pub struct SqliteBackend {
     /// Commits by other processes (a watch on the database's files), when it could be set up.
     watch: Arc<FileWatch>,
     /// Attempts waiting for the next write transaction (group commit, `batch.rs`).
-    batch: Arc<std::sync::Mutex<batch::Queue>>,
+    batch: Arc<batch::Queue>,
     /// Read-only looks of waiters (tests count them).
     #[cfg(test)]
     looks: Arc<std::sync::atomic::AtomicUsize>,
@@ -360,7 +360,7 @@ impl SqliteBackend {
             path: path.into(),
             watch: file_watch_for(&key),
             key: key.into(),
-            batch: Default::default(),
+            batch: batch::queue(),
             #[cfg(test)]
             looks: Default::default(),
             #[cfg(test)]
