@@ -21,7 +21,8 @@
 //!   or an update from the fence the look saw), as the routine grants. A name whose fence moved
 //!   meanwhile lost a race and is undecided.
 //!
-//! The granted names get the next fence each and their holds in one `INSERT`.
+//! The granted names get the next fence each and their holds in one `INSERT`. A grant whose
+//! caller went away while its batch ran is released again at once.
 
 use super::common::{kind_columns, ms};
 use super::config::Dialect;
@@ -86,7 +87,7 @@ impl Batcher for Granting {
                     Ok(None) => Grouped::Undecided,
                     Err(e) => Grouped::Failed(e),
                 };
-                let _ = job.answer.send(a);
+                self.answer(job, a);
             }
             return;
         }
@@ -116,9 +117,24 @@ impl Batcher for Granting {
                 ),
                 None => Grouped::Undecided,
             };
-            // A grant whose caller went away meanwhile is a hold nobody renews: it ends with
-            // its lease, as one whose routine answer was lost would.
-            let _ = job.answer.send(a);
+            self.answer(job, a);
+        }
+    }
+}
+
+impl Granting {
+    /// Hands `a` to `job`'s caller; a grant whose caller went away while its batch ran is
+    /// released again (nobody would renew or release it).
+    fn answer(&self, job: Job<Ask, Grouped>, a: Grouped) {
+        let Job { item, answer } = job;
+        if let Err(Grouped::Decided(Attempt::Granted(_), _)) = answer.send(a) {
+            let sql = self.0.clone();
+            tokio::spawn(async move {
+                let (name, owner) = (item.want.name.as_str(), item.want.owner.as_str());
+                if let Err(e) = sql.release_hold(name, owner).await {
+                    tracing::debug!(error = %e, name, "releasing an abandoned batched grant");
+                }
+            });
         }
     }
 }

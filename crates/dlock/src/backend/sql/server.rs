@@ -1179,6 +1179,31 @@ impl Sql {
         Ok(attempt.map(|a| (a, u64::try_from(seen).unwrap_or(0))))
     }
 
+    /// Releases `owner`'s lease-mode hold of `name`.
+    pub(super) async fn release_hold(&self, name: &str, owner: &str) -> Result<Released> {
+        let removed = if self.handoffs.load(Ordering::Relaxed) {
+            let answer = self.release_owner(name, owner, false).await;
+            lock(&self.granted).remove(owner);
+            match answer? {
+                fast::HANDED_OFF => return Ok(Released::HandedOff),
+                answer => answer == fast::RELEASED,
+            }
+        } else {
+            let removed = self.release_plain(name, owner).await;
+            // After the delete: the waiter the bell wakes finds the lock free.
+            if let Some(bells) = &self.bells {
+                bells.released(owner);
+            }
+            removed?
+        };
+        if !removed {
+            return Ok(Released::NotHeld);
+        }
+        // This backend's own waiters (the store told the others, if any waited).
+        self.signals.wake(name);
+        Ok(Released::Released)
+    }
+
     /// The release function (PostgreSQL with hand-offs): [`fast::NOT_HELD`],
     /// [`fast::RELEASED`] or [`fast::HANDED_OFF`]. `leaving`: the owner is a waiter that gives
     /// up (its registration goes, and a lock handed to it meanwhile is passed on).
@@ -1729,28 +1754,9 @@ impl Backend for SqlBackend {
     }
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
-        let (name, sql) = (hold.name.as_str(), &self.inner);
-        let removed = if sql.handoffs.load(Ordering::Relaxed) {
-            let answer = sql.release_owner(name, hold.owner, false).await;
-            lock(&sql.granted).remove(hold.owner);
-            match answer? {
-                fast::HANDED_OFF => return Ok(Released::HandedOff),
-                answer => answer == fast::RELEASED,
-            }
-        } else {
-            let removed = sql.release_plain(name, hold.owner).await;
-            // After the delete: the waiter the bell wakes finds the lock free.
-            if let Some(bells) = &sql.bells {
-                bells.released(hold.owner);
-            }
-            removed?
-        };
-        if !removed {
-            return Ok(Released::NotHeld);
-        }
-        // This backend's own waiters (the store told the others, if any waited).
-        sql.signals.wake(name);
-        Ok(Released::Released)
+        self.inner
+            .release_hold(hold.name.as_str(), hold.owner)
+            .await
     }
 
     async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {

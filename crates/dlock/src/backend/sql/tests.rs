@@ -1491,6 +1491,38 @@ async fn grants_of_many_names_go_in_batches(d: Dialect) {
         }
     }
     assert!(a.inner.batched[0].load(Ordering::Relaxed) > batches);
+    // A batch whose callers went away while it ran: its grants are released again.
+    let gone: Vec<LockName> = (0..2).map(|i| name(&format!("{base}/gone{i}"))).collect();
+    let jobs = gone
+        .iter()
+        .map(|n| {
+            let (answer, rx) = tokio::sync::oneshot::channel();
+            drop(rx);
+            let item = batch::Ask {
+                want: Want::new(&rq(n, "o-gone", &m)),
+                reg: None,
+            };
+            group::Job { item, answer }
+        })
+        .collect();
+    group::Batcher::send(&batch::Granting(a.inner.clone()), jobs).await;
+    let (fences, holds) = (
+        stored_fence(&a, gone[0].as_str()).await,
+        format!("SELECT COUNT(*) FROM {table} WHERE owner = 'o-gone'"),
+    );
+    assert_eq!(fences, 1, "granted by the batch");
+    let until = Instant::now() + Duration::from_secs(3);
+    loop {
+        let left: i64 = sqlx::query_scalar(&holds)
+            .fetch_one(&a.inner.pool)
+            .await
+            .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < until, "{left} abandoned grants still held");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     drop_tables(&a, &table).await;
 }
 
