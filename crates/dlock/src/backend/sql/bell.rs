@@ -306,9 +306,11 @@ impl Bells {
         MAX_BELLS - self.permits.available_permits()
     }
 
-    /// The server's ids of the idle bell connections (for tests that kill them there).
+    /// The server's ids of the idle bell connections (for tests that kill them there). The
+    /// lines are out of the idle list while they are asked: a closing task that found the list
+    /// empty meanwhile has ended, so one is started again for them.
     #[cfg(test)]
-    pub(super) async fn idle_ids(&self) -> Vec<i64> {
+    pub(super) async fn idle_ids(self: &Arc<Self>) -> Vec<i64> {
         let mut lines = std::mem::take(&mut lock(&self.idle).lines);
         let mut ids = Vec::new();
         for (_, line) in &mut lines {
@@ -317,7 +319,11 @@ impl Bells {
                 .await;
             ids.extend(row.and_then(|r| r.try_get::<i64, _>(0)));
         }
-        lock(&self.idle).lines.extend(lines);
+        let mut idle = lock(&self.idle);
+        idle.lines.extend(lines);
+        if !idle.lines.is_empty() && !std::mem::replace(&mut idle.closing, true) {
+            tokio::spawn(close_idle(Arc::downgrade(self)));
+        }
         ids
     }
 
