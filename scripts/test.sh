@@ -40,6 +40,10 @@ cleanup() {
   [ -n "${SCRATCH:-}" ] && rm -rf "$SCRATCH"
 }
 trap cleanup EXIT
+# A signal ends the script through its EXIT trap, so the servers stop with it (untrapped, bash
+# dies at once and leaves them running).
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/dlock-test.XXXXXX")
 
