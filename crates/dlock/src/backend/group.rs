@@ -103,24 +103,28 @@ impl<T, A> Group<T, A> {
 }
 
 /// Where a call goes.
-pub(crate) enum Entered<B: Batcher> {
-    /// A slot was free: the caller sends its own call (the item given back), and holds the
-    /// turn until it is answered.
-    Alone(Turn<B>, B::Item),
+pub(crate) enum Entered<B: Batcher, F> {
+    /// A slot was free: the caller sends its own call, and holds the turn until it is answered.
+    /// The item was not built: the maker is given back, for a caller that needs the item.
+    Alone(Turn<B>, F),
     /// Every slot was taken: the answer comes from a batch (an error when the batch's task
     /// ended without one: the runtime is shutting down).
     Queued(oneshot::Receiver<B::Answer>),
 }
 
-/// Enters a call: [`Entered::Alone`] when a slot is free, else queues `item`.
-pub(crate) fn enter<B: Batcher>(b: &B, item: B::Item) -> Entered<B> {
+/// Enters a call: [`Entered::Alone`] when a slot is free, else queues the item `make` builds
+/// (so a call that runs alone, the common case, builds no item).
+pub(crate) fn enter<B: Batcher, F: FnOnce() -> B::Item>(b: &B, make: F) -> Entered<B, F> {
     let mut st = b.group().lock();
     if st.busy < b.group().slots {
         st.busy += 1;
-        return Entered::Alone(Turn(Some(b.clone())), item);
+        return Entered::Alone(Turn(Some(b.clone())), make);
     }
     let (answer, rx) = oneshot::channel();
-    st.jobs.push_back(Job { item, answer });
+    st.jobs.push_back(Job {
+        item: make(),
+        answer,
+    });
     Entered::Queued(rx)
 }
 
@@ -287,14 +291,22 @@ mod tests {
         }
     }
 
-    /// One call in the fake store: alone (answered with size 1 after its pause) or queued.
-    async fn call(b: &Fake, key: &str, n: u32) -> Option<(u32, usize)> {
-        match enter(b, (key.to_owned(), n)) {
-            Entered::Alone(_turn, _) => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                Some((n, 1))
-            }
-            Entered::Queued(rx) => rx.await.ok(),
+    /// Enters `(key, n)` in `b`: the turn of a call that runs alone, or the receiver of a
+    /// queued one.
+    fn entered(b: &Fake, key: &str, n: u32) -> Result<Turn<Fake>, oneshot::Receiver<(u32, usize)>> {
+        match enter(b, || (key.to_owned(), n)) {
+            Entered::Alone(turn, _) => Ok(turn),
+            Entered::Queued(rx) => Err(rx),
+        }
+    }
+
+    /// Waits (at most 3 s) until no slot of `b` is taken: a flusher gives its slot back once it
+    /// finds the queue empty, after it answered its last batch.
+    async fn until_free(b: &Fake) {
+        let until = std::time::Instant::now() + Duration::from_secs(3);
+        while b.0.group.busy() > 0 {
+            assert!(std::time::Instant::now() < until, "a slot stays taken");
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
 
@@ -304,25 +316,27 @@ mod tests {
     #[tokio::test]
     async fn calls_that_queue_go_out_in_batches_of_distinct_keys() {
         let b = Fake::new(1);
-        let first = tokio::spawn({
-            let b = b.clone();
-            async move { call(&b, "a", 0).await }
-        });
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        let Ok(turn) = entered(&b, "a", 0) else {
+            panic!("the slot was free")
+        };
         let mut rxs = Vec::new();
         for (i, key) in ["a", "b", "a", "c", "d", "e", "gone", "x"]
             .iter()
             .enumerate()
         {
             let n = if *key == "x" { 1000 } else { i as u32 + 1 };
-            match enter(&b, (key.to_string(), n)) {
-                Entered::Queued(rx) => rxs.push(rx),
-                Entered::Alone(..) => panic!("the slot was taken"),
+            match entered(&b, key, n) {
+                Err(rx) => rxs.push(rx),
+                Ok(_) => panic!("the slot was taken"),
             }
         }
         assert_eq!(b.0.group.queued(), 8);
         drop(rxs.remove(6)); // "gone"'s caller goes away
-        assert_eq!(first.await.unwrap(), Some((0, 1)));
+        assert!(
+            b.0.sent.lock().unwrap().is_empty(),
+            "nothing sent while the slot is taken"
+        );
+        drop(turn);
         let mut answers = Vec::new();
         for rx in rxs {
             answers.push(rx.await.unwrap());
@@ -336,26 +350,25 @@ mod tests {
         assert_eq!(answers[5], (6, 4));
         assert_eq!(answers[6], (1000, 0), "settled without a send");
         assert_eq!(b.0.left.load(Ordering::Relaxed), 1);
-        assert_eq!(b.0.group.lock().busy, 0, "the slot is free again");
-        assert_eq!(call(&b, "a", 7).await, Some((7, 1)), "runs alone");
+        until_free(&b).await;
+        assert!(entered(&b, "a", 7).is_ok(), "runs alone");
     }
 
     /// With two slots two calls run alone at once; a turn dropped with nothing queued frees its
-    /// slot, and one dropped half-way (its caller gone) still hands the queue to a flusher.
+    /// slot at once, and one dropped with calls queued hands them to a flusher.
     #[tokio::test]
     async fn slots_are_given_back_when_a_call_goes_away() {
         let b = Fake::new(2);
-        let one = enter(&b, ("a".into(), 1));
-        let two = enter(&b, ("b".into(), 2));
-        assert!(matches!(one, Entered::Alone(..)) && matches!(two, Entered::Alone(..)));
-        let Entered::Queued(rx) = enter(&b, ("c".into(), 3)) else {
+        let (Ok(one), Ok(two)) = (entered(&b, "a", 1), entered(&b, "b", 2)) else {
+            panic!("two slots were free")
+        };
+        let Err(rx) = entered(&b, "c", 3) else {
             panic!("both slots are taken")
         };
         drop(one);
         assert_eq!(rx.await.unwrap(), (3, 1));
         drop(two);
-        // The flusher gives its slot back once the queue is empty.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        assert_eq!(b.0.group.lock().busy, 0);
+        until_free(&b).await;
+        assert_eq!(b.0.group.queued(), 0);
     }
 }

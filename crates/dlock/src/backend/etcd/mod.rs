@@ -1264,8 +1264,8 @@ impl EtcdBackend {
             otherwise: vec![ec::TxnOp::get(key.clone(), None)],
         };
         s.expect_gone(&name, req.owner);
-        let answer = match group::enter(&batch::Lease(self.clone(), s.clone()), entry) {
-            group::Entered::Alone(_turn, entry) => batch::alone(self, s, &entry).await,
+        let answer = match group::enter(&batch::Lease(self.clone(), s.clone()), || entry) {
+            group::Entered::Alone(_turn, entry) => batch::alone(self, s, &entry()).await,
             group::Entered::Queued(rx) => rx.await.unwrap_or_else(|_| {
                 Err(ec::Error::IoError(std::io::Error::other(
                     "the transaction's batch was dropped",

@@ -24,11 +24,11 @@
 //! The granted names get the next fence each and their holds in one `INSERT`. A grant whose
 //! caller went away while its batch ran is released again at once.
 
-use super::common::{kind_columns, ms};
+use super::common::{bind_hold, placeholders};
 use super::config::Dialect;
-use super::server::{RegArgs, Sql};
+use super::server::{RegArgs, Sql, HOLD_COLUMNS, HOLD_ROW};
 use crate::backend::group::{Batcher, Group, Job};
-use crate::backend::{Attempt, Grant, Want};
+use crate::backend::{Attempt, Grant, Request, Want};
 use sqlx::Row;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -139,11 +139,6 @@ impl Granting {
     }
 }
 
-/// `n` placeholders of `one`, comma-separated.
-fn marks(one: &str, n: usize) -> String {
-    vec![one; n].join(", ")
-}
-
 /// Grants what it can of `items` (distinct names) in one MySQL transaction: the token of each
 /// granted item, `None` for the others.
 async fn mysql_grant_many(sql: &Sql, items: &[&Want]) -> Result<Vec<Option<u64>>, sqlx::Error> {
@@ -154,7 +149,7 @@ async fn mysql_grant_many(sql: &Sql, items: &[&Want]) -> Result<Vec<Option<u64>>
     // Lock the names: every grant passes through its fence row's lock.
     let ensure = format!(
         "INSERT INTO {t}_fences (name, fence) VALUES {} ON DUPLICATE KEY UPDATE fence = fence",
-        marks("(?, 0)", names.len())
+        placeholders("(?, 0)", names.len())
     );
     let mut q = sqlx::query(&ensure).persistent(false);
     for n in &names {
@@ -165,7 +160,7 @@ async fn mysql_grant_many(sql: &Sql, items: &[&Want]) -> Result<Vec<Option<u64>>
         "SELECT f.name, f.fence, {now}, CAST(EXISTS (SELECT 1 FROM {t} h WHERE h.name = f.name) \
          OR EXISTS (SELECT 1 FROM {t}_queue q WHERE q.name = f.name) AS SIGNED) \
          FROM {t}_fences f WHERE f.name IN ({})",
-        marks("?", names.len()),
+        placeholders("?", names.len()),
         now = sql.dialect.now_ms(),
     );
     let mut q = sqlx::query(&look).persistent(false);
@@ -192,7 +187,7 @@ async fn mysql_grant_many(sql: &Sql, items: &[&Want]) -> Result<Vec<Option<u64>>
     };
     let bump = format!(
         "UPDATE {t}_fences SET fence = fence + 1 WHERE name IN ({})",
-        marks("?", free.len())
+        placeholders("?", free.len())
     );
     let mut q = sqlx::query(&bump).persistent(false);
     for n in names.iter().filter(|n| free.contains_key(**n)) {
@@ -218,7 +213,7 @@ async fn pg_grant_many(sql: &Sql, items: &[&Want]) -> Result<Vec<Option<u64>>, s
          WHERE h.name = v.name) OR EXISTS (SELECT 1 FROM {t}_queue q WHERE q.name = v.name) \
          THEN 1 ELSE 0 END AS BIGINT) \
          FROM (VALUES {}) AS v(name) LEFT JOIN {t}_fences f ON f.name = v.name",
-        marks("(CAST(? AS TEXT))", items.len()),
+        placeholders("(CAST(? AS TEXT))", items.len()),
         now = d.now_ms(),
     ));
     let mut q = sqlx::query(&look).persistent(false);
@@ -246,7 +241,7 @@ async fn pg_grant_many(sql: &Sql, items: &[&Want]) -> Result<Vec<Option<u64>>, s
         let insert = d.sql(&format!(
             "INSERT INTO {t}_fences (name, fence) VALUES {} ON CONFLICT (name) DO NOTHING \
              RETURNING name, fence",
-            marks("(?, 1)", first.len())
+            placeholders("(?, 1)", first.len())
         ));
         let mut q = sqlx::query(&insert).persistent(false);
         for n in &first {
@@ -260,7 +255,7 @@ async fn pg_grant_many(sql: &Sql, items: &[&Want]) -> Result<Vec<Option<u64>>, s
         let update = d.sql(&format!(
             "UPDATE {t}_fences f SET fence = f.fence + 1 FROM (VALUES {}) AS v(name, fence) \
              WHERE f.name = v.name AND f.fence = v.fence RETURNING f.name, f.fence",
-            marks("(CAST(? AS TEXT), CAST(? AS BIGINT))", next.len())
+            placeholders("(CAST(? AS TEXT), CAST(? AS BIGINT))", next.len())
         ));
         let mut q = sqlx::query(&update).persistent(false);
         for (n, f) in &next {
@@ -288,37 +283,20 @@ async fn insert_holds(
     now: i64,
     token_of: impl Fn(&str) -> Option<i64>,
 ) -> Result<Vec<Option<u64>>, sqlx::Error> {
-    let t = &sql.table;
     let tokens: Vec<Option<i64>> = items.iter().map(|w| token_of(w.name.as_str())).collect();
-    let granted = tokens.iter().flatten().count();
-    let (value, one) = match sql.dialect {
-        Dialect::Postgres => (", value", "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-        Dialect::MySql => ("", "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-    };
+    let granted: Vec<(Request<'_>, i64)> = items
+        .iter()
+        .zip(&tokens)
+        .filter_map(|(w, t)| t.map(|t| (w.req(), t)))
+        .collect();
     let insert = sql.dialect.sql(&format!(
-        "INSERT INTO {t} (name, owner, kind, permits, mode, fence, expires_at_ms, \
-         acquired_at_ms, client_id, host, pid{value}) VALUES {}",
-        marks(one, granted)
+        "INSERT INTO {} ({HOLD_COLUMNS}) VALUES {}",
+        sql.table,
+        placeholders(HOLD_ROW, granted.len())
     ));
     let mut q = sqlx::query(&insert).persistent(false);
-    for (w, token) in items.iter().zip(&tokens) {
-        let Some(token) = *token else { continue };
-        let (kind, permits) = kind_columns(w.kind);
-        q = q
-            .bind(w.name.as_str())
-            .bind(w.owner.as_str())
-            .bind(kind)
-            .bind(permits)
-            .bind(w.mode.as_str())
-            .bind(token)
-            .bind(now.saturating_add(ms(w.lease)))
-            .bind(now)
-            .bind(w.meta.client_id.as_str())
-            .bind(w.meta.host.as_str())
-            .bind(i64::from(w.meta.pid));
-        if sql.dialect == Dialect::Postgres {
-            q = q.bind(w.meta.value.as_deref());
-        }
+    for (req, token) in &granted {
+        q = bind_hold(q, req, *token, now, now);
     }
     q.execute(&mut **tx).await?;
     Ok(tokens

@@ -39,7 +39,12 @@ pub(crate) fn extend_groups(holds: &[HoldRef<'_>]) -> Vec<(i64, Vec<usize>)> {
 
 /// `(?, ?), (?, ?), …` for `n` (name, owner) pairs.
 pub(crate) fn name_owner_pairs(n: usize) -> String {
-    vec!["(?, ?)"; n].join(", ")
+    placeholders("(?, ?)", n)
+}
+
+/// `n` times `one` (a placeholder or a row of them), comma-separated.
+pub(crate) fn placeholders(one: &str, n: usize) -> String {
+    vec![one; n].join(", ")
 }
 
 /// What an `extend` found of one hold.

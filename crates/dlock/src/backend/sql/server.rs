@@ -5,8 +5,8 @@ use super::batch;
 use super::bell::{bell_key, BellWait, Bells, Ringing, Rung};
 use super::common::{
     bind_hold, bind_waiter, extend_answers, extend_groups, grant, kind_columns, listing, ms,
-    name_owner_pairs, GrantWrites, HoldListing, Loaded, NameState, Renewed, Rows, StateRow,
-    TxError, WaiterListing, STATE_REVOKED,
+    name_owner_pairs, placeholders, GrantWrites, HoldListing, Loaded, NameState, Renewed, Rows,
+    StateRow, TxError, WaiterListing, STATE_REVOKED,
 };
 use super::config::{Dialect, HoldMode, SqlConfig};
 use super::fast;
@@ -42,6 +42,11 @@ pub(super) const ROWS: Rows = Rows("the dlock tables");
 /// The MySQL type of the holds' `value` column: a `VARCHAR` (a `TEXT` column reads back as a
 /// blob through sqlx's `Any` driver), long enough for [`MAX_VALUE_LEN`] bytes.
 const MYSQL_VALUE: &str = "VARCHAR(4096) CHARACTER SET utf8mb4 NULL";
+/// The columns of a hold row as [`bind_hold`] binds them.
+pub(super) const HOLD_COLUMNS: &str = "name, owner, kind, permits, mode, fence, expires_at_ms, \
+                                       acquired_at_ms, client_id, host, pid, value";
+/// The placeholders of one row of [`HOLD_COLUMNS`].
+pub(super) const HOLD_ROW: &str = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 /// How often a deadlocked or serialization-failed transaction is tried.
 const TX_TRIES: u32 = 4;
 
@@ -197,9 +202,8 @@ impl Stmts {
             )),
             del_hold_owner: s(format!("DELETE FROM {t} WHERE name = ? AND owner = ?")),
             insert_hold: s(format!(
-                "INSERT INTO {t} (name, owner, kind, permits, mode, fence, expires_at_ms,
-                     acquired_at_ms, client_id, host, pid, value)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO {t} ({HOLD_COLUMNS}) VALUES {}",
+                placeholders(HOLD_ROW, 1)
             )),
             refresh_queue: s(format!(
                 "UPDATE {t}_queue SET expires_at_ms = ? WHERE name = ? AND owner = ?"
@@ -1082,7 +1086,7 @@ impl Sql {
         if reg.is_some_and(|r| r.registered) || !self.fast_eligible(req) {
             return self.fast_acquire(req, reg).await;
         }
-        let ask = batch::Ask {
+        let ask = || batch::Ask {
             want: Want::new(req),
             reg: reg.copied(),
         };

@@ -869,7 +869,7 @@ async fn postgres_a_queued_waiter_alone_in_its_batch_registers() {
     let g = batch::Granting(a.inner.clone());
     let turns: Vec<_> = (0..MAX_CONNECTIONS)
         .map(|_| {
-            let ask = batch::Ask {
+            let ask = || batch::Ask {
                 want: Want::new(&h),
                 reg: None,
             };

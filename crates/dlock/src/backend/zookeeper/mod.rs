@@ -898,8 +898,8 @@ impl ZooKeeperBackend {
                         child: path.clone(),
                         data: data.clone(),
                     };
-                    match group::enter(&batch::Creates(self.clone(), s.clone()), op) {
-                        group::Entered::Alone(_turn, op) => batch::alone(self, s, &op).await,
+                    match group::enter(&batch::Creates(self.clone(), s.clone()), || op) {
+                        group::Entered::Alone(_turn, op) => batch::alone(self, s, &op()).await,
                         group::Entered::Queued(rx) => match rx.await {
                             Ok(batch::Answer::Done(r)) => r,
                             Ok(batch::Answer::Again) => continue,

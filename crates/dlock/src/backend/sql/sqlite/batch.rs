@@ -54,7 +54,7 @@ impl SqliteBackend {
     /// `req`'s attempt: in a transaction of its own when none of this backend's is under way,
     /// else in the next batch.
     pub(super) async fn attempt_grouped(&self, req: &Request<'_>) -> Result<Attempt> {
-        match group::enter(self, Want::new(req)) {
+        match group::enter(self, || Want::new(req)) {
             Entered::Queued(rx) => rx.await.unwrap_or_else(|_| {
                 Err(Error::Unavailable(
                     "the sqlite store's batch of attempts ended without an answer (its runtime \
