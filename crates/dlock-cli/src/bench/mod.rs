@@ -363,7 +363,7 @@ async fn bench_target(
         }
     };
     r.server = probe.version().await;
-    let floor = match Floor::open(t, run).await {
+    let floor = match Floor::open(&t.u1_target(), run).await {
         Ok(f) => f,
         Err(e) => {
             r.errors.push(format!("raw floor: {e}"));

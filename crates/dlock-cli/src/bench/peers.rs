@@ -92,13 +92,22 @@ impl Ext {
         }
     }
 
+    /// The connect string of a peer process in `mode`: on ZooKeeper, U1 goes through the first
+    /// server only, as dlock's and the raw floor's U1 sessions do (`Target::u1_target`).
+    fn conn_for(&self, mode: &str) -> &str {
+        match (&self.chroot, mode) {
+            (Some(_), "u1") => self.conn.split(',').next().unwrap_or(&self.conn),
+            _ => &self.conn,
+        }
+    }
+
     /// A peer process in `mode` (`u1`, `worker`) on the lock `name` (and `warm`), stdin and
     /// stdout piped, its errors on ours.
     pub fn command(&self, mode: &str, name: &str, warm: Option<&str>) -> tokio::process::Command {
         let mut c = tokio::process::Command::new(&self.program);
         c.args(&self.lead)
             .arg(mode)
-            .args(["--conn", &self.conn])
+            .args(["--conn", self.conn_for(mode)])
             .args(["--lease-ms", &self.lease_ms.to_string()])
             .args(["--name", &self.lock_name(name)]);
         if let Some(w) = warm {
@@ -487,5 +496,12 @@ mod tests {
         };
         assert_eq!(ext.lock_name("a/b"), "/x/a%2Fb");
         assert_eq!(ext.used.lock().unwrap().len(), 1);
+        // U1 through the first server, as dlock's and the floor's sessions; workers use all.
+        let ext = Ext {
+            conn: "h1:1,h2:2,h3:3".into(),
+            ..ext
+        };
+        assert_eq!(ext.conn_for("u1"), "h1:1");
+        assert_eq!(ext.conn_for("worker"), "h1:1,h2:2,h3:3");
     }
 }

@@ -219,6 +219,24 @@ impl Target {
         }
     }
 
+    /// The target U1 runs on. ZooKeeper: the URL's first server only, for dlock's session, the
+    /// raw floor's and the peers' alike. A client connects to a server of the connect string
+    /// chosen at random, and a pair through the leader is faster than through a follower, so
+    /// sessions on different servers would not compare like with like.
+    pub fn u1_target(&self) -> Target {
+        let mut t = self.clone();
+        if self.kind != Kind::Zk || self.servers.len() < 2 {
+            return t;
+        }
+        let (scheme, rest) = self.url.split_once("://").unwrap_or(("zk", &self.url));
+        let rest = rest.split_once('@').map_or(rest, |(_, r)| r);
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (h, p) = &self.servers[0];
+        t.url = format!("{scheme}://{}{h}:{p}{}", self.userinfo, &rest[end..]);
+        t.servers.truncate(1);
+        t
+    }
+
     /// The value of the URL's query option `key`, percent-decoded.
     pub fn option(&self, key: &str) -> Option<String> {
         let query = self.url.split_once('?').map(|(_, q)| q)?;
@@ -634,7 +652,7 @@ pub fn floor_what(t: &Target) -> String {
         Kind::Postgres | Kind::Mysql | Kind::Sqlite => {
             "INSERT + DELETE of one row, autocommit (2 statements); ping = 2× SELECT 1"
         }
-        Kind::Zk => "create + delete of an ephemeral node",
+        Kind::Zk => "create + delete of an ephemeral node; U1 through the URL's first server",
         Kind::Etcd => "put (with a lease) + delete of one key, one etcd-client Client",
     };
     match t.wait() {
@@ -1733,5 +1751,19 @@ mod tests {
         assert_eq!(t.userinfo, "u:p%40w@");
         assert!(Target::parse("mem://").is_err());
         assert!(Target::parse("ftp://x").is_err());
+    }
+
+    #[test]
+    fn u1_runs_through_one_zookeeper_server() {
+        let t = Target::parse("zk://u:p@h1:1,h2:2,h3/locks/x?session_timeout=2s").unwrap();
+        let u = t.u1_target();
+        assert_eq!(u.url, "zk://u:p@h1:1/locks/x?session_timeout=2s");
+        assert_eq!(u.servers, vec![("h1".to_string(), 1)]);
+        let t = Target::parse("zk://h1:1,h2:2?session_timeout=2s").unwrap();
+        assert_eq!(t.u1_target().url, "zk://h1:1?session_timeout=2s");
+        // Other stores keep every server (Redlock's floor and grants are on all of them).
+        let t = Target::parse("redlock://a:1,b:2,c:3").unwrap();
+        assert_eq!(t.u1_target().url, t.url);
+        assert_eq!(t.u1_target().servers.len(), 3);
     }
 }

@@ -248,7 +248,7 @@ pub async fn u1(
             let (c, counts) = super::store::limit(
                 "connect",
                 Duration::from_secs(30),
-                counted_client(t, dlock::DEFAULT_LEASE),
+                counted_client(&t.u1_target(), dlock::DEFAULT_LEASE),
             )
             .await?;
             let m = c.mutex(name.clone()).map_err(|e| e.to_string())?;
