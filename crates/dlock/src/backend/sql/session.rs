@@ -15,6 +15,10 @@ use sqlx::{AnyConnection, Connection, Executor, Row};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 
+/// How long a break waits for the killed session's lock to be freed (the call's own bound is
+/// [`OP_TIMEOUT`]).
+const BREAK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One session-mode hold: the dedicated connection that owns the server lock.
 #[derive(Debug)]
 struct SessionHold {
@@ -421,12 +425,10 @@ impl Session {
         Ok(Released::Released)
     }
 
-    /// Session mode's forced release. Revoke marks the holder's row (its next renewal answers
-    /// `Revoked`; the server lock keeps others out until the holder releases it or its session
-    /// ends); break ends the holder's server session.
-    async fn force_release(&self, name: &str, how: Force) -> Result<Forced> {
-        let t = &self.sql.table;
-        let holders: Vec<i64> = match self.sql.dialect {
+    /// The server sessions holding `name`'s session lock (PostgreSQL backend pids, MySQL
+    /// connection ids).
+    async fn lock_holders(&self, name: &str) -> Result<Vec<i64>> {
+        Ok(match self.sql.dialect {
             Dialect::Postgres => sqlx::query(
                 "SELECT pid::bigint FROM pg_locks
                  WHERE locktype = 'advisory' AND granted AND objsubid = 1
@@ -449,7 +451,16 @@ impl Session {
                     .map_err(|e| self.sql.err(e))?;
                 id.into_iter().collect()
             }
-        };
+        })
+    }
+
+    /// Session mode's forced release. Revoke marks the holder's row (its next renewal answers
+    /// `Revoked`; the server lock keeps others out until the holder releases it or its session
+    /// ends); break ends the holder's server session and waits (up to [`BREAK_WAIT`]) until the
+    /// server has freed its lock, so the name can be taken as soon as this returns.
+    async fn force_release(&self, name: &str, how: Force) -> Result<Forced> {
+        let t = &self.sql.table;
+        let holders = self.lock_holders(name).await?;
         let n = holders.len() as u64;
         match how {
             Force::Revoke => {
@@ -469,7 +480,7 @@ impl Session {
                 })
             }
             Force::Break => {
-                for id in holders {
+                for id in &holders {
                     let kill = match self.sql.dialect {
                         Dialect::Postgres => format!("SELECT pg_terminate_backend({id})"),
                         Dialect::MySql => format!("KILL CONNECTION {id}"),
@@ -478,6 +489,23 @@ impl Session {
                         .execute(kill.as_str())
                         .await
                         .map_err(|e| self.sql.err(e))?;
+                }
+                // The kill returns before the session has ended (PostgreSQL signals the
+                // backend; MySQL flags the connection): wait for its lock to be freed.
+                let until = std::time::Instant::now() + BREAK_WAIT;
+                loop {
+                    let left = self.lock_holders(name).await?;
+                    if !left.iter().any(|id| holders.contains(id)) {
+                        break;
+                    }
+                    if std::time::Instant::now() >= until {
+                        tracing::warn!(
+                            name,
+                            "a broken session still held the lock {BREAK_WAIT:?} after its kill"
+                        );
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                 }
                 sqlx::query(&self.sql.st.del_name_holds)
                     .bind(name)
