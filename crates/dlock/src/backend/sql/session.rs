@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 /// How long a break waits for the killed session's lock to be freed (the call's own bound is
 /// [`OP_TIMEOUT`]).
-const BREAK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+const BREAK_WAIT: Duration = Duration::from_secs(5);
 
 /// One session-mode hold: the dedicated connection that owns the server lock.
 #[derive(Debug)]
@@ -492,20 +492,20 @@ impl Session {
                 }
                 // The kill returns before the session has ended (PostgreSQL signals the
                 // backend; MySQL flags the connection): wait for its lock to be freed.
-                let until = std::time::Instant::now() + BREAK_WAIT;
+                let until = Instant::now() + BREAK_WAIT;
                 loop {
                     let left = self.lock_holders(name).await?;
                     if !left.iter().any(|id| holders.contains(id)) {
                         break;
                     }
-                    if std::time::Instant::now() >= until {
+                    if Instant::now() >= until {
                         tracing::warn!(
                             name,
                             "a broken session still held the lock {BREAK_WAIT:?} after its kill"
                         );
                         break;
                     }
-                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 sqlx::query(&self.sql.st.del_name_holds)
                     .bind(name)
