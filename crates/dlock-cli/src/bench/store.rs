@@ -747,17 +747,16 @@ impl Floor {
                     Kind::Postgres => (t.plain_sql_url(), true),
                     _ => (t.plain_sql_url(), false),
                 };
-                let pool = limit(
-                    "raw sql connection",
-                    OP,
-                    sqlx::any::AnyPoolOptions::new()
-                        .max_connections(1)
-                        .min_connections(1)
-                        // As dlock's pools: SQLite's does not ping, the servers' do.
-                        .test_before_acquire(t.kind != Kind::Sqlite)
-                        .connect(&url),
-                )
-                .await?;
+                let options = sqlx::any::AnyPoolOptions::new()
+                    .max_connections(1)
+                    .min_connections(1);
+                // As dlock's pools: SQLite's never pings, the servers' ping a connection only
+                // after it sat idle.
+                let options = match t.kind {
+                    Kind::Sqlite => options.test_before_acquire(false),
+                    _ => dlock::backend::sql::ping_when_idle(options),
+                };
+                let pool = limit("raw sql connection", OP, options.connect(&url)).await?;
                 if t.kind == Kind::Sqlite {
                     // The settings dlock's SQLite store uses.
                     for p in [

@@ -134,6 +134,8 @@
 //! At most [`MAX_CONNECTIONS`] pooled connections per backend; connecting and every operation are
 //! bounded by [`OP_TIMEOUT`] on the client, and statements by a server-side timeout, so a dead
 //! database is [`Error::Unavailable`](crate::Error::Unavailable) within seconds, never a hang.
+//! A pooled connection is pinged before use only when it sat idle for [`PING_IDLE`] or longer
+//! ([`ping_when_idle`]): a busy client spends no round trip on pings.
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod batch;
@@ -164,8 +166,8 @@ pub use config::{Dialect, HoldMode, SqlConfig};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub use server::{
-    advisory_key, fnv1a64, mysql_lock_name, SqlBackend, MAX_CONNECTIONS, OP_TIMEOUT, POLL_MAX,
-    POLL_MIN, STATEMENT_TIMEOUT,
+    advisory_key, fnv1a64, mysql_lock_name, ping_when_idle, SqlBackend, MAX_CONNECTIONS,
+    OP_TIMEOUT, PING_IDLE, POLL_MAX, POLL_MIN, STATEMENT_TIMEOUT,
 };
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]

@@ -30,6 +30,9 @@ pub const POLL_MIN: Duration = Duration::from_millis(10);
 pub const POLL_MAX: Duration = Duration::from_millis(100);
 /// Pooled connections per backend.
 pub const MAX_CONNECTIONS: u32 = 5;
+/// A pooled connection idle at least this long is pinged before it is used; see
+/// [`ping_when_idle`].
+pub const PING_IDLE: Duration = Duration::from_millis(500);
 /// The longest any single operation (including connecting) may take before it is
 /// [`Error::Unavailable`].
 pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -763,8 +766,8 @@ impl Sql {
             .min_connections(0)
             .acquire_timeout(OP_TIMEOUT)
             .idle_timeout(Duration::from_secs(60))
-            .after_connect(move |conn, _| Box::pin(async move { setup(dialect, conn).await }))
-            .connect_lazy_with(connect.clone());
+            .after_connect(move |conn, _| Box::pin(async move { setup(dialect, conn).await }));
+        let pool = ping_when_idle(pool).connect_lazy_with(connect.clone());
         // Fail fast (and clearly) when the server is not there, instead of retrying until the
         // pool's acquire timeout.
         match tokio::time::timeout(OP_TIMEOUT, AnyConnection::connect_with(&connect)).await {
@@ -1634,6 +1637,28 @@ fn bind_registration<'q>(
         .bind(req.meta.host.as_str())
         .bind(i64::from(req.meta.pid))
         .bind(req.meta.value.as_deref())
+}
+
+/// How dlock's pools check a connection before they hand it out: one that sat idle for at least
+/// [`PING_IDLE`] is pinged first (and replaced if the ping fails); one used more recently is
+/// not. sqlx's default pings every time, which costs each statement a round trip of its own.
+/// A connection that died within the window (the server restarted a moment ago) fails its
+/// statement instead, as a statement cut off by the restart would: [`Error::Unavailable`], which
+/// a waiting acquisition tries again and after which a release's hold ends with its lease.
+/// `dlock bench`'s raw SQL floor uses the same check.
+pub fn ping_when_idle<DB: sqlx::Database>(
+    options: sqlx::pool::PoolOptions<DB>,
+) -> sqlx::pool::PoolOptions<DB> {
+    options
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_IDLE {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
 }
 
 /// Session settings of every connection: server-side timeouts, and READ COMMITTED on MySQL.
