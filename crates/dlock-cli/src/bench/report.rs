@@ -152,6 +152,17 @@ fn met(m: Option<bool>) -> &'static str {
     }
 }
 
+/// F1's cell of the targets table: max/mean wait (judged against the ≤ 2 unrounded) and Jain.
+fn f1_cell(max_over_mean: f64, jain: f64) -> String {
+    format!(
+        "{max_over_mean:.2}, {jain:.3} {}",
+        met(Some(max_over_mean <= F1_TARGET))
+    )
+}
+
+/// F1's target: the longest fair wait at most this many times the mean.
+const F1_TARGET: f64 = 2.0;
+
 /// What an empty cell says: the workload failed, or was not asked for (`--only`).
 fn missing(r: &Report, w: &str) -> String {
     if r.plan.only.iter().any(|o| o == w) {
@@ -266,12 +277,7 @@ pub fn markdown(r: &Report) -> String {
                 .unwrap_or_else(|| missing(r, "h1"));
         let f1 =
             t.f1.as_ref()
-                .map(|f| {
-                    format!(
-                        "{:.1}, {:.3}",
-                        f.run.max_over_mean_wait, f.run.jain_acquisitions
-                    )
-                })
+                .map(|f| f1_cell(f.run.max_over_mean_wait, f.run.jain_acquisitions))
                 .unwrap_or_else(|| "n/a".into());
         let s1 =
             t.s1.as_ref()
@@ -851,6 +857,13 @@ mod tests {
             target_met: true,
             client_ops_per_pair: None,
         }
+    }
+
+    #[test]
+    fn f1_is_judged_unrounded() {
+        assert_eq!(f1_cell(2.0006, 1.0), "2.00, 1.000 **not met**");
+        assert_eq!(f1_cell(2.0, 0.9994), "2.00, 0.999 met");
+        assert_eq!(f1_cell(1.92, 1.0), "1.92, 1.000 met");
     }
 
     #[test]
