@@ -1,9 +1,9 @@
 //! The key layout (see the module docs): a lock's base key, the keys next to it, its release
 //! channel, and how scanned keys map back to lock names.
 //!
-//! Keys on the path of every call are joined with `[base, ":suffix"].concat()` (one allocation
-//! of the exact size) rather than `format!`, which grows its string as it writes: a grant and a
-//! release build a dozen keys.
+//! The keys of a script call are written straight into its command (`scripts::Call::joined`);
+//! keys kept elsewhere are joined with `[base, ":suffix"].concat()` (one allocation of the exact
+//! size) rather than `format!`, which grows its string as it writes.
 
 use super::{RedisBackend, RedisTarget, Shared};
 use crate::error::{Error, Result};
@@ -13,6 +13,12 @@ use crate::name::LockName;
 pub(super) const SUFFIXES: &[&str] = &[
     ":fence", ":exp", ":q", ":qexp", ":qinfo", ":qseq", ":w", ":obs",
 ];
+/// The suffixes of a base key's channels: releases, changes for observers, hand-offs (followed
+/// by the waiting client's key), and of the observers' mark.
+pub(super) const RELEASED: &str = ":released";
+pub(super) const CHANGED: &str = ":changed";
+pub(super) const HANDOFF: &str = ":handoff:";
+pub(super) const OBSERVED: &str = ":obs";
 /// The hash tag of the names that begin with `}` (see [`Shared::base`]). No lock name holds a NUL,
 /// so these bases never meet another name's.
 pub(super) const NUL_TAG: char = '\0';
@@ -108,31 +114,28 @@ impl Shared {
         base_key(&self.target.prefix, self.target.hashtag, name)
     }
 
+    /// The channel where releases of the name are announced.
     pub(super) fn channel(base: &str) -> String {
-        [base, ":released"].concat()
+        [base, RELEASED].concat()
     }
 
     /// The channel of changes only an observer of the name cares about: a hand-off (the lock
     /// has a new holder) and a new value.
     pub(super) fn changed_channel(base: &str) -> String {
-        [base, ":changed"].concat()
+        [base, CHANGED].concat()
     }
 
-    /// Where the releases of `base`'s holders tell a client of this backend that they handed
-    /// it the lock: the prefix (the release script appends the client key of the waiter's
-    /// record), and this backend's channel.
     /// The key that says someone observes the name (an election's follower): while it exists,
     /// releases announce themselves even when no waiter is registered or queued.
     pub(super) fn observed_key(base: &str) -> String {
-        [base, ":obs"].concat()
+        [base, OBSERVED].concat()
     }
 
-    pub(super) fn handoff_prefix(base: &str) -> String {
-        [base, ":handoff:"].concat()
-    }
-
+    /// Where the releases of `base`'s holders tell this backend's client that they handed it
+    /// the lock: the hand-off prefix (the release script appends the client key of the
+    /// waiter's record) and this client's key.
     pub(super) fn handoff_channel(&self, base: &str) -> String {
-        [base, ":handoff:", &self.client_key].concat()
+        [base, HANDOFF, &self.client_key].concat()
     }
 }
 

@@ -233,8 +233,9 @@ use conn::Conn;
 use url::Deployment;
 
 use keys::check_verbatim_name;
+use keys::{CHANGED, HANDOFF, OBSERVED, RELEASED};
 use pubsub::{Link, Subs};
-use scripts::{array, int, text, unexpected, Scripts};
+use scripts::{array, int, text, unexpected, Call, Scripts};
 
 use super::*;
 use crate::error::Error;
@@ -280,8 +281,10 @@ struct Handoff {
 
 /// A waiting mutex acquisition's registration for hand-offs.
 struct Registration {
-    /// Its record in the name's waiter set (see grab.lua).
-    record: String,
+    /// Its record in the name's waiter set (see grab.lua): a mutex's once an attempt
+    /// registered it (until then each attempt writes it into its call), the owner for other
+    /// kinds.
+    record: Option<String>,
     slot: Arc<Handoff>,
     /// When the latest attempt that answered busy (and registered) was sent, and the fence
     /// counter it saw: a hand-off with a higher token happened after that send, so its lease
@@ -291,6 +294,41 @@ struct Registration {
     registered: bool,
     /// Whether its next busy attempt may register it (the core's [`Acquisition::may_register`]).
     allowed: bool,
+}
+
+/// The parts of a waiting mutex request's record in the waiter set (see grab.lua):
+/// `owner \n lease ms \n client key \n client_id \n host \n pid \n ('0' | '1' value)`.
+fn record_parts<'a>(
+    req: &'a Request<'_>,
+    client_key: &'a str,
+    lease: &'a str,
+    pid: &'a str,
+) -> [&'a str; 14] {
+    let value = value_parts(req);
+    [
+        req.owner,
+        "\n",
+        lease,
+        "\n",
+        client_key,
+        "\n",
+        &req.meta.client_id,
+        "\n",
+        &req.meta.host,
+        "\n",
+        pid,
+        "\n",
+        value[0],
+        value[1],
+    ]
+}
+
+/// A hold's value as the scripts store it: `'0'` for none, `'1'` and the value.
+fn value_parts<'a>(req: &'a Request<'_>) -> [&'a str; 2] {
+    match &req.meta.value {
+        Some(v) => ["1", v],
+        None => ["0", ""],
+    }
 }
 
 /// What a waiter saw of its name's subscription before its last attempt: the pub/sub
@@ -366,25 +404,6 @@ impl Shared {
 
     fn err(&self, e: RedisError) -> Error {
         map_err(&self.target, e)
-    }
-
-    /// Runs the write `script` once; with `replicas=N` followed by `WAIT`, answering how many
-    /// replicas confirmed it.
-    async fn write(
-        &self,
-        script: &scripts::Lua,
-        keys: &[String],
-        args: &[String],
-    ) -> Result<(Value, Option<u32>)> {
-        if self.target.replicas == 0 {
-            let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-            return Ok((self.eval(script, &key_refs, args).await?, None));
-        }
-        let (mut out, confirmed) = self
-            .eval_confirmed(script, &[(keys.to_vec(), args.to_vec())])
-            .await?;
-        let v = out.pop().ok_or_else(|| unexpected("answer count", &0))?;
-        Ok((v, confirmed))
     }
 }
 
@@ -496,35 +515,33 @@ impl RedisBackend {
 
     // ---- hooks for stores built of several Redis servers (Redlock) ----
 
-    /// The release script for `owner`'s hold of `name`: announced on `channel` ('' for none),
-    /// handed on through `handoff` (the hand-off channel prefix; '' for no hand-off).
-    async fn run_release(
-        &self,
-        name: &str,
-        owner: &str,
-        channel: String,
-        handoff: String,
-    ) -> Result<Value> {
+    /// The release script for `owner`'s hold of `name`; `loud`: announced on the name's
+    /// channel and handed on where this backend registers waiters for hand-offs (a quiet
+    /// release wakes nobody).
+    async fn run_release(&self, name: &str, owner: &str, loud: bool) -> Result<Value> {
         let sh = &self.shared;
-        let (base, exp, meta) = self.hold_keys(name, owner);
-        let (fence, w, q, obs) = (
-            [&*base, ":fence"].concat(),
-            [&*base, ":w"].concat(),
-            [&*base, ":q"].concat(),
-            Shared::observed_key(&base),
-        );
-        sh.eval(
-            &sh.scripts.release,
-            &[&base, &exp, &meta, &fence, &w, &q, &obs],
-            &[
-                owner.to_owned(),
-                channel,
-                handoff,
-                Shared::changed_channel(&base),
-                crate::clock::unix_ms().to_string(),
-            ],
-        )
-        .await
+        let call = {
+            let base = sh.base(name);
+            let (channel, handoff) = match (loud, sh.handoffs) {
+                (false, _) => ("", ""),
+                (true, false) => (RELEASED, ""),
+                (true, true) => (RELEASED, HANDOFF),
+            };
+            Call::new(&sh.scripts.release, 7)
+                .arg(&base)
+                .joined(&[&base, ":exp"])
+                .joined(&[&base, ":meta:", owner])
+                .joined(&[&base, ":fence"])
+                .joined(&[&base, ":w"])
+                .joined(&[&base, ":q"])
+                .joined(&[&base, OBSERVED])
+                .arg(owner)
+                .joined(&[if channel.is_empty() { "" } else { &base }, channel])
+                .joined(&[if handoff.is_empty() { "" } else { &base }, handoff])
+                .joined(&[&base, CHANGED])
+                .arg(crate::clock::unix_ms())
+        };
+        sh.run(call).await
     }
 
     /// Compare-and-delete of a mutex hold **without** publishing a wake-up: Redlock's clean-up
@@ -532,9 +549,7 @@ impl RedisBackend {
     /// take turns in a loop while a real holder keeps the lock).
     #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     pub(crate) async fn release_quiet(&self, name: &LockName, owner: &str) -> Result<Released> {
-        let v = self
-            .run_release(name.as_str(), owner, String::new(), String::new())
-            .await?;
+        let v = self.run_release(name.as_str(), owner, false).await?;
         match int(&v) {
             Some(1) => Ok(Released::Released),
             Some(0) => Ok(Released::NotHeld),
@@ -558,47 +573,48 @@ impl RedisBackend {
         let sh = &self.shared;
         let name = req.name.as_str();
         check_verbatim_name(&sh.target, name)?;
-        let (base, exp, meta) = self.hold_keys(name, req.owner);
-        let value = match &req.meta.value {
-            Some(v) => format!("1{v}"),
-            None => "0".to_owned(),
-        };
+        let base = sh.base(name);
+        let value = value_parts(req);
         let register = req.waiting && sh.handoffs && reg.as_ref().is_some_and(|r| r.allowed);
         if req.kind == LockKind::Mutex && !req.takes_queue_place() {
-            // The record goes along only where the script may use it.
-            let (record, registered) = reg
-                .as_deref()
-                .filter(|r| register || r.registered)
-                .map_or((String::new(), false), |r| (r.record.clone(), r.registered));
-            let keys = [
-                base.clone(),
-                [&*base, ":fence"].concat(),
-                [&*base, ":q"].concat(),
-                [&*base, ":w"].concat(),
-            ];
-            let about = [
-                &*crate::clock::unix_ms().to_string(),
-                "\n",
-                &req.meta.client_id,
-                "\n",
-                &req.meta.host,
-                "\n",
-                &req.meta.pid.to_string(),
-                "\n",
-                &value,
-            ]
-            .concat();
-            let args = [
-                req.owner.to_owned(),
-                ms(req.lease).to_string(),
-                about,
-                if register { "1" } else { "0" }.to_owned(),
-                record,
-                ms(WAITER_SET_TTL).to_string(),
-                if registered { "1" } else { "0" }.to_owned(),
-            ];
+            let registered = reg.as_deref().is_some_and(|r| r.registered);
+            let call = {
+                let (lease, pid) = (ms(req.lease).to_string(), req.meta.pid.to_string());
+                let parts = record_parts(req, &sh.client_key, &lease, &pid);
+                // The record goes along only where the script may use it.
+                let record: &[&str] = match reg.as_deref() {
+                    Some(r) if register || r.registered => match &r.record {
+                        Some(known) => &[known.as_str()],
+                        None => &parts,
+                    },
+                    _ => &[],
+                };
+                Call::new(&sh.scripts.grab, 4)
+                    .arg(&base)
+                    .joined(&[&base, ":fence"])
+                    .joined(&[&base, ":q"])
+                    .joined(&[&base, ":w"])
+                    .arg(req.owner)
+                    .arg(&lease)
+                    .joined(&[
+                        &crate::clock::unix_ms().to_string(),
+                        "\n",
+                        &req.meta.client_id,
+                        "\n",
+                        &req.meta.host,
+                        "\n",
+                        &pid,
+                        "\n",
+                        value[0],
+                        value[1],
+                    ])
+                    .arg(if register { "1" } else { "0" })
+                    .joined(record)
+                    .arg(ms(WAITER_SET_TTL))
+                    .arg(if registered { "1" } else { "0" })
+            };
             let sent = Instant::now();
-            let (v, confirmed) = sh.write(&sh.scripts.grab, &keys, &args).await?;
+            let (v, confirmed) = sh.write(call).await?;
             let a = array(&v).ok_or_else(|| unexpected("grab answer", &v))?;
             match a.first().and_then(int) {
                 Some(1) => {
@@ -614,6 +630,11 @@ impl RedisBackend {
                         if let Some(r) = reg {
                             let fence = a.get(2).and_then(int).unwrap_or(0);
                             r.registered = true;
+                            r.record.get_or_insert_with(|| {
+                                let (lease, pid) =
+                                    (ms(req.lease).to_string(), req.meta.pid.to_string());
+                                record_parts(req, &sh.client_key, &lease, &pid).concat()
+                            });
                             r.since = Some((sent, u64::try_from(fence).unwrap_or(0)));
                         }
                     }
@@ -626,45 +647,44 @@ impl RedisBackend {
                 _ => return Err(unexpected("grab answer", &v)),
             }
         }
-        let keys = [
-            base.clone(),
-            [&*base, ":fence"].concat(),
-            exp,
-            [&*base, ":q"].concat(),
-            [&*base, ":qexp"].concat(),
-            [&*base, ":qinfo"].concat(),
-            [&*base, ":qseq"].concat(),
-            meta,
-            [&*base, ":w"].concat(),
-        ];
         let (kind, permits) = kind_args(req.kind);
-        let info = format!(
-            "{}\n{}\n{}\n{}",
-            req.mode.as_str(),
-            req.meta.client_id,
-            req.meta.host,
-            req.meta.pid
-        );
         // Readers and permits register by owner (a release wakes them all; only a mutex is
         // handed on).
         let register_owner = register && req.kind != LockKind::Mutex;
-        let args = vec![
-            req.owner.to_owned(),
-            kind.to_owned(),
-            permits.to_string(),
-            req.mode.as_str().to_owned(),
-            ms(req.lease).to_string(),
-            if req.takes_queue_place() { "1" } else { "0" }.to_owned(),
-            ms(QUEUE_PLACE_TTL).to_string(),
-            req.meta.client_id.clone(),
-            req.meta.host.clone(),
-            req.meta.pid.to_string(),
-            info,
-            value,
-            if register_owner { "1" } else { "0" }.to_owned(),
-            ms(WAITER_SET_TTL).to_string(),
-        ];
-        let (v, confirmed) = sh.write(&sh.scripts.acquire, &keys, &args).await?;
+        let pid = req.meta.pid.to_string();
+        let call = Call::new(&sh.scripts.acquire, 9)
+            .arg(&base)
+            .joined(&[&base, ":fence"])
+            .joined(&[&base, ":exp"])
+            .joined(&[&base, ":q"])
+            .joined(&[&base, ":qexp"])
+            .joined(&[&base, ":qinfo"])
+            .joined(&[&base, ":qseq"])
+            .joined(&[&base, ":meta:", req.owner])
+            .joined(&[&base, ":w"])
+            .arg(req.owner)
+            .arg(kind)
+            .arg(permits)
+            .arg(req.mode.as_str())
+            .arg(ms(req.lease))
+            .arg(if req.takes_queue_place() { "1" } else { "0" })
+            .arg(ms(QUEUE_PLACE_TTL))
+            .arg(&req.meta.client_id)
+            .arg(&req.meta.host)
+            .arg(&pid)
+            .joined(&[
+                req.mode.as_str(),
+                "\n",
+                &req.meta.client_id,
+                "\n",
+                &req.meta.host,
+                "\n",
+                &pid,
+            ])
+            .joined(&value)
+            .arg(if register_owner { "1" } else { "0" })
+            .arg(ms(WAITER_SET_TTL));
+        let (v, confirmed) = sh.write(call).await?;
         let a = array(&v).ok_or_else(|| unexpected("acquire answer", &v))?;
         let status = a.first().and_then(int);
         match status {
@@ -720,7 +740,8 @@ impl RedisBackend {
             .and_then(int)
             .ok_or_else(|| unexpected("token", v))?;
         if let Some(n) = confirmed.filter(|n| *n < self.shared.target.replicas) {
-            return Err(self.roll_back(req, n).await);
+            // Boxed: a rare path that would otherwise size every attempt's future.
+            return Err(Box::pin(self.roll_back(req, n)).await);
         }
         Ok(Attempt::Granted(Grant {
             token: u64::try_from(token).ok().filter(|t| *t > 0),
@@ -754,29 +775,21 @@ impl RedisBackend {
     pub(crate) async fn cancel_place(&self, req: &Request<'_>, record: Option<&str>) -> Result<()> {
         let sh = &self.shared;
         let base = sh.base(req.name.as_str());
-        let keys = [
-            [&*base, ":q"].concat(),
-            [&*base, ":qexp"].concat(),
-            [&*base, ":qinfo"].concat(),
-            [&*base, ":qseq"].concat(),
-            [&*base, ":w"].concat(),
-            base.clone(),
-            [&*base, ":fence"].concat(),
-        ];
-        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        sh.eval(
-            &sh.scripts.cancel,
-            &key_refs,
-            &[
-                req.owner.to_owned(),
-                Shared::channel(&base),
-                record.unwrap_or_default().to_owned(),
-                Shared::handoff_prefix(&base),
-                Shared::changed_channel(&base),
-                crate::clock::unix_ms().to_string(),
-            ],
-        )
-        .await?;
+        let call = Call::new(&sh.scripts.cancel, 7)
+            .joined(&[&base, ":q"])
+            .joined(&[&base, ":qexp"])
+            .joined(&[&base, ":qinfo"])
+            .joined(&[&base, ":qseq"])
+            .joined(&[&base, ":w"])
+            .arg(&base)
+            .joined(&[&base, ":fence"])
+            .arg(req.owner)
+            .joined(&[&base, RELEASED])
+            .arg(record.unwrap_or_default())
+            .joined(&[&base, HANDOFF])
+            .joined(&[&base, CHANGED])
+            .arg(crate::clock::unix_ms());
+        sh.run(call).await?;
         Ok(())
     }
 
@@ -844,21 +857,9 @@ impl Backend for RedisBackend {
             let slot = Arc::new(Handoff::default());
             let record = if req.kind == LockKind::Mutex && !req.takes_queue_place() {
                 lock(&sh.slots).insert(req.owner.to_owned(), Arc::downgrade(&slot));
-                let value = match &req.meta.value {
-                    Some(v) => format!("1{v}"),
-                    None => "0".to_owned(),
-                };
-                format!(
-                    "{}\n{}\n{}\n{}\n{}\n{}\n{value}",
-                    req.owner,
-                    ms(req.lease),
-                    sh.client_key,
-                    req.meta.client_id,
-                    req.meta.host,
-                    req.meta.pid
-                )
+                None
             } else {
-                req.owner.to_owned()
+                Some(req.owner.to_owned())
             };
             Registration {
                 record,
@@ -882,20 +883,8 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
-        let sh = &self.shared;
-        let base = sh.base(hold.name.as_str());
-        let handoff = if sh.handoffs {
-            Shared::handoff_prefix(&base)
-        } else {
-            String::new()
-        };
         let v = self
-            .run_release(
-                hold.name.as_str(),
-                hold.owner,
-                Shared::channel(&base),
-                handoff,
-            )
+            .run_release(hold.name.as_str(), hold.owner, true)
             .await?;
         match int(&v) {
             Some(2) => Ok(Released::HandedOff),
@@ -911,13 +900,16 @@ impl Backend for RedisBackend {
 
     async fn set_value(&self, hold: &HoldRef<'_>, value: &str) -> Result<Released> {
         let sh = &self.shared;
-        let (base, exp, meta) = self.hold_keys(hold.name.as_str(), hold.owner);
-        let channel = Shared::changed_channel(&base);
-        let args = [hold.owner.to_owned(), value.to_owned(), channel];
+        let base = sh.base(hold.name.as_str());
+        let call = Call::new(&sh.scripts.set_value, 3)
+            .arg(&base)
+            .joined(&[&base, ":exp"])
+            .joined(&[&base, ":meta:", hold.owner])
+            .arg(hold.owner)
+            .arg(value)
+            .joined(&[&base, CHANGED]);
         // A write like a renewal: with `replicas=N` it must be confirmed.
-        let (v, confirmed) = sh
-            .write(&sh.scripts.set_value, &[base, exp, meta], &args)
-            .await?;
+        let (v, confirmed) = sh.write(call).await?;
         let set = match int(&v) {
             Some(1) => Released::Released,
             Some(0) => Released::NotHeld,
@@ -945,30 +937,21 @@ impl Backend for RedisBackend {
         let sh = &self.shared;
         check_verbatim_name(&sh.target, name.as_str())?;
         let base = sh.base(name.as_str());
-        let keys = [
-            base.clone(),
-            [&*base, ":exp"].concat(),
-            [&*base, ":q"].concat(),
-            [&*base, ":qexp"].concat(),
-            [&*base, ":qinfo"].concat(),
-            [&*base, ":qseq"].concat(),
-        ];
-        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let mode = match how {
             Force::Revoke => "revoke",
             Force::Break => "break",
         };
-        let v = sh
-            .eval(
-                &sh.scripts.force_release,
-                &key_refs,
-                &[
-                    Shared::channel(&base),
-                    [&*base, ":meta:"].concat(),
-                    mode.to_owned(),
-                ],
-            )
-            .await?;
+        let call = Call::new(&sh.scripts.force_release, 6)
+            .arg(&base)
+            .joined(&[&base, ":exp"])
+            .joined(&[&base, ":q"])
+            .joined(&[&base, ":qexp"])
+            .joined(&[&base, ":qinfo"])
+            .joined(&[&base, ":qseq"])
+            .joined(&[&base, RELEASED])
+            .joined(&[&base, ":meta:"])
+            .arg(mode);
+        let v = sh.run(call).await?;
         let a = array(&v).ok_or_else(|| unexpected("force_release answer", &v))?;
         let n = |i: usize| a.get(i).and_then(int);
         match (n(0), n(1), n(2)) {
@@ -1061,7 +1044,7 @@ impl Acquisition for RedisAcquisition {
             .reg
             .as_ref()
             .filter(|r| r.registered || lock(&r.slot.token).is_some())
-            .map(|r| r.record.clone());
+            .and_then(|r| r.record.clone());
         self.store
             .cancel_place(&self.want.req(), record.as_deref())
             .await
