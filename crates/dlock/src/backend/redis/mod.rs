@@ -304,22 +304,25 @@ fn record_parts<'a>(
     lease: &'a str,
     pid: &'a str,
 ) -> [&'a str; 14] {
-    let value = value_parts(req);
+    let [a, b, c, d, e, f, g, h] = holder_parts(req, pid);
     [
-        req.owner,
-        "\n",
-        lease,
-        "\n",
-        client_key,
-        "\n",
+        req.owner, "\n", lease, "\n", client_key, "\n", a, b, c, d, e, f, g, h,
+    ]
+}
+
+/// What the scripts store of a hold's holder after its owner (and a grant's time):
+/// `client_id \n host \n pid \n ('0' | '1' value)`.
+fn holder_parts<'a>(req: &'a Request<'_>, pid: &'a str) -> [&'a str; 8] {
+    let [v0, v1] = value_parts(req);
+    [
         &req.meta.client_id,
         "\n",
         &req.meta.host,
         "\n",
         pid,
         "\n",
-        value[0],
-        value[1],
+        v0,
+        v1,
     ]
 }
 
@@ -528,17 +531,13 @@ impl RedisBackend {
                 (true, true) => (RELEASED, HANDOFF),
             };
             Call::new(&sh.scripts.release, 7)
-                .arg(&base)
-                .joined(&[&base, ":exp"])
-                .joined(&[&base, ":meta:", owner])
-                .joined(&[&base, ":fence"])
-                .joined(&[&base, ":w"])
-                .joined(&[&base, ":q"])
-                .joined(&[&base, OBSERVED])
+                .suffixed(&base, &["", ":exp"])
+                .joined([&base, ":meta:", owner])
+                .suffixed(&base, &[":fence", ":w", ":q", OBSERVED])
                 .arg(owner)
-                .joined(&[if channel.is_empty() { "" } else { &base }, channel])
-                .joined(&[if handoff.is_empty() { "" } else { &base }, handoff])
-                .joined(&[&base, CHANGED])
+                .joined([if channel.is_empty() { "" } else { &base }, channel])
+                .joined([if handoff.is_empty() { "" } else { &base }, handoff])
+                .joined([&base, CHANGED])
                 .arg(crate::clock::unix_ms())
         };
         sh.run(call).await
@@ -574,7 +573,6 @@ impl RedisBackend {
         let name = req.name.as_str();
         check_verbatim_name(&sh.target, name)?;
         let base = sh.base(name);
-        let value = value_parts(req);
         let register = req.waiting && sh.handoffs && reg.as_ref().is_some_and(|r| r.allowed);
         if req.kind == LockKind::Mutex && !req.takes_queue_place() {
             let registered = reg.as_deref().is_some_and(|r| r.registered);
@@ -590,24 +588,14 @@ impl RedisBackend {
                     _ => &[],
                 };
                 Call::new(&sh.scripts.grab, 4)
-                    .arg(&base)
-                    .joined(&[&base, ":fence"])
-                    .joined(&[&base, ":q"])
-                    .joined(&[&base, ":w"])
+                    .suffixed(&base, &["", ":fence", ":q", ":w"])
                     .arg(req.owner)
                     .arg(&lease)
-                    .joined(&[
-                        &crate::clock::unix_ms().to_string(),
-                        "\n",
-                        &req.meta.client_id,
-                        "\n",
-                        &req.meta.host,
-                        "\n",
-                        &pid,
-                        "\n",
-                        value[0],
-                        value[1],
-                    ])
+                    .joined(
+                        [&*crate::clock::unix_ms().to_string(), "\n"]
+                            .into_iter()
+                            .chain(holder_parts(req, &pid)),
+                    )
                     .arg(if register { "1" } else { "0" })
                     .joined(record)
                     .arg(ms(WAITER_SET_TTL))
@@ -653,15 +641,12 @@ impl RedisBackend {
         let register_owner = register && req.kind != LockKind::Mutex;
         let pid = req.meta.pid.to_string();
         let call = Call::new(&sh.scripts.acquire, 9)
-            .arg(&base)
-            .joined(&[&base, ":fence"])
-            .joined(&[&base, ":exp"])
-            .joined(&[&base, ":q"])
-            .joined(&[&base, ":qexp"])
-            .joined(&[&base, ":qinfo"])
-            .joined(&[&base, ":qseq"])
-            .joined(&[&base, ":meta:", req.owner])
-            .joined(&[&base, ":w"])
+            .suffixed(
+                &base,
+                &["", ":fence", ":exp", ":q", ":qexp", ":qinfo", ":qseq"],
+            )
+            .joined([&base, ":meta:", req.owner])
+            .suffixed(&base, &[":w"])
             .arg(req.owner)
             .arg(kind)
             .arg(permits)
@@ -672,16 +657,12 @@ impl RedisBackend {
             .arg(&req.meta.client_id)
             .arg(&req.meta.host)
             .arg(&pid)
-            .joined(&[
-                req.mode.as_str(),
-                "\n",
-                &req.meta.client_id,
-                "\n",
-                &req.meta.host,
-                "\n",
-                &pid,
-            ])
-            .joined(&value)
+            .joined(
+                [req.mode.as_str(), "\n"]
+                    .into_iter()
+                    .chain(holder_parts(req, &pid).into_iter().take(5)),
+            )
+            .joined(value_parts(req))
             .arg(if register_owner { "1" } else { "0" })
             .arg(ms(WAITER_SET_TTL));
         let (v, confirmed) = sh.write(call).await?;
@@ -776,18 +757,15 @@ impl RedisBackend {
         let sh = &self.shared;
         let base = sh.base(req.name.as_str());
         let call = Call::new(&sh.scripts.cancel, 7)
-            .joined(&[&base, ":q"])
-            .joined(&[&base, ":qexp"])
-            .joined(&[&base, ":qinfo"])
-            .joined(&[&base, ":qseq"])
-            .joined(&[&base, ":w"])
-            .arg(&base)
-            .joined(&[&base, ":fence"])
+            .suffixed(
+                &base,
+                &[":q", ":qexp", ":qinfo", ":qseq", ":w", "", ":fence"],
+            )
             .arg(req.owner)
-            .joined(&[&base, RELEASED])
+            .joined([&base, RELEASED])
             .arg(record.unwrap_or_default())
-            .joined(&[&base, HANDOFF])
-            .joined(&[&base, CHANGED])
+            .joined([&base, HANDOFF])
+            .joined([&base, CHANGED])
             .arg(crate::clock::unix_ms());
         sh.run(call).await?;
         Ok(())
@@ -902,12 +880,11 @@ impl Backend for RedisBackend {
         let sh = &self.shared;
         let base = sh.base(hold.name.as_str());
         let call = Call::new(&sh.scripts.set_value, 3)
-            .arg(&base)
-            .joined(&[&base, ":exp"])
-            .joined(&[&base, ":meta:", hold.owner])
+            .suffixed(&base, &["", ":exp"])
+            .joined([&base, ":meta:", hold.owner])
             .arg(hold.owner)
             .arg(value)
-            .joined(&[&base, CHANGED]);
+            .joined([&base, CHANGED]);
         // A write like a renewal: with `replicas=N` it must be confirmed.
         let (v, confirmed) = sh.write(call).await?;
         let set = match int(&v) {
@@ -942,14 +919,9 @@ impl Backend for RedisBackend {
             Force::Break => "break",
         };
         let call = Call::new(&sh.scripts.force_release, 6)
-            .arg(&base)
-            .joined(&[&base, ":exp"])
-            .joined(&[&base, ":q"])
-            .joined(&[&base, ":qexp"])
-            .joined(&[&base, ":qinfo"])
-            .joined(&[&base, ":qseq"])
-            .joined(&[&base, RELEASED])
-            .joined(&[&base, ":meta:"])
+            .suffixed(&base, &["", ":exp", ":q", ":qexp", ":qinfo", ":qseq"])
+            .joined([&base, RELEASED])
+            .joined([&base, ":meta:"])
             .arg(mode);
         let v = sh.run(call).await?;
         let a = array(&v).ok_or_else(|| unexpected("force_release answer", &v))?;

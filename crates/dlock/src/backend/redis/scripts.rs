@@ -117,12 +117,20 @@ impl<'a> Call<'a> {
         self
     }
 
+    /// The next keys or arguments: `base` followed by each of `suffixes` (`""`: `base` itself).
+    pub(super) fn suffixed(mut self, base: &str, suffixes: &[&str]) -> Self {
+        for s in suffixes {
+            self = self.joined([base, s]);
+        }
+        self
+    }
+
     /// The next key or argument, made of `parts` joined.
-    pub(super) fn joined(mut self, parts: &[&str]) -> Self {
+    pub(super) fn joined<S: AsRef<str>>(mut self, parts: impl IntoIterator<Item = S>) -> Self {
         let mut w = self.cmd.writer_for_next_arg();
         for p in parts {
             // A write into the command's `Vec` cannot fail.
-            let _ = w.write_all(p.as_bytes());
+            let _ = w.write_all(p.as_ref().as_bytes());
         }
         drop(w);
         self
