@@ -10,11 +10,13 @@
 //! | table | columns | rows |
 //! |---|---|---|
 //! | `dlock_meta` | `key` PK, `value` | `('schema_version', 2)`, `('boot_id', <the boot the expiries count from>)` |
-//! | `dlock_holds` | `name`, `owner` (unique), `kind` (`mutex`/`rwlock`/`semaphore`), `permits` (0 unless semaphore), `mode` (`exclusive`/`shared`), `fence`, `expires_ms` (the machine clock, see *Clock*), `acquired_at_ms` (wall clock, for listings), `client_id`, `host`, `pid`, `state` (0 held, 1 detached, 2 revoked), `value` (the value the holder publishes, an election leader's; NULL for plain locks) | one per hold |
+//! | `dlock_holds` | key (`name`, `owner`), `kind` (`mutex`/`rwlock`/`semaphore`), `permits` (0 unless semaphore), `mode` (`exclusive`/`shared`), `fence`, `expires_ms` (the machine clock, see *Clock*), `acquired_at_ms` (wall clock, for listings), `client_id`, `host`, `pid`, `state` (0 held, 1 detached, 2 revoked), `value` (the value the holder publishes, an election leader's; NULL for plain locks) | one per hold |
 //! | `dlock_queue` | `seq` (`INTEGER PRIMARY KEY AUTOINCREMENT`: arrival order), `name`, `owner`, `mode`, `expires_ms`, `client_id`, `host`, `pid` | one per fair waiter |
 //! | `dlock_fences` | `name` PK, `fence` | the last fencing token granted per name; **never deleted** |
 //!
-//! Holds and queue places are indexed by name. A row is *live* while `expires_ms` is in the
+//! `dlock_holds` and `dlock_fences` are tables without row ids, stored in the order of their
+//! keys, so a grant writes two B-trees (the fence and the hold) and a release one; queue places
+//! are indexed by name. A row is *live* while `expires_ms` is in the
 //! future; expired rows are ignored everywhere and deleted lazily (by the next `attempt` of the
 //! name, and for all names when a backend opens the file). Names and tokens are always bound
 //! parameters.
@@ -58,6 +60,11 @@
 //! holder still trusts it), a step backward lengthens them. Keep the clock slewed (NTP), not
 //! stepped, there. Times are whole milliseconds; the core's safety margin (a tenth of the lease)
 //! covers the rounding.
+//!
+//! The key-ordered layout of `dlock_holds` and `dlock_fences` came after version 2 without a new
+//! version either: the columns are the same, so an older dlock of version 2 works on such a file.
+//! A backend that opens a file whose two tables still have row ids (and `dlock_holds` its unique
+//! owner and index by name) rebuilds them in its migration's transaction, keeping every row.
 //!
 //! The `value` column came after version 2 without a new version (a nullable column that older
 //! dlock processes of version 2 never name, so they keep working on the file): a backend that
@@ -163,11 +170,12 @@ const POOL_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where the rows live, for messages about corrupt rows.
 const ROWS: Rows = Rows("the dlock sqlite database");
 
-/// The schema, version 2, for a new file.
-const SCHEMA: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS dlock_holds (
+/// The holds' table, stored in the order of its key (name, owner): a grant or a release
+/// writes one B-tree, where a table with a row id, a unique owner and an index by name wrote
+/// three.
+const HOLDS_TABLE: &str = "CREATE TABLE IF NOT EXISTS dlock_holds (
         name TEXT NOT NULL,
-        owner TEXT NOT NULL UNIQUE,
+        owner TEXT NOT NULL,
         kind TEXT NOT NULL,
         permits INTEGER NOT NULL,
         mode TEXT NOT NULL,
@@ -178,9 +186,21 @@ const SCHEMA: &[&str] = &[
         host TEXT NOT NULL,
         pid INTEGER NOT NULL,
         state INTEGER NOT NULL DEFAULT 0,
-        value TEXT
-    )",
-    "CREATE INDEX IF NOT EXISTS dlock_holds_name ON dlock_holds (name)",
+        value TEXT,
+        PRIMARY KEY (name, owner)
+    ) WITHOUT ROWID";
+/// The fences' table, stored in the order of its key (one B-tree, not a table and an index).
+const FENCES_TABLE: &str = "CREATE TABLE IF NOT EXISTS dlock_fences (
+        name TEXT NOT NULL PRIMARY KEY,
+        fence INTEGER NOT NULL
+    ) WITHOUT ROWID";
+/// Every column of `dlock_holds`, in the order of [`HOLDS_TABLE`].
+const HOLDS_COLUMNS: &str = "name, owner, kind, permits, mode, fence, expires_ms, \
+                             acquired_at_ms, client_id, host, pid, state, value";
+
+/// The schema, version 2, for a new file.
+const SCHEMA: &[&str] = &[
+    HOLDS_TABLE,
     "CREATE TABLE IF NOT EXISTS dlock_queue (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
         name TEXT NOT NULL,
@@ -192,10 +212,7 @@ const SCHEMA: &[&str] = &[
         pid INTEGER NOT NULL
     )",
     "CREATE INDEX IF NOT EXISTS dlock_queue_name ON dlock_queue (name, seq)",
-    "CREATE TABLE IF NOT EXISTS dlock_fences (
-        name TEXT NOT NULL PRIMARY KEY,
-        fence INTEGER NOT NULL
-    )",
+    FENCES_TABLE,
 ];
 
 /// From version 1 (wall-clock `expires_at_ms`) to 2: the expiries move to the machine clock
@@ -469,6 +486,7 @@ impl SqliteBackend {
                 .await
                 .map_err(|e| self.err(e))?;
         }
+        self.cluster_tables(&mut tx).await?;
         // Expiries count from one boot: after a reboot every hold and queue place belongs to a
         // process that is gone.
         let boot = machine::boot_id()?;
@@ -505,6 +523,50 @@ impl SqliteBackend {
                 .map_err(|e| self.err(e))?;
         }
         tx.commit().await.map_err(|e| self.err(e))
+    }
+
+    /// Rebuilds `dlock_holds` and `dlock_fences` of a file made before they were stored in the
+    /// order of their keys ([`HOLDS_TABLE`], [`FENCES_TABLE`]), keeping every row, in the
+    /// migration's transaction. The columns are the same, so a process of an older dlock that
+    /// has the file open goes on working on it; one that opens it again adds back its index by
+    /// name, which is dropped here the next time.
+    async fn cluster_tables(&self, tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>) -> Result<()> {
+        for (table, create, columns) in [
+            ("dlock_holds", HOLDS_TABLE, HOLDS_COLUMNS),
+            ("dlock_fences", FENCES_TABLE, "name, fence"),
+        ] {
+            let (clustered,): (i64,) = sqlx::query_as(
+                "SELECT COUNT(*) FROM sqlite_master
+                 WHERE type = 'table' AND name = ? AND sql LIKE '%WITHOUT ROWID'",
+            )
+            .bind(table)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(|e| self.err(e))?;
+            if clustered == 1 {
+                continue;
+            }
+            let new = format!("{table}_clustered");
+            for stmt in [
+                format!("DROP TABLE IF EXISTS {new}"),
+                // The same statement for the new table's name (its first word after `EXISTS`).
+                create.replacen(table, &new, 1),
+                format!("INSERT INTO {new} ({columns}) SELECT {columns} FROM {table}"),
+                format!("DROP TABLE {table}"),
+                format!("ALTER TABLE {new} RENAME TO {table}"),
+            ] {
+                sqlx::query(&stmt)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+        }
+        // The key's first column serves every lookup by name.
+        sqlx::query("DROP INDEX IF EXISTS dlock_holds_name")
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
     }
 
     /// Whether `req` would still be refused now (read-only; the acquisition's look). One
@@ -1806,6 +1868,97 @@ mod tests {
         assert!(busy(b.acquire(&rq(&n, "owner-new", &m)).await.unwrap())
             .retry_in
             .is_some());
+    }
+
+    /// The tables of version 2 as dlock wrote them before they were stored in key order.
+    const V2_WITH_ROW_IDS: &[&str] = &[
+        "CREATE TABLE dlock_holds (name TEXT NOT NULL, owner TEXT NOT NULL UNIQUE,
+            kind TEXT NOT NULL, permits INTEGER NOT NULL, mode TEXT NOT NULL,
+            fence INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
+            acquired_at_ms INTEGER NOT NULL, client_id TEXT NOT NULL, host TEXT NOT NULL,
+            pid INTEGER NOT NULL, state INTEGER NOT NULL DEFAULT 0, value TEXT)",
+        "CREATE INDEX dlock_holds_name ON dlock_holds (name)",
+        "CREATE TABLE dlock_fences (name TEXT NOT NULL PRIMARY KEY, fence INTEGER NOT NULL)",
+    ];
+
+    /// The tables of `path` stored without row ids, and its indexes, by name.
+    async fn layout(pool: &SqlitePool) -> (Vec<String>, Vec<String>) {
+        let clustered: Vec<(String,)> = sqlx::query_as(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE '%WITHOUT ROWID'
+             ORDER BY name",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        let indexes: Vec<(String,)> = sqlx::query_as(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY name",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        (
+            clustered.into_iter().map(|(n,)| n).collect(),
+            indexes.into_iter().map(|(n,)| n).collect(),
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_file_with_row_id_tables_is_rebuilt_in_key_order_keeping_holds_and_fences() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v2.db");
+        let (m, n) = (meta("m"), name("kept"));
+        // A version 2 file of today's columns, its holds and fences in tables with row ids.
+        {
+            let b = open(&path).await;
+            for stmt in ["DROP TABLE dlock_holds", "DROP TABLE dlock_fences"]
+                .iter()
+                .chain(V2_WITH_ROW_IDS)
+            {
+                sqlx::query(stmt).execute(&b.pool).await.unwrap();
+            }
+            assert_eq!(token(b.acquire(&rq(&n, "holder", &m)).await.unwrap()), 1);
+            let other = name("released");
+            assert_eq!(token(b.acquire(&rq(&other, "o1", &m)).await.unwrap()), 1);
+            let r = rq(&other, "o1", &m);
+            assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
+            assert_eq!(
+                layout(&b.pool).await,
+                (
+                    vec![],
+                    vec!["dlock_holds_name".into(), "dlock_queue_name".into()]
+                )
+            );
+            b.pool.close().await;
+        }
+        let b = open(&path).await;
+        assert_eq!(
+            layout(&b.pool).await,
+            (
+                vec!["dlock_fences".into(), "dlock_holds".into()],
+                vec!["dlock_queue_name".into()]
+            )
+        );
+        // The hold is still held, and the fences go on from where they were.
+        assert!(busy(b.acquire(&rq(&n, "other", &m)).await.unwrap())
+            .retry_in
+            .is_some());
+        let info = b.describe("").await.unwrap();
+        assert_eq!(info.len(), 1);
+        assert_eq!(info[0].holders[0].status, HoldStatus::Held);
+        let other = name("released");
+        assert_eq!(token(b.acquire(&rq(&other, "o2", &m)).await.unwrap()), 2);
+        // An older dlock that opens the file adds its index by name back; it goes again.
+        sqlx::query("CREATE INDEX IF NOT EXISTS dlock_holds_name ON dlock_holds (name)")
+            .execute(&b.pool)
+            .await
+            .unwrap();
+        b.pool.close().await;
+        let b = open(&path).await;
+        assert_eq!(
+            layout(&b.pool).await.1,
+            vec!["dlock_queue_name".to_string()]
+        );
+        assert_eq!(b.describe("").await.unwrap().len(), 2);
     }
 
     #[tokio::test(flavor = "multi_thread")]
