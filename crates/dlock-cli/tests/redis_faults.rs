@@ -98,6 +98,37 @@ async fn restart_with_aof_always_keeps_the_lock_and_the_fence() {
     assert!(g2.token().unwrap() > t1, "the fence went back despite AOF");
 }
 
+/// A server that forgot dlock's scripts (`SCRIPT FLUSH`; a restart does the same) answers
+/// `NOSCRIPT`: each call loads its script again and goes on — a waiter's grab, the holder's
+/// release with its hand-off, and the full rule's script of a read lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_load_their_scripts_again_after_the_server_forgot_them() {
+    let server =
+        Server::start(&["--save", "", "--appendonly", "no"]).expect("a private redis-server");
+    let url = server.url();
+    let name = unique("noscript");
+    let (a, b) = (client(&url).await, client(&url).await);
+    let g = a.mutex(name.as_str()).unwrap().acquire().await.unwrap();
+    let t1 = g.token().unwrap();
+    assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    let m = b.mutex(name.as_str()).unwrap();
+    let waiter = tokio::spawn(async move { m.acquire().await.map(|g| g.token()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    g.release().await.unwrap();
+    let t2 = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was granted after the release")
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(t2 > t1, "token {t2} after {t1}");
+    assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    let rw = unique("noscript-rw");
+    let r = a.rwlock(rw.as_str()).unwrap().read().await.unwrap();
+    r.release().await.unwrap();
+}
+
 /// A server that is down at connect time is reported as unavailable, quickly, without a hang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_down_at_start_is_unavailable_quickly() {
