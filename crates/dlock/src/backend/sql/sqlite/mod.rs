@@ -62,7 +62,8 @@
 //! covers the rounding.
 //!
 //! The key-ordered layout of `dlock_holds` and `dlock_fences` came after version 2 without a new
-//! version either: the columns are the same, so an older dlock of version 2 works on such a file.
+//! version, like the `value` column below: the columns are the same, so an older dlock of
+//! version 2 works on such a file.
 //! A backend that opens a file whose two tables still have row ids (and `dlock_holds` its unique
 //! owner and index by name) rebuilds them in its migration's transaction, keeping every row.
 //!
