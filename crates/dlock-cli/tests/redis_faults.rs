@@ -129,6 +129,59 @@ async fn calls_load_their_scripts_again_after_the_server_forgot_them() {
     r.release().await.unwrap();
 }
 
+/// A waiting acquisition dropped while its first grab is on the way back (the server has
+/// registered it as a waiter, the client has not read the answer) still takes its record out
+/// of the waiter set: otherwise the next release hands the lock to that gone owner, and the
+/// lock stays taken until its lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_dropped_before_its_busy_answer_leaves_no_record_behind() {
+    let server =
+        Server::start(&["--save", "", "--appendonly", "no"]).expect("a private redis-server");
+    let url = server.url();
+    let upstream: std::net::SocketAddr = url
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let proxy = dlock_testkit::TcpProxy::start(upstream).await.unwrap();
+    let name = unique("dropped-waiter");
+    let waiters = format!("dlock:{{{name}}}:w");
+    let a = client(&url).await;
+    let b = dlock::connect_with(
+        &format!("redis://{}/", proxy.addr()),
+        dlock::ClientOptions::default().lease(Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    let g = a.mutex(name.as_str()).unwrap().acquire().await.unwrap();
+    // Every chunk between b and the server now takes 300 ms each way.
+    proxy.set_delay(Duration::from_millis(300));
+    let m = b.mutex(name.as_str()).unwrap();
+    let waiter = tokio::spawn(async move { m.acquire().await.map(drop) });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.cli(&["ZCARD", &waiters]) != "1" {
+        assert!(Instant::now() < deadline, "the waiter never registered");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Registered on the server; its answer is still on the way back.
+    waiter.abort();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.cli(&["EXISTS", &waiters]) != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped waiter's record stayed in the waiter set"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    g.release().await.unwrap();
+    let c = client(&url).await;
+    let next = c.mutex(name.as_str()).unwrap().try_acquire().await;
+    assert!(
+        next.is_ok(),
+        "the lock went to the dropped waiter: {next:?}"
+    );
+}
+
 /// A server that is down at connect time is reported as unavailable, quickly, without a hang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_down_at_start_is_unavailable_quickly() {

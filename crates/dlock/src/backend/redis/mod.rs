@@ -292,6 +292,9 @@ struct Registration {
     since: Option<(Instant, u64)>,
     /// Whether an attempt registered it (its record may be in the waiter set).
     registered: bool,
+    /// Whether a grab that registers it when busy went out and its answer was not read (the
+    /// call failed, or its future was dropped): its record may be in the waiter set too.
+    asked: bool,
     /// Whether its next busy attempt may register it (the core's [`Acquisition::may_register`]).
     allowed: bool,
 }
@@ -308,6 +311,12 @@ fn record_parts<'a>(
     [
         req.owner, "\n", lease, "\n", client_key, "\n", a, b, c, d, e, f, g, h,
     ]
+}
+
+/// A waiting mutex request's record in the waiter set, as one string (see [`record_parts`]).
+fn waiter_record(req: &Request<'_>, client_key: &str) -> String {
+    let (lease, pid) = (ms(req.lease).to_string(), req.meta.pid.to_string());
+    record_parts(req, client_key, &lease, &pid).concat()
 }
 
 /// What the scripts store of a hold's holder after its owner (and a grant's time):
@@ -525,18 +534,16 @@ impl RedisBackend {
         let sh = &self.shared;
         let call = {
             let base = sh.base(name);
-            let (channel, handoff) = match (loud, sh.handoffs) {
-                (false, _) => ("", ""),
-                (true, false) => (RELEASED, ""),
-                (true, true) => (RELEASED, HANDOFF),
-            };
+            // The release channel and the hand-off prefix, or '' for none.
+            let on =
+                |yes: bool, suffix: &'static str| if yes { [&*base, suffix] } else { ["", ""] };
             Call::new(&sh.scripts.release, 7)
                 .suffixed(&base, &["", ":exp"])
                 .joined([&base, ":meta:", owner])
                 .suffixed(&base, &[":fence", ":w", ":q", OBSERVED])
                 .arg(owner)
-                .joined([if channel.is_empty() { "" } else { &base }, channel])
-                .joined([if handoff.is_empty() { "" } else { &base }, handoff])
+                .joined(on(loud, RELEASED))
+                .joined(on(loud && sh.handoffs, HANDOFF))
                 .joined([&base, CHANGED])
                 .arg(crate::clock::unix_ms())
         };
@@ -567,7 +574,7 @@ impl RedisBackend {
     async fn attempt_with(
         &self,
         req: &Request<'_>,
-        reg: Option<&mut Registration>,
+        mut reg: Option<&mut Registration>,
     ) -> Result<Attempt> {
         let sh = &self.shared;
         let name = req.name.as_str();
@@ -602,7 +609,13 @@ impl RedisBackend {
                     .arg(if registered { "1" } else { "0" })
             };
             let sent = Instant::now();
+            if let Some(r) = reg.as_deref_mut().filter(|_| register) {
+                r.asked = true;
+            }
             let (v, confirmed) = sh.write(call).await?;
+            if let Some(r) = reg.as_deref_mut() {
+                r.asked = false;
+            }
             let a = array(&v).ok_or_else(|| unexpected("grab answer", &v))?;
             match a.first().and_then(int) {
                 Some(1) => {
@@ -618,11 +631,8 @@ impl RedisBackend {
                         if let Some(r) = reg {
                             let fence = a.get(2).and_then(int).unwrap_or(0);
                             r.registered = true;
-                            r.record.get_or_insert_with(|| {
-                                let (lease, pid) =
-                                    (ms(req.lease).to_string(), req.meta.pid.to_string());
-                                record_parts(req, &sh.client_key, &lease, &pid).concat()
-                            });
+                            r.record
+                                .get_or_insert_with(|| waiter_record(req, &sh.client_key));
                             r.since = Some((sent, u64::try_from(fence).unwrap_or(0)));
                         }
                     }
@@ -844,6 +854,7 @@ impl Backend for RedisBackend {
                 slot,
                 since: None,
                 registered: false,
+                asked: false,
                 allowed: true,
             }
         });
@@ -1015,8 +1026,12 @@ impl Acquisition for RedisAcquisition {
         let record = self
             .reg
             .as_ref()
-            .filter(|r| r.registered || lock(&r.slot.token).is_some())
-            .and_then(|r| r.record.clone());
+            .filter(|r| r.registered || r.asked || lock(&r.slot.token).is_some())
+            .map(|r| {
+                r.record.clone().unwrap_or_else(|| {
+                    waiter_record(&self.want.req(), &self.store.shared.client_key)
+                })
+            });
         self.store
             .cancel_place(&self.want.req(), record.as_deref())
             .await

@@ -106,7 +106,8 @@ pub(super) struct Call<'a> {
 impl<'a> Call<'a> {
     /// A call of `script` whose first `keys` arguments are its keys.
     pub(super) fn new(script: &'a Script, keys: usize) -> Call<'a> {
-        let mut cmd = Cmd::with_capacity(3 + keys + 8, 512);
+        // Room for the scripts' arguments (at most 14) and a typical call's bytes; more grows.
+        let mut cmd = Cmd::with_capacity(3 + keys + 14, 512);
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
         Call { script, cmd }
     }
