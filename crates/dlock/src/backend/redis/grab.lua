@@ -9,7 +9,8 @@
 --       client_id \n host \n pid \n ('0' | '1' value)), 4 register ('1': a waiting request
 --       whose client listens for hand-offs), 5 waiter record, 6 waiter set ttl ms,
 --       7 registered before ('1')
--- Returns {1, token} granted, {0, ms left or -1, fence} busy, {2} take the full rule.
+-- Returns {1, token} granted, {0, ms left or -1, the holder's token} busy, {2} take the full
+-- rule.
 local base, fence, q, w = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner = ARGV[1]
 local prev = redis.pcall('GET', base)
@@ -35,7 +36,9 @@ if string.sub(prev, 1, #owner + 1) == owner .. '\n' then
   return {2}
 end
 local left = redis.call('PTTL', base)
-local f = redis.call('GET', fence) or '0'
+-- The holder's token (its value is `owner \n token \n ...`): the fence's count since its grant.
+-- A value in another format (a foreign lock) leaves the fence to be read.
+local f = string.match(prev, '^[^\n]*\n(%d+)\n') or redis.call('GET', fence) or '0'
 if ARGV[4] == '1' then
   -- In arrival order by the fence value at arrival; a waiter that registers again keeps its
   -- place (NX).

@@ -86,7 +86,7 @@
 //! | `base:qexp` | zset | waiter owner → expiry of its place (ms) | with the last waiter |
 //! | `base:qinfo` | hash | waiter owner → `mode \n client_id \n host \n pid` | with the last waiter |
 //! | `base:qseq` | string | the arrival counter of the queue | with the last waiter |
-//! | `base:w` | zset | the waiter set: a record per waiting request (below), scored by the fence counter when it arrived | 60 s after the last registration, or with its last record |
+//! | `base:w` | zset | the waiter set: a record per waiting request (below), scored by the holder's fence token when it arrived (the fence counter since that grant) | 60 s after the last registration, or with its last record |
 //! | `base:obs` | string | `1`: a client observes the name (an election's follower that does not campaign) | 30 s after its observer last kept it (every 10 s while it observes) |
 //! | `base:released` | channel | published on a release that did not hand the lock on (only if `base:w`, `base:q` or `base:obs` exists: see below), on the cancel of a queue place and on force-release: what may let a waiter in (it reaches only the clients that subscribed it) | — |
 //! | `base:changed` | channel | published on a hand-off while `base:obs` exists, and on a hold's new value: what only an observer needs | — |
@@ -162,9 +162,9 @@
 //! lock, so waiters are served in arrival order and a release wakes exactly one of them.
 //! An uncontended acquire and release run seven commands on the server (`GET`, `EXISTS` of the
 //! fair queue, `INCR` of the fence, `SET PX`; `GET`, `EXISTS`, `DEL`); a contended acquisition
-//! runs its busy attempt (`GET`, `PTTL`, the fence's `GET`, the registration's `ZADD` and
-//! `PEXPIRE`) and its share of the hand-off (`GET`, `EXISTS`, `ZPOPMIN`, `INCR`, `SET PX`,
-//! `PUBLISH`).
+//! runs its busy attempt (`GET`, `PTTL`, the registration's `ZADD` and `PEXPIRE`, its arrival
+//! score the holder's fence token, read from the value) and its share of the hand-off (`GET`,
+//! `EXISTS`, `ZPOPMIN`, `INCR`, `SET PX`, `PUBLISH`).
 //!
 //! A waiter subscribes `base:released` and its client's hand-off channel only, so it is woken
 //! by its own hand-off and by what may let it in, never by another waiter's hand-off; an

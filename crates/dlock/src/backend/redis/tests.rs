@@ -1187,3 +1187,83 @@ async fn a_wait_dropped_while_the_pubsub_connection_opens_does_not_delay_the_nex
     b.cancel(&w).await.unwrap();
     a.release(&hr(&h)).await.unwrap();
 }
+
+/// How often the server ran `cmd` since its statistics were reset (`INFO commandstats`).
+async fn calls_of(r: &mut ::redis::aio::MultiplexedConnection, cmd: &str) -> u64 {
+    let info: String = ::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(r)
+        .await
+        .unwrap();
+    let head = format!("cmdstat_{cmd}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&head))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// A waiter that finds a dlock hold registers with the holder's fence token as its arrival
+/// score, read from the hold's value: its busy attempt reads no other key. A foreign lock's
+/// value has no token, so the fence counter is read instead.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_busy_grab_scores_its_waiter_by_the_holders_token() {
+    let srv = Server::start(&[]).await;
+    let u = format!("redis://127.0.0.1:{}/", srv.port);
+    let (a, b) = (
+        RedisBackend::connect(&u).await.unwrap(),
+        RedisBackend::connect(&u).await.unwrap(),
+    );
+    let mut r = raw_at(&u).await;
+    let n = uniq("grab-score");
+    let base = a.base_key(&n);
+    let (ma, mb) = (meta("a"), meta("b"));
+    // Two grants: the holder's token is 2.
+    let first = rq(&n, "first", &ma);
+    token(a.acquire(&first).await.unwrap());
+    assert_eq!(a.release(&hr(&first)).await.unwrap(), Released::Released);
+    let h = rq(&n, "holder", &ma);
+    assert_eq!(token(a.acquire(&h).await.unwrap()), 2);
+    let w = Request {
+        waiting: true,
+        ..rq(&n, "waiter", &mb)
+    };
+    // Registered and listening for its hand-off (two busy attempts, one wait).
+    registered_waiter(&b, &w).await;
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    busy(b.acquire(&w).await.unwrap());
+    assert_eq!(calls_of(&mut r, "get").await, 1, "only the hold is read");
+    let scores: Vec<(String, f64)> = r
+        .zrange_withscores(format!("{base}:w"), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(scores.len(), 1, "{scores:?}");
+    assert!(scores[0].0.starts_with("waiter\n"), "{scores:?}");
+    assert_eq!(scores[0].1, 2.0);
+    // The hand-off still goes to it, with the next token.
+    assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
+    assert_eq!(owner_of(&mut r, &base).await, "waiter");
+    let _: () = r.del(&[base.clone(), format!("{base}:w")]).await.unwrap();
+    // A foreign lock (a plain token, as redis-py writes it): scored by the fence counter (3).
+    let _: () = r.set_ex(&base, "5f3a9c", 30).await.unwrap();
+    let other = Request {
+        waiting: true,
+        ..rq(&n, "other", &mb)
+    };
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    busy(b.acquire(&other).await.unwrap());
+    assert_eq!(calls_of(&mut r, "get").await, 2, "the hold and the fence");
+    let scores: Vec<(String, f64)> = r
+        .zrange_withscores(format!("{base}:w"), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(scores.len(), 1, "{scores:?}");
+    assert_eq!(scores[0].1, 3.0);
+}
