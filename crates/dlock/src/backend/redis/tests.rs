@@ -1211,6 +1211,29 @@ async fn calls_of(r: &mut ::redis::aio::MultiplexedConnection, cmd: &str) -> u64
         .map_or(0, |n| n.parse().unwrap())
 }
 
+/// A busy attempt of `w` on `b` that reads `gets` keys (`GET`s counted by the server): the
+/// name's waiter set after it, one record with its score.
+async fn busy_grab_scores(
+    b: &RedisBackend,
+    w: &Request<'_>,
+    r: &mut ::redis::aio::MultiplexedConnection,
+    gets: u64,
+) -> Vec<(String, f64)> {
+    reset_stats(r).await;
+    busy(b.acquire(w).await.unwrap());
+    assert_eq!(
+        calls_of(r, "get").await,
+        gets,
+        "keys read by the busy attempt"
+    );
+    let scores: Vec<(String, f64)> = r
+        .zrange_withscores(format!("{}:w", b.base_key(w.name)), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(scores.len(), 1, "{scores:?}");
+    scores
+}
+
 /// A waiter that finds a dlock hold registers with the holder's fence token as its arrival
 /// score, read from the hold's value: its busy attempt reads no other key. A foreign lock's
 /// value has no token, so the fence counter is read instead.
@@ -1238,14 +1261,7 @@ async fn a_busy_grab_scores_its_waiter_by_the_holders_token() {
     };
     // Registered and listening for its hand-off (two busy attempts, one wait).
     registered_waiter(&b, &w).await;
-    reset_stats(&mut r).await;
-    busy(b.acquire(&w).await.unwrap());
-    assert_eq!(calls_of(&mut r, "get").await, 1, "only the hold is read");
-    let scores: Vec<(String, f64)> = r
-        .zrange_withscores(format!("{base}:w"), 0, -1)
-        .await
-        .unwrap();
-    assert_eq!(scores.len(), 1, "{scores:?}");
+    let scores = busy_grab_scores(&b, &w, &mut r, 1).await;
     assert!(scores[0].0.starts_with("waiter\n"), "{scores:?}");
     assert_eq!(scores[0].1, 2.0);
     // The hand-off still goes to it, with the next token.
@@ -1259,13 +1275,6 @@ async fn a_busy_grab_scores_its_waiter_by_the_holders_token() {
         waiting: true,
         ..rq(&n, "other", &mb)
     };
-    reset_stats(&mut r).await;
-    busy(b.acquire(&other).await.unwrap());
-    assert_eq!(calls_of(&mut r, "get").await, 2, "the hold and the fence");
-    let scores: Vec<(String, f64)> = r
-        .zrange_withscores(format!("{base}:w"), 0, -1)
-        .await
-        .unwrap();
-    assert_eq!(scores.len(), 1, "{scores:?}");
+    let scores = busy_grab_scores(&b, &other, &mut r, 2).await;
     assert_eq!(scores[0].1, 3.0);
 }
