@@ -322,17 +322,14 @@ fn waiter_record(req: &Request<'_>, client_key: &str) -> String {
 /// What the scripts store of a hold's holder after its owner (and a grant's time):
 /// `client_id \n host \n pid \n ('0' | '1' value)`.
 fn holder_parts<'a>(req: &'a Request<'_>, pid: &'a str) -> [&'a str; 8] {
+    let [c, n1, h, n2, p] = holder_id_parts(req, pid);
     let [v0, v1] = value_parts(req);
-    [
-        &req.meta.client_id,
-        "\n",
-        &req.meta.host,
-        "\n",
-        pid,
-        "\n",
-        v0,
-        v1,
-    ]
+    [c, n1, h, n2, p, "\n", v0, v1]
+}
+
+/// Who holds, as the scripts store it: `client_id \n host \n pid`.
+fn holder_id_parts<'a>(req: &'a Request<'_>, pid: &'a str) -> [&'a str; 5] {
+    [&req.meta.client_id, "\n", &req.meta.host, "\n", pid]
 }
 
 /// A hold's value as the scripts store it: `'0'` for none, `'1'` and the value.
@@ -670,7 +667,7 @@ impl RedisBackend {
             .joined(
                 [req.mode.as_str(), "\n"]
                     .into_iter()
-                    .chain(holder_parts(req, &pid).into_iter().take(5)),
+                    .chain(holder_id_parts(req, &pid)),
             )
             .joined(value_parts(req))
             .arg(if register_owner { "1" } else { "0" })
