@@ -76,6 +76,12 @@
 //! milliseconds on the database clock, so client clocks do not matter; only the database's clock
 //! stepping changes lease lengths.
 //!
+//! A released hold's row is deleted, and the dead row stays until no snapshot can see it. Every
+//! grant reads the name's rows, so while a long transaction keeps an old snapshot open (a
+//! `pg_dump`, a session idle in a transaction), each grant of a busy name reads past every hold
+//! that name had since. Grants get slower, but exclusion is not affected (figures in
+//! docs/BACKENDS.md).
+//!
 //! # Wake-ups
 //!
 //! PostgreSQL: every release, cancel and force-release sends `NOTIFY` on the channel named like
