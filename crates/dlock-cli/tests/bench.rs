@@ -7,8 +7,10 @@
 //! `scripts/etcd-cluster.sh`; with etcd's Lock RPC as the peer). It checks
 //! that the run succeeds, that results.json has every workload with positive figures (a row
 //! per peer, and dlock against the best peer), that a peer missing on the machine is a line of
-//! the report, and that results.md and the charts exist. No timing is asserted: performance is
-//! read from a full run (docs/BENCHMARKS.md), never judged in CI.
+//! the report, and that results.md and the charts exist. On PostgreSQL and MariaDB
+//! (`DLOCK_TEST_POSTGRES_URL`, `DLOCK_TEST_MYSQL_URL`) it checks that the report names a
+//! transaction held open during the run. No timing is asserted: performance is read from a
+//! full run (docs/BENCHMARKS.md), never judged in CI.
 
 use serde_json::Value;
 use std::path::Path;
@@ -435,6 +437,76 @@ fn a_missing_peer_is_a_line_of_the_report() {
     );
     // The other peer still ran.
     assert!(md.contains("| redis | rslock |"), "{md}");
+}
+
+/// The seconds after `label` in `text` (`"<label> 12 s"`); `None` when it says anything else.
+fn seconds_after(text: &str, label: &str) -> Option<u64> {
+    let rest = &text[text.find(label)? + label.len()..];
+    rest.trim_start().split(' ').next()?.parse().ok()
+}
+
+/// A transaction held open on another connection (a long report, a forgotten session) slows
+/// every grant of a busy name, so the report names the SQL server's oldest open transaction
+/// before and after the workloads, with PostgreSQL's autovacuum setting and MariaDB's purge
+/// backlog.
+#[test]
+fn the_sql_servers_oldest_open_transaction_is_in_the_report() {
+    sqlx::any::install_default_drivers();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for (var, label, open, what) in [
+        (
+            "DLOCK_TEST_POSTGRES_URL",
+            "postgres",
+            "BEGIN ISOLATION LEVEL REPEATABLE READ",
+            "autovacuum ",
+        ),
+        (
+            "DLOCK_TEST_MYSQL_URL",
+            "mysql",
+            "START TRANSACTION WITH CONSISTENT SNAPSHOT",
+            "history list ",
+        ),
+    ] {
+        let url = env_url(var);
+        let mut conn = rt.block_on(async {
+            use sqlx::Connection;
+            let mut c = sqlx::AnyConnection::connect(&url).await.expect("connect");
+            sqlx::raw_sql(open).execute(&mut c).await.expect("open");
+            sqlx::raw_sql("SELECT 1")
+                .execute(&mut c)
+                .await
+                .expect("read");
+            c
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (md, v) = run_bench(
+            &["--only", "u1", "--no-peers", "--url", &url],
+            dir.path(),
+            Duration::from_secs(120),
+        );
+        rt.block_on(sqlx::raw_sql("ROLLBACK").execute(&mut conn))
+            .expect("rollback");
+        let line = md
+            .lines()
+            .find(|l| l.contains(&format!("- {label}: the server before the workloads: ")))
+            .unwrap_or_else(|| panic!("no state line for {label}:\n{md}"));
+        let state = &v["targets"][0]["sql_state"];
+        let (before, after) = (
+            state[0].as_str().expect("before"),
+            state[1].as_str().expect("after"),
+        );
+        assert!(line.contains(before) && line.contains(after), "{line}");
+        for s in [before, after] {
+            assert!(s.starts_with(what), "{label}: {s}");
+            let oldest = seconds_after(s, "oldest open transaction")
+                .or_else(|| seconds_after(s, "oldest open transaction in the database"));
+            assert!(
+                oldest.is_some_and(|secs| secs >= 2),
+                "{label}: the transaction held for 2 s is not reported: {s}"
+            );
+        }
+    }
 }
 
 /// The URL in `var` (`scripts/test.sh` sets it); a missing one fails the test, never skips it.

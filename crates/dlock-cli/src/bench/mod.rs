@@ -104,6 +104,9 @@ pub struct TargetReport {
     pub syncs_what: Option<String>,
     /// Store commands per second before the workloads (other users of the server).
     pub background_cmds_per_s: f64,
+    /// The SQL server's state that changes the figures, before and after the workloads (see
+    /// [`Probe::sql_state`]).
+    pub sql_state: Option<(String, String)>,
     /// U1 of dlock and of the peer.
     pub u1: Vec<U1>,
     /// C1 runs of dlock and of the peer.
@@ -373,6 +376,7 @@ async fn bench_target(
     };
     let background = workloads::background_rate(&probe).await;
     r.background_cmds_per_s = background;
+    let state_before = probe.sql_state().await;
     let mut libs: Vec<Lib> = match t.kind {
         // rslock sends no WAIT: on a `replicas=N` URL it would measure the row without it again
         // (and look cheaper than a floor that waits), so it runs on that row only.
@@ -525,6 +529,10 @@ async fn bench_target(
         e.cleanup(t).await;
     }
     floor.cleanup().await;
+    if let Some(before) = state_before {
+        let after = probe.sql_state().await.unwrap_or_else(|| "not read".into());
+        r.sql_state = Some((before, after));
+    }
     probe.cleanup(t, run).await;
     r.vs_best_peer = report::vs_best_peer(&r);
     r

@@ -579,6 +579,14 @@ pub fn markdown(r: &Report) -> String {
                 .unwrap_or_default(),
             t.background_cmds_per_s
         );
+        if let Some((before, after)) = &t.sql_state {
+            let _ = writeln!(
+                s,
+                "  - {}: the server before the workloads: {before}; after: {after} (a long \
+                 transaction slows every grant of a busy name: docs/BACKENDS.md)",
+                t.label
+            );
+        }
     }
     let errs: Vec<String> = r
         .targets

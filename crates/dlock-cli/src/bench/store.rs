@@ -1536,6 +1536,77 @@ impl Probe {
         }
     }
 
+    /// What of a SQL server's state changes the figures, in words (`None` for other stores).
+    /// Every grant reads the name's rows, and an open transaction's snapshot keeps the dead rows
+    /// of released holds, so a long transaction on the server slows the grants of a busy name
+    /// while the floor, which never reads a range, stays as it was (docs/BACKENDS.md).
+    /// PostgreSQL: `autovacuum` and the oldest transaction open in the database (the horizon
+    /// of its ordinary tables). MySQL/MariaDB: the purge backlog (`Innodb_history_list_length`,
+    /// server-wide) and the oldest open transaction (`INNODB_TRX`, which needs the `PROCESS`
+    /// privilege). What cannot be read says so.
+    pub async fn sql_state(&self) -> Option<String> {
+        let pool = self.sql.as_ref()?;
+        let secs = |s: Option<f64>| match s {
+            Some(s) => format!("{s:.0} s"),
+            None => "none".into(),
+        };
+        match self.kind {
+            Kind::Postgres => {
+                let q = "SELECT current_setting('autovacuum'), \
+                         (SELECT EXTRACT(EPOCH FROM max(clock_timestamp() - xact_start))::float8 \
+                          FROM pg_stat_activity WHERE datname = current_database() \
+                          AND pid <> pg_backend_pid() AND xact_start IS NOT NULL)";
+                Some(
+                    match limit("sql state", OP, sqlx::query_as(q).fetch_one(pool)).await {
+                        Ok((autovacuum, oldest)) => {
+                            let (autovacuum, oldest): (String, Option<f64>) = (autovacuum, oldest);
+                            format!(
+                                "autovacuum {autovacuum}, oldest open transaction in the \
+                                 database {}",
+                                secs(oldest)
+                            )
+                        }
+                        Err(e) => format!("not read ({e})"),
+                    },
+                )
+            }
+            Kind::Mysql => {
+                let history = limit(
+                    "SHOW GLOBAL STATUS",
+                    OP,
+                    sqlx::query_as::<_, (String, String)>(
+                        "SHOW GLOBAL STATUS LIKE 'Innodb_history_list_length'",
+                    )
+                    .fetch_optional(pool),
+                )
+                .await;
+                let history = match history {
+                    Ok(Some((_, v))) => v,
+                    Ok(None) => "not reported".into(),
+                    Err(e) => format!("not read ({e})"),
+                };
+                let oldest = limit(
+                    "INNODB_TRX",
+                    OP,
+                    sqlx::query_scalar::<_, Option<i64>>(
+                        "SELECT CAST(MAX(TIMESTAMPDIFF(SECOND, trx_started, NOW())) AS SIGNED) \
+                         FROM information_schema.INNODB_TRX",
+                    )
+                    .fetch_one(pool),
+                )
+                .await;
+                let oldest = match oldest {
+                    Ok(s) => secs(s.map(|s| s as f64)),
+                    Err(e) => format!("not read ({e})"),
+                };
+                Some(format!(
+                    "history list {history}, oldest open transaction {oldest}"
+                ))
+            }
+            _ => None,
+        }
+    }
+
     /// The server's version, for the report.
     pub async fn version(&self) -> Option<String> {
         match self.kind {
