@@ -1556,19 +1556,14 @@ impl Probe {
                          (SELECT EXTRACT(EPOCH FROM max(clock_timestamp() - xact_start))::float8 \
                           FROM pg_stat_activity WHERE datname = current_database() \
                           AND pid <> pg_backend_pid() AND xact_start IS NOT NULL)";
-                Some(
-                    match limit("sql state", OP, sqlx::query_as(q).fetch_one(pool)).await {
-                        Ok((autovacuum, oldest)) => {
-                            let (autovacuum, oldest): (String, Option<f64>) = (autovacuum, oldest);
-                            format!(
-                                "autovacuum {autovacuum}, oldest open transaction in the \
-                                 database {}",
-                                secs(oldest)
-                            )
-                        }
-                        Err(e) => format!("not read ({e})"),
-                    },
-                )
+                let row = sqlx::query_as::<_, (String, Option<f64>)>(q).fetch_one(pool);
+                Some(match limit("sql state", OP, row).await {
+                    Ok((autovacuum, oldest)) => format!(
+                        "autovacuum {autovacuum}, oldest open transaction in the database {}",
+                        secs(oldest)
+                    ),
+                    Err(e) => format!("not read ({e})"),
+                })
             }
             Kind::Mysql => {
                 let history = limit(
