@@ -780,15 +780,19 @@ pub async fn s1(
         let (client, counts) =
             super::store::limit("connect", Duration::from_secs(30), counted_client(t, lease))
                 .await?;
-        // 64 locks used at once, so every connection the client keeps (a pool at its size)
-        // is open before counting.
+        // 64 locks used at once, each holder also listing the names (a read that no store
+        // batches), so every connection the client keeps (a pool at its size) is open before
+        // counting.
         let mut warm = tokio::task::JoinSet::new();
+        let warm_prefix = format!("dlockbench/{run}/s1/warm{k}/");
         for i in 0..64 {
             let m = client
-                .mutex(format!("dlockbench/{run}/s1/warm{k}/{i}"))
+                .mutex(format!("{warm_prefix}{i}"))
                 .map_err(|e| e.to_string())?;
+            let (client, prefix) = (client.clone(), warm_prefix.clone());
             warm.spawn(async move {
                 let g = m.acquire_timeout(Duration::from_secs(10)).await?;
+                client.list(&prefix).await?;
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 g.release().await
             });
