@@ -391,15 +391,32 @@ impl SqliteBackend {
                 Err(e) => return Err(map_err(path, e)),
             }
         };
-        // Opened on first use: a process that never releases keeps no connection for it.
+        // Opened now and kept open, not at the first release: a process short of memory or
+        // file descriptors fails here, holding nothing, rather than when it must release.
         let releases = SqlitePoolOptions::new()
             .after_connect(|conn, _| Box::pin(set_busy_handler(conn)))
             .after_release(|conn, _| Box::pin(still_usable(conn)))
             .max_connections(RELEASE_CONNECTIONS)
-            .min_connections(0)
+            .min_connections(RELEASE_CONNECTIONS)
             .acquire_timeout(POOL_ACQUIRE_TIMEOUT)
             .test_before_acquire(false)
-            .connect_lazy_with(options.synchronous(SqliteSynchronous::Normal));
+            .connect_with(options.synchronous(SqliteSynchronous::Normal))
+            .await;
+        let releases = match releases {
+            Ok(p) => p,
+            Err(e) => {
+                pool.close().await;
+                return Err(match sqlite_code(&e) {
+                    // The same file opened a moment ago on the other pool: what this one lacks
+                    // is a descriptor (the check of `map_err` may find a few free once this
+                    // connection's have been closed again).
+                    Some(14) => Error::Unavailable(format!(
+                        "cannot open sqlite database {shown}: this process is most likely at                          its open-file limit (see ulimit -n; SQLite said: {e})"
+                    )),
+                    _ => map_err(path, e),
+                });
+            }
+        };
         let key = std::fs::canonicalize(path)
             .or_else(|_| std::path::absolute(path))
             .unwrap_or_else(|_| path.to_path_buf());
@@ -728,15 +745,24 @@ impl SqliteBackend {
         let mut tries = 0;
         let changed = loop {
             tries += 1;
-            // A repeat goes through the synced connections: the release connections may be the
-            // ones that cannot open (no file descriptor left) while a synced one is coming back.
-            let pool = if tries == 1 {
-                &self.releases
-            } else {
-                &self.pool
+            // A repeat goes through the synced pool, as does a first try whose release
+            // connection could not open (no file descriptor, thread or memory left).
+            let own = match tries {
+                1 => self.releases.acquire().await.ok(),
+                _ => None,
             };
-            match statement().execute(pool).await {
+            let on_own = own.is_some();
+            let done = match own {
+                Some(mut conn) => statement().execute(&mut *conn).await,
+                None => statement().execute(&self.pool).await,
+            };
+            match done {
                 Ok(done) => break done.rows_affected(),
+                // The statement failed on the release connection (a new connection short of
+                // memory, say): nothing was written, and a synced connection tries it again.
+                Err(e) if on_own => {
+                    tracing::debug!(error = %e, "sqlite: the release connection failed; using a synced one");
+                }
                 Err(e) if is_busy(&e) && tries < RELEASE_TRIES => continue,
                 // A new connection the pool could not open (out of file descriptors): the
                 // connection the previous statement used is on its way back to the pool, and
@@ -1858,17 +1884,20 @@ mod tests {
         let m = meta("m");
         let r = rq(&n, "o", &m);
         token(b.acquire(&r).await.unwrap());
-        assert_eq!(
-            b.releases.size(),
-            0,
-            "a release connection opened before any release"
+        assert_eq!(b.releases.size(), 1, "no release connection");
+        // With the release connection taken, the release waits for it.
+        let own = b.releases.acquire().await.unwrap();
+        let release = tokio::spawn({
+            let (b, n, m) = (b.clone(), n.clone(), m.clone());
+            async move { b.release(&hr(&rq(&n, "o", &m))).await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !release.is_finished(),
+            "released without the release connection"
         );
-        assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
-        assert_eq!(
-            b.releases.size(),
-            1,
-            "the release did not use its own connections"
-        );
+        drop(own);
+        assert_eq!(release.await.unwrap(), Released::Released);
         for (pool, level) in [(&b.pool, 2), (&b.releases, 1)] {
             let got: i64 = sqlx::query_scalar("PRAGMA synchronous")
                 .fetch_one(pool)
