@@ -27,7 +27,7 @@
 //!   procedure costs more there and a lost race rolls back for free, so it locks the fence row
 //!   first and looks once, under the lock.
 //!
-//! **The release function** (PostgreSQL only, `<table>_release_v3`): deletes the owner's hold
+//! **The release function** (PostgreSQL only, `<table>_release_v4`): deletes the owner's hold
 //! and, when a registered mutex waiter of a live client is waiting and nothing else stands in
 //! the way (no fair queue, no other live hold), grants that waiter the lock in the same
 //! transaction (a new fence token, its lease and metadata from its registration) and tells its
@@ -36,7 +36,13 @@
 //! place). It looks for waiters under the name's wake lock (`WAKE_KEY`); a grant routine call
 //! that registers its waiter takes that lock shared and looks again before it registers. A
 //! client is live while its listener connection holds the session advisory lock
-//! `(lk1, lk2)` its registrations name: the server frees it when the connection ends.
+//! `(lk1, lk2)` its registrations name: the server frees it when the connection ends. A release
+//! that hands nothing on (nobody waits) commits with `synchronous_commit = off` for its own
+//! transaction: it writes no fence, and if a server crash loses it the hold comes back and ends
+//! with its lease (the waiters wait that long), never a second holder; a later synced commit
+//! (any grant's) flushes it with its own. A release that hands the lock on writes the next fence
+//! and stays synced. `_release_v3` did the same with every release synced; it stays for older
+//! clients.
 //!
 //! Every routine sets `enable_bitmapscan = off` for its transaction: a bitmap scan never marks
 //! index entries of dead rows, so on a table that autovacuum does not clean (it is off, or has
@@ -60,7 +66,7 @@ pub fn routine(d: Dialect, t: &str) -> String {
 
 /// The release function's name (PostgreSQL).
 pub fn release_routine(t: &str) -> String {
-    format!("{t}_release_v3")
+    format!("{t}_release_v4")
 }
 
 /// The table of waiters registered for hand-offs and wake-ups (PostgreSQL).
@@ -163,7 +169,7 @@ pub fn drop_sql(d: Dialect, t: &str) -> String {
         Dialect::Postgres => format!(
             "DO $dlock$ BEGIN \
              DROP ROUTINE IF EXISTS {t}_grant_v1, {t}_grant_v2, {t}_grant_v3, {t}_grant_v4, \
-             {t}_release_v1, {t}_release_v2, {rel}; \
+             {t}_release_v1, {t}_release_v2, {t}_release_v3, {rel}; \
              DROP TABLE IF EXISTS {w}; \
              END $dlock$",
             rel = release_routine(t),
@@ -377,7 +383,9 @@ fn pg_release(t: &str, now: &str) -> String {
             DELETE FROM {w} WHERE name = p_name AND owner = p_owner;
             IF NOT EXISTS (SELECT 1 FROM {w} WHERE name = p_name)
                AND NOT EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name) THEN
-                -- Nobody waits: the delete alone, no wake-up.
+                -- Nobody waits: the delete alone, no wake-up, committed without waiting for
+                -- the WAL flush (see the module docs).
+                PERFORM set_config('synchronous_commit', 'off', true);
                 DELETE FROM {t} WHERE name = p_name AND owner = p_owner AND expires_at_ms > {now};
                 GET DIAGNOSTICS v = ROW_COUNT;
                 RETURN CASE WHEN v > 0 THEN {RELEASED} ELSE {NOT_HELD} END;

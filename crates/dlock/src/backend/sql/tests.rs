@@ -1253,6 +1253,76 @@ async fn postgres_releases_spend_tokens_only_on_handoffs() {
     assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::Released);
 }
 
+/// The release function in a transaction of the test's own: its answer, and the commit setting
+/// it left for that transaction.
+#[cfg(feature = "postgres")]
+async fn release_in_own_transaction(b: &SqlBackend, name: &str, owner: &str) -> (i64, String) {
+    let mut tx = b.inner.pool.begin().await.unwrap();
+    let answer: i64 = sqlx::query(&b.inner.st.release_fn)
+        .bind(name)
+        .bind(owner)
+        .bind(false)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+    let commit: String = sqlx::query("SELECT current_setting('synchronous_commit')")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+    tx.commit().await.unwrap();
+    (answer, commit)
+}
+
+/// A release with nobody waiting commits without waiting for the WAL flush (it writes no
+/// fence; a lost one leaves a hold that ends with its lease); a release that hands the lock on
+/// writes the next fence and commits synced.
+#[cfg(feature = "postgres")]
+async fn postgres_only_releases_that_hand_nothing_on_skip_the_flush() {
+    let d = Dialect::Postgres;
+    let a = open_isolated(d, "dlt_flush").await;
+    let b = open_isolated(d, "dlt_flush").await;
+    let n = name(&uniq("flush"));
+    let m = meta("m");
+    let (h, w) = (
+        rq(&n, "h", &m),
+        Request {
+            waiting: true,
+            ..rq(&n, "w", &m)
+        },
+    );
+    let server: String = sqlx::query("SELECT current_setting('synchronous_commit')")
+        .fetch_one(&a.inner.pool)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+    assert_ne!(server, "off", "the server does not sync commits at all");
+    token(a.acquire(&h).await.unwrap());
+    let (answer, commit) = release_in_own_transaction(&a, n.as_str(), "h").await;
+    assert_eq!((answer, commit.as_str()), (fast::RELEASED, "off"));
+    let t = token(a.acquire(&h).await.unwrap());
+    busy(b.acquire(&w).await.unwrap());
+    let (answer, commit) = release_in_own_transaction(&a, n.as_str(), "h").await;
+    assert_eq!((answer, commit), (fast::HANDED_OFF, server));
+    assert_eq!(
+        stored_fence(&a, n.as_str()).await,
+        i64::try_from(t).unwrap() + 1
+    );
+    b.wait(
+        &w,
+        &Busy::default(),
+        Instant::now() + Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert_eq!(token(b.acquire(&w).await.unwrap()), t + 1);
+    assert_eq!(b.release(&hr(&w)).await.unwrap(), Released::Released);
+}
+
 /// An observer (an election's follower: it watches without attempting) registers to be woken,
 /// and a release with nobody else waiting wakes it.
 #[cfg(feature = "postgres")]
@@ -2475,6 +2545,11 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn release_wakes_only_who_waits() {
         super::postgres_release_wakes_only_who_waits().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_releases_that_hand_nothing_on_skip_the_flush() {
+        super::postgres_only_releases_that_hand_nothing_on_skip_the_flush().await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
