@@ -89,16 +89,16 @@
 //! waiters it wakes. A look first (a read-only statement) would add a hand-over to the
 //! connection's thread to every hand-off between processes, and the releasing process's next
 //! waiter, woken in-process and attempting at once, would win nearly every race for the lock.
-//! The byte is written after the commit, so the report
-//! never comes before the change is visible (a commit's own `-wal` writes would: they precede its
-//! fsync and the WAL index update that publishes it), and other commits (grants, renewals) wake
-//! nobody. A release by another process is thus noticed at once (0.6–0.7 ms from the start of
-//! the release to the other process's grant, both commits included, on this machine's disk,
-//! against up to 50 ms of polling), and [`Capabilities::wakeups`] is [`Wakeups::Native`]. A
-//! waiter still re-reads every [`SAFETY_POLL`] (250 ms) in case a change was not reported. If the watch cannot be set up
-//! (inotify instances exhausted, a file system without change events) the store says
-//! [`Wakeups::Polling`] from [`POLL_MIN`] (5 ms) to [`POLL_MAX`] (50 ms) and polls: a jittered
-//! interval that starts between 5 and 10 ms and doubles up to between 25 and 50 ms, bounded by
+//! The byte is written after the commit, so the report never comes before the change is visible (a
+//! commit's own `-wal` writes would: they precede its fsync and the WAL index update that publishes
+//! it), and other commits (grants, renewals) wake nobody. A release by another process is thus
+//! noticed at once (0.6–0.7 ms from the start of the release to the other process's grant, both
+//! commits included, on this machine's disk, against up to 50 ms of polling), and
+//! [`Capabilities::wakeups`] is [`Wakeups::Native`]. A waiter still re-reads every [`SAFETY_POLL`]
+//! (250 ms) in case a change was not reported. If the watch cannot be set up (inotify instances
+//! exhausted, a file system without change events) the store says [`Wakeups::Polling`] from
+//! [`POLL_MIN`] (5 ms) to [`POLL_MAX`] (50 ms) and polls: a jittered interval that starts between 5
+//! and 10 ms and doubles up to between 25 and 50 ms, bounded by
 //! `until` and by the blocking lease running out.
 //! Waiters in the **same process** do not depend on polling: every backend of the process opened
 //! on the same file (by canonical path) shares a per-name notification, and a release, cancel or
@@ -411,7 +411,8 @@ impl SqliteBackend {
                     // is a descriptor (the check of `map_err` may find a few free once this
                     // connection's have been closed again).
                     Some(14) => Error::Unavailable(format!(
-                        "cannot open sqlite database {shown}: this process is most likely at                          its open-file limit (see ulimit -n; SQLite said: {e})"
+                        "cannot open sqlite database {shown}: this process is most likely at \
+                         its open-file limit (see ulimit -n; SQLite said: {e})"
                     )),
                     _ => map_err(path, e),
                 });
