@@ -1253,6 +1253,10 @@ async fn postgres_releases_spend_tokens_only_on_handoffs() {
     assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::Released);
 }
 
+/// The session's `synchronous_commit`, as its transaction sees it.
+#[cfg(feature = "postgres")]
+const COMMIT_SETTING: &str = "SELECT current_setting('synchronous_commit')";
+
 /// The release function in a transaction of the test's own: its answer, and the commit setting
 /// it left for that transaction.
 #[cfg(feature = "postgres")]
@@ -1267,7 +1271,7 @@ async fn release_in_own_transaction(b: &SqlBackend, name: &str, owner: &str) -> 
         .unwrap()
         .try_get(0)
         .unwrap();
-    let commit: String = sqlx::query("SELECT current_setting('synchronous_commit')")
+    let commit: String = sqlx::query(COMMIT_SETTING)
         .fetch_one(&mut *tx)
         .await
         .unwrap()
@@ -1294,7 +1298,7 @@ async fn postgres_only_releases_that_hand_nothing_on_skip_the_flush() {
             ..rq(&n, "w", &m)
         },
     );
-    let server: String = sqlx::query("SELECT current_setting('synchronous_commit')")
+    let server: String = sqlx::query(COMMIT_SETTING)
         .fetch_one(&a.inner.pool)
         .await
         .unwrap()

@@ -372,13 +372,7 @@ impl SqliteBackend {
         let deadline = Instant::now() + BUSY_TIMEOUT;
         let mut backoff = Duration::from_millis(2);
         let pool = loop {
-            let attempt = SqlitePoolOptions::new()
-                .after_connect(|conn, _| Box::pin(set_busy_handler(conn)))
-                .after_release(|conn, _| Box::pin(still_usable(conn)))
-                .max_connections(MAX_CONNECTIONS)
-                .min_connections(0)
-                .acquire_timeout(POOL_ACQUIRE_TIMEOUT)
-                .test_before_acquire(false)
+            let attempt = pool_options(MAX_CONNECTIONS, 0)
                 .connect_with(options.clone())
                 .await;
             match attempt {
@@ -393,13 +387,7 @@ impl SqliteBackend {
         };
         // Opened now and kept open, not at the first release: a process short of memory or
         // file descriptors fails here, holding nothing, rather than when it must release.
-        let releases = SqlitePoolOptions::new()
-            .after_connect(|conn, _| Box::pin(set_busy_handler(conn)))
-            .after_release(|conn, _| Box::pin(still_usable(conn)))
-            .max_connections(RELEASE_CONNECTIONS)
-            .min_connections(RELEASE_CONNECTIONS)
-            .acquire_timeout(POOL_ACQUIRE_TIMEOUT)
-            .test_before_acquire(false)
+        let releases = pool_options(RELEASE_CONNECTIONS, RELEASE_CONNECTIONS)
             .connect_with(options.synchronous(SqliteSynchronous::Normal))
             .await;
         let releases = match releases {
@@ -900,6 +888,18 @@ async fn still_usable(conn: &mut sqlx::SqliteConnection) -> std::result::Result<
     }
     conn.ping().await?;
     Ok(!conn.is_in_transaction())
+}
+
+/// A pool of `max` connections (at least `min` kept open), each with dlock's busy handler and
+/// checked as it comes back ([`still_usable`]).
+fn pool_options(max: u32, min: u32) -> SqlitePoolOptions {
+    SqlitePoolOptions::new()
+        .after_connect(|conn, _| Box::pin(set_busy_handler(conn)))
+        .after_release(|conn, _| Box::pin(still_usable(conn)))
+        .max_connections(max)
+        .min_connections(min)
+        .acquire_timeout(POOL_ACQUIRE_TIMEOUT)
+        .test_before_acquire(false)
 }
 
 /// Installs [`busy_handler`] on a new connection (replacing the `busy_timeout` handler, which
