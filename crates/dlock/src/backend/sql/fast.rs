@@ -27,13 +27,15 @@
 //!   procedure costs more there and a lost race rolls back for free, so it locks the fence row
 //!   first and looks once, under the lock.
 //!
-//! **The release function** (PostgreSQL only, `<table>_release_v4`): deletes the owner's hold
+//! **The release function** (PostgreSQL only, `<table>_release_v5`): deletes the owner's hold
 //! and, when a registered mutex waiter of a live client is waiting and nothing else stands in
-//! the way (no fair queue, no other live hold), grants that waiter the lock in the same
-//! transaction (a new fence token, its lease and metadata from its registration) and tells its
-//! client alone (`NOTIFY` on the client's hand-off channel, payload `"token owner name"`);
-//! otherwise it sends the name's `NOTIFY` only when somebody waits (a registration or a queue
-//! place). It looks for waiters under the name's wake lock (`WAKE_KEY`); a grant routine call
+//! the way (no other live hold), grants that waiter the lock in the same transaction (a new
+//! fence token, its lease and metadata from its registration) and tells its client alone
+//! (`NOTIFY` on the client's hand-off channel, payload `"token owner name"`). Without a fair
+//! queue that is the earliest registered waiter; with one, only the queue's head (its first
+//! live place, an exclusive one), whose place the hold replaces: fair mutex waiters register
+//! too. Otherwise it sends the name's `NOTIFY` only when somebody waits (a registration or a
+//! queue place). It looks for waiters under the name's wake lock (`WAKE_KEY`); a grant routine call
 //! that registers its waiter takes that lock shared and looks again before it registers. A
 //! client is live while its listener connection holds the session advisory lock
 //! `(lk1, lk2)` its registrations name: the server frees it when the connection ends. A release
@@ -41,7 +43,8 @@
 //! transaction: it writes no fence, and if a server crash loses it the hold comes back and ends
 //! with its lease (the waiters wait that long), never a second holder; a later synced commit
 //! (any grant's) flushes it with its own. A release that hands the lock on writes the next fence
-//! and stays synced. `_release_v3` did the same with every release synced; it stays for older
+//! and stays synced. `_release_v4` did the same but woke a fair queue's waiters rather than
+//! hand the lock to its head, and `_release_v3` also synced every release; they stay for older
 //! clients.
 //!
 //! Every routine sets `enable_bitmapscan = off` for its transaction: a bitmap scan never marks
@@ -66,7 +69,7 @@ pub fn routine(d: Dialect, t: &str) -> String {
 
 /// The release function's name (PostgreSQL).
 pub fn release_routine(t: &str) -> String {
-    format!("{t}_release_v4")
+    format!("{t}_release_v5")
 }
 
 /// The table of waiters registered for hand-offs and wake-ups (PostgreSQL).
@@ -169,7 +172,7 @@ pub fn drop_sql(d: Dialect, t: &str) -> String {
         Dialect::Postgres => format!(
             "DO $dlock$ BEGIN \
              DROP ROUTINE IF EXISTS {t}_grant_v1, {t}_grant_v2, {t}_grant_v3, {t}_grant_v4, \
-             {t}_release_v1, {t}_release_v2, {t}_release_v3, {rel}; \
+             {t}_release_v1, {t}_release_v2, {t}_release_v3, {t}_release_v4, {rel}; \
              DROP TABLE IF EXISTS {w}; \
              END $dlock$",
             rel = release_routine(t),
@@ -372,6 +375,8 @@ fn pg_release(t: &str, now: &str) -> String {
             v_now BIGINT;
             v_token BIGINT;
             v INTEGER;
+            v_fair BOOLEAN;
+            v_head TEXT;
             w RECORD;
         BEGIN
             {INDEX_SCANS}
@@ -390,8 +395,8 @@ fn pg_release(t: &str, now: &str) -> String {
                 GET DIAGNOSTICS v = ROW_COUNT;
                 RETURN CASE WHEN v > 0 THEN {RELEASED} ELSE {NOT_HELD} END;
             END IF;
-            IF EXISTS (SELECT 1 FROM {w} WHERE name = p_name AND handoff)
-               AND NOT EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name) THEN
+            v_fair := EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name);
+            IF v_fair OR EXISTS (SELECT 1 FROM {w} WHERE name = p_name AND handoff) THEN
                 -- Lock the name first, as every grant does, then release and hand on. The next
                 -- fence is taken only for a hand-off (a token is never spent on nobody).
                 PERFORM 1 FROM {t}_fences WHERE name = p_name FOR UPDATE;
@@ -401,9 +406,21 @@ fn pg_release(t: &str, now: &str) -> String {
                 IF v = 0 THEN
                     RETURN {NOT_HELD};
                 END IF;
+                IF v_fair THEN
+                    -- A fair queue: only its head may be handed the lock, as `decide` would
+                    -- grant it (the first live place, an exclusive one).
+                    SELECT q.owner INTO v_head FROM {t}_queue q
+                        WHERE q.name = p_name AND q.expires_at_ms > v_now
+                        ORDER BY q.seq LIMIT 1;
+                    IF NOT EXISTS (SELECT 1 FROM {t}_queue q WHERE q.name = p_name
+                                   AND q.owner = v_head AND q.mode = 'exclusive') THEN
+                        v_head := NULL;
+                    END IF;
+                END IF;
                 IF NOT EXISTS (SELECT 1 FROM {t} WHERE name = p_name AND expires_at_ms > v_now) THEN
                     FOR w IN SELECT owner, channel, lk1, lk2, lease_ms, client_id, host, pid, value
                                FROM {w} WHERE name = p_name AND handoff
+                                   AND (NOT v_fair OR owner = v_head)
                                ORDER BY arrived, owner LOOP
                         DELETE FROM {w} WHERE name = p_name AND owner = w.owner;
                         GET DIAGNOSTICS v = ROW_COUNT;
@@ -421,6 +438,10 @@ fn pg_release(t: &str, now: &str) -> String {
                             PERFORM pg_notify('{t}', p_name);
                             RETURN {RELEASED};
                         END IF;
+                        -- The head's place becomes its hold.
+                        IF v_fair THEN
+                            DELETE FROM {t}_queue WHERE name = p_name AND owner = w.owner;
+                        END IF;
                         INSERT INTO {t} AS h (name, owner, kind, permits, mode, fence,
                                               expires_at_ms, acquired_at_ms, client_id, host,
                                               pid, value)
@@ -435,6 +456,8 @@ fn pg_release(t: &str, now: &str) -> String {
                                     client_id = excluded.client_id, host = excluded.host,
                                     pid = excluded.pid, state = 0, value = excluded.value;
                         PERFORM pg_notify(w.channel, v_token || ' ' || w.owner || ' ' || p_name);
+                        -- Waiters that are only woken (readers, an election's observers) are
+                        -- told the lock moved; the queue's others wait for their turn.
                         IF EXISTS (SELECT 1 FROM {w} WHERE name = p_name AND NOT handoff) THEN
                             PERFORM pg_notify('{t}', p_name);
                         END IF;

@@ -1741,10 +1741,10 @@ impl Backend for SqlBackend {
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
         let sql = &self.inner;
         // Waiters register where releases hand a mutex on and wake only who waits: a mutex
-        // waiter to be handed the lock, other waiters that take no queue place to be woken
-        // (a queue place is seen by the release).
+        // waiter (fair or not) to be handed the lock, other waiters that take no queue place
+        // to be woken (a queue place is seen by the release).
         let reg = (req.waiting && sql.handoffs.load(Ordering::Relaxed)).then(|| {
-            let handoff = req.kind == LockKind::Mutex && !req.takes_queue_place();
+            let handoff = req.kind == LockKind::Mutex;
             let slot = Arc::new(Slot::default());
             if handoff {
                 lock(&sql.slots).insert(req.owner.to_owned(), Arc::downgrade(&slot));

@@ -292,12 +292,14 @@ async fn fair_order(d: Dialect) {
     // a plain request does not barge past the queue, even once the lock is free
     let plain = rq(&n, "plain", &m);
     a.release(&hr(&holder)).await.unwrap();
-    // with only waiters in the way: look again a lease from now (when w0's hold would end if
-    // its holder died unreleased)
-    assert_eq!(
-        busy(a.acquire(&plain).await.unwrap()).retry_in,
-        Some(plain.lease)
-    );
+    // look again about a lease from now: when w0's hold ends (PostgreSQL hands the queue's head
+    // the lock at the release) or would end if its holder died unreleased (MySQL: only the
+    // queue is in the way)
+    let about_a_lease = |b: Busy, lease: Duration| {
+        let r = b.retry_in.unwrap();
+        assert!(r <= lease && r > lease - Duration::from_secs(5), "{r:?}");
+    };
+    about_a_lease(busy(a.acquire(&plain).await.unwrap()), plain.lease);
     let info_waiters = {
         // the queue is listed only with holders; take w0 first
         busy(b.acquire(&reqs[2]).await.unwrap());
@@ -314,10 +316,7 @@ async fn fair_order(d: Dialect) {
     };
     assert_eq!(info_waiters, ["w1", "w2"]);
     b.release(&hr(&reqs[0])).await.unwrap();
-    assert_eq!(
-        busy(b.acquire(&reqs[2]).await.unwrap()).retry_in,
-        Some(reqs[2].lease)
-    );
+    about_a_lease(busy(b.acquire(&reqs[2]).await.unwrap()), reqs[2].lease);
     assert_eq!(token(b.acquire(&reqs[1]).await.unwrap()), 3);
     b.release(&hr(&reqs[1])).await.unwrap();
     assert_eq!(token(b.acquire(&reqs[2]).await.unwrap()), 4);
@@ -746,11 +745,12 @@ async fn postgres_notify_wakes_well_before_polling() {
     }
 }
 
-/// A release racing a new waiter's attempt still wakes it: the waiter's transaction has looked
-/// at the name (held) and is writing its queue place (held up here by a lock on the queue table)
-/// when the holder releases. The release must not decide "nobody waits" on a look that misses
-/// that uncommitted place: it waits for the waiter's transaction (the name's wake lock) and then
-/// wakes it, instead of leaving it asleep until its own deadline.
+/// A release racing a new waiter's attempt still reaches it: the waiter's transaction has looked
+/// at the name (held) and is writing its queue place and registration (held up here by a lock on
+/// the queue table) when the holder releases. The release must not decide "nobody waits" on a
+/// look that misses that uncommitted place: it waits for the waiter's transaction (the name's
+/// wake lock) and then hands it the lock (it heads the fair queue), instead of leaving it asleep
+/// until its own deadline.
 #[cfg(feature = "postgres")]
 async fn postgres_a_release_racing_a_new_waiter_wakes_it() {
     let d = Dialect::Postgres;
@@ -805,7 +805,7 @@ async fn postgres_a_release_racing_a_new_waiter_wakes_it() {
     };
     let (attempt, released) = tokio::join!(b.acquire(&w), control);
     let bz = busy(attempt.unwrap());
-    assert_eq!(released.unwrap(), Released::Released);
+    assert_eq!(released.unwrap(), Released::HandedOff);
     let start = Instant::now();
     b.wait(&w, &bz, start + Duration::from_secs(5))
         .await
@@ -813,7 +813,7 @@ async fn postgres_a_release_racing_a_new_waiter_wakes_it() {
     let woke = start.elapsed();
     assert!(
         woke < Duration::from_secs(1),
-        "the waiter slept {woke:?}: the release did not wake it"
+        "the waiter slept {woke:?}: the release did not tell it"
     );
     token(b.acquire(&w).await.unwrap());
     b.release(&hr(&w)).await.unwrap();
@@ -1251,6 +1251,68 @@ async fn postgres_releases_spend_tokens_only_on_handoffs() {
     assert_eq!(stored_fence(&a, n.as_str()).await, 3);
     assert_eq!(token(a.acquire(&h).await.unwrap()), t3 + 1);
     assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::Released);
+}
+
+/// A release hands the lock to the fair queue's head, whose place becomes its hold, and tells
+/// its client alone; the queue's others keep their places. A head whose client is gone is not
+/// handed the lock (nor is anyone behind it): the name's waiters are woken instead.
+#[cfg(feature = "postgres")]
+async fn postgres_a_fair_queue_hands_the_lock_to_its_head() {
+    let d = Dialect::Postgres;
+    let a = open_isolated(d, "dlt_fairhand").await;
+    let b = open_isolated(d, "dlt_fairhand").await;
+    let c = open_isolated(d, "dlt_fairhand").await;
+    let mut l = table_listener("dlt_fairhand").await;
+    let n = name(&uniq("fairhand"));
+    let (ma, mb, mc) = (meta("A"), meta("B"), meta("C"));
+    let fair = |owner, m| Request {
+        fair: true,
+        waiting: true,
+        ..rq(&n, owner, m)
+    };
+    let (h, wb, wc) = (fair("h", &ma), fair("b", &mb), fair("c", &mc));
+    let t1 = token(a.acquire(&h).await.unwrap());
+    let bb = busy(b.acquire(&wb).await.unwrap());
+    busy(c.acquire(&wc).await.unwrap());
+    assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::HandedOff);
+    let info = a.describe(n.as_str()).await.unwrap();
+    assert_eq!(info[0].holders.len(), 1);
+    assert_eq!(info[0].holders[0].owner, "b");
+    assert_eq!(info[0].holders[0].meta, mb);
+    let places: Vec<_> = info[0].waiters.iter().map(|w| w.owner.as_str()).collect();
+    assert_eq!(places, ["c"]);
+    assert!(
+        notifications(&mut l, Duration::from_millis(300))
+            .await
+            .is_empty(),
+        "the queue's others are not woken"
+    );
+    let t = Instant::now();
+    b.wait(&wb, &bb, t + Duration::from_secs(5)).await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+    let before = fast_counts(&b);
+    assert_eq!(token(b.acquire(&wb).await.unwrap()), t1 + 1);
+    assert_eq!(fast_counts(&b), before, "the handed attempt sent nothing");
+    // c's client is cut off: its place stays until it expires, and nobody is handed the lock.
+    assert!(kill_listener(&c, &a).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(b.release(&hr(&wb)).await.unwrap(), Released::Released);
+    let info = a.describe(n.as_str()).await.unwrap();
+    assert!(info.iter().all(|i| i.holders.is_empty()), "{info:?}");
+    assert_eq!(
+        notifications(&mut l, Duration::from_millis(300)).await,
+        vec![n.as_str().to_owned()]
+    );
+    assert_eq!(
+        stored_fence(&a, n.as_str()).await,
+        i64::try_from(t1).unwrap() + 1
+    );
+    c.cancel(&wc).await.unwrap();
+    assert!(a.describe(n.as_str()).await.unwrap().is_empty());
 }
 
 /// The session's `synchronous_commit`, as its transaction sees it.
@@ -2075,10 +2137,21 @@ async fn grant_routine_answers_the_common_cases(d: Dialect) {
     };
     busy(b.acquire(&fair).await.unwrap());
     assert_eq!(fast_counts(&b), (0, 1, 1));
-    assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::Released);
-    // free, but a queue place: the full path refuses the plain request
-    busy(b.acquire(&rb).await.unwrap());
-    assert_eq!(fast_counts(&b), (0, 1, 2));
+    // b's counts from here on: the routine refused the plain request once more on PostgreSQL
+    let b_counts = if d == Dialect::Postgres {
+        // the release hands the lock to the fair queue's head: the routine refuses the plain
+        // request, and the head's attempt takes what it was handed without a call
+        assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::HandedOff);
+        busy(b.acquire(&rb).await.unwrap());
+        assert_eq!(fast_counts(&b), (0, 2, 1));
+        |(g, r, f): (u64, u64, u64)| (g, r + 1, f - 1)
+    } else {
+        assert_eq!(a.release(&hr(&ra)).await.unwrap(), Released::Released);
+        // free, but a queue place: the full path refuses the plain request
+        busy(b.acquire(&rb).await.unwrap());
+        assert_eq!(fast_counts(&b), (0, 1, 2));
+        |c: (u64, u64, u64)| c
+    };
     assert_eq!(token(b.acquire(&fair).await.unwrap()), 2);
     assert_eq!(b.release(&hr(&fair)).await.unwrap(), Released::Released);
     // an expired hold row: the full path cleans it up and grants
@@ -2089,7 +2162,7 @@ async fn grant_routine_answers_the_common_cases(d: Dialect) {
     assert_eq!(token(a.acquire(&short).await.unwrap()), 3);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(token(b.acquire(&rb).await.unwrap()), 4);
-    assert_eq!(fast_counts(&b), (0, 1, 3));
+    assert_eq!(fast_counts(&b), b_counts((0, 1, 3)));
     assert_eq!(b.release(&hr(&rb)).await.unwrap(), Released::Released);
     // readers and semaphore permits never call the routine
     let (r1, r2) = (
@@ -2107,7 +2180,7 @@ async fn grant_routine_answers_the_common_cases(d: Dialect) {
     assert_eq!(token(a.acquire(&r1).await.unwrap()), 5);
     assert_eq!(token(b.acquire(&r2).await.unwrap()), 6);
     assert_eq!(fast_counts(&a), (2, 0, 1));
-    assert_eq!(fast_counts(&b), (0, 1, 3));
+    assert_eq!(fast_counts(&b), b_counts((0, 1, 3)));
     for r in [&r1, &r2] {
         assert_eq!(a.release(&hr(r)).await.unwrap(), Released::Released);
     }
@@ -2337,11 +2410,14 @@ async fn a_look_tells_a_fair_waiter_its_place(d: Dialect) {
     };
     assert_eq!(look(a.inner.still_busy(&plain).await.unwrap()).1, None);
     // The holder releases: the head may go; the others still wait, and see the change only
-    // once the head has the lock.
+    // once the head has the lock. PostgreSQL's release hands it the lock at once (its place
+    // becomes its hold).
     other.release(&hr(&holder)).await.unwrap();
-    assert_eq!(a.inner.still_busy(&w0).await.unwrap(), Look::Free);
-    assert_eq!(look(a.inner.still_busy(&w1).await.unwrap()).1, Some(1));
-    token(other.acquire(&w0).await.unwrap());
+    if d != Dialect::Postgres {
+        assert_eq!(a.inner.still_busy(&w0).await.unwrap(), Look::Free);
+        assert_eq!(look(a.inner.still_busy(&w1).await.unwrap()).1, Some(1));
+    }
+    token(a.acquire(&w0).await.unwrap());
     let (s1b, p1b) = look(a.inner.still_busy(&w1).await.unwrap());
     assert_eq!(p1b, Some(0));
     assert_ne!(s1b, s1);
@@ -2549,6 +2625,11 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn release_wakes_only_who_waits() {
         super::postgres_release_wakes_only_who_waits().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fair_queue_hands_the_lock_to_its_head() {
+        super::postgres_a_fair_queue_hands_the_lock_to_its_head().await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
