@@ -84,10 +84,12 @@
 //!
 //! # Wake-ups
 //!
-//! PostgreSQL: every release, cancel and force-release sends `NOTIFY` on the channel named like
-//! the table with the lock name as payload. Each backend keeps one listener connection
-//! (`PgListener`) that wakes the waiters of that name; a waiter subscribes before it re-reads
-//! the lock, so a release is never missed. While the listener is down (it reconnects with
+//! PostgreSQL: a release that hands a mutex on (to the earliest registered waiter, or the fair
+//! queue's head) tells that waiter's client alone, on its hand-off channel; any other release,
+//! cancel or force-release that somebody waits for sends `NOTIFY` on the channel named like the
+//! table with the lock name as payload (see [`fast`]). Each backend keeps one listener
+//! connection (`PgListener`) that wakes the waiters of that name; a waiter subscribes before it
+//! re-reads the lock, so a release is never missed. While the listener is down (it reconnects with
 //! backoff) waiters poll as on MySQL. MySQL/MariaDB have no notification: waiters poll with a
 //! jittered interval from [`POLL_MIN`] to [`POLL_MAX`], bounded by the blocking holder's remaining
 //! lease. The interval doubles while the lock stays as it was and starts again from its shortest
