@@ -377,6 +377,7 @@ fn pg_release(t: &str, now: &str) -> String {
             v INTEGER;
             v_fair BOOLEAN;
             v_head TEXT;
+            v_mode TEXT;
             w RECORD;
         BEGIN
             {INDEX_SCANS}
@@ -409,11 +410,10 @@ fn pg_release(t: &str, now: &str) -> String {
                 IF v_fair THEN
                     -- A fair queue: only its head may be handed the lock, as `decide` would
                     -- grant it (the first live place, an exclusive one).
-                    SELECT q.owner INTO v_head FROM {t}_queue q
-                        WHERE q.name = p_name AND q.expires_at_ms > v_now
-                        ORDER BY q.seq LIMIT 1;
-                    IF NOT EXISTS (SELECT 1 FROM {t}_queue q WHERE q.name = p_name
-                                   AND q.owner = v_head AND q.mode = 'exclusive') THEN
+                    SELECT owner, mode INTO v_head, v_mode FROM {t}_queue
+                        WHERE name = p_name AND expires_at_ms > v_now
+                        ORDER BY seq LIMIT 1;
+                    IF v_mode IS DISTINCT FROM 'exclusive' THEN
                         v_head := NULL;
                     END IF;
                 END IF;
