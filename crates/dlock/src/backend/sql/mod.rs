@@ -65,7 +65,9 @@
 //! what the client counts from. Then the name's holds and queue are read in one `UNION ALL`
 //! (expired rows are deleted only when there are any), `decide`, apply, and `COMMIT` — or
 //! `ROLLBACK` when the attempt was refused and changed nothing, so a waiter that loses the race
-//! for a released lock costs no commit flush. On this path PostgreSQL's free mutex costs
+//! for a released lock costs no commit flush. On PostgreSQL a refusal that writes a queue place
+//! commits without waiting for the flush (the place statement sets `synchronous_commit = off`
+//! for its transaction): a lost place costs a turn, never exclusion. On this path PostgreSQL's free mutex costs
 //! `BEGIN`, the lock, the read, the fence update, the insert and `COMMIT` (MySQL: one statement
 //! more); through the routine it is one round trip.
 //! MySQL sessions run at `READ COMMITTED`. Deadlocks and serialization failures are retried.

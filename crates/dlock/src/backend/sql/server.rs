@@ -127,6 +127,10 @@ impl Stmts {
             Dialect::MySql => "CHAR_LENGTH",
         };
         let s = |x: String| d.sql(&x);
+        let unsynced = match d {
+            Dialect::Postgres => " RETURNING set_config('synchronous_commit', 'off', true)",
+            Dialect::MySql => "",
+        };
         // Every row of the name, holds ('h', by fence) then queue ('q', by seq), live or
         // expired. A revoked hold is read with an empty owner: nobody's, yet in everyone's way.
         let state_rows = format!(
@@ -208,12 +212,17 @@ impl Stmts {
                 "INSERT INTO {t} ({HOLD_COLUMNS}) VALUES {}",
                 placeholders(HOLD_ROW, 1)
             )),
+            // A queue place is written only by a refused attempt, and its transaction writes
+            // nothing that keeps holders apart. PostgreSQL: that transaction's commit does not
+            // wait for the WAL flush (it holds the name's fence row lock and wake lock until it
+            // ends, and a release waits for both). A place a server crash loses costs the waiter
+            // its turn, never exclusion; a later synced commit (any grant's) flushes it.
             refresh_queue: s(format!(
-                "UPDATE {t}_queue SET expires_at_ms = ? WHERE name = ? AND owner = ?"
+                "UPDATE {t}_queue SET expires_at_ms = ? WHERE name = ? AND owner = ?{unsynced}"
             )),
             insert_queue: s(format!(
                 "INSERT INTO {t}_queue (name, owner, mode, expires_at_ms, client_id, host, pid)
-                 VALUES (?, ?, ?, ?, ?, ?, ?)"
+                 VALUES (?, ?, ?, ?, ?, ?, ?){unsynced}"
             )),
             release: s(format!(
                 "DELETE FROM {t} WHERE name = ? AND owner = ? AND expires_at_ms > {now}"

@@ -1389,6 +1389,74 @@ async fn postgres_only_releases_that_hand_nothing_on_skip_the_flush() {
     assert_eq!(b.release(&hr(&w)).await.unwrap(), Released::Released);
 }
 
+/// The commit setting that `statements` (each run with `bind`) leave for the transaction they
+/// run in (rolled back).
+#[cfg(feature = "postgres")]
+async fn commit_setting_after<'q>(
+    b: &SqlBackend,
+    statements: Vec<sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>>,
+) -> String {
+    let mut tx = b.inner.pool.begin().await.unwrap();
+    for q in statements {
+        q.execute(&mut *tx).await.unwrap();
+    }
+    let commit: String = sqlx::query(COMMIT_SETTING)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+    tx.rollback().await.unwrap();
+    commit
+}
+
+/// A transaction that writes a queue place (a refused fair waiter's, or a waiting writer's)
+/// commits without waiting for the WAL flush; the statements of a grant leave the server's
+/// setting.
+#[cfg(feature = "postgres")]
+async fn postgres_queue_places_skip_the_flush() {
+    let d = Dialect::Postgres;
+    let a = open_isolated(d, "dlt_flush").await;
+    let n = name(&uniq("placeflush"));
+    let m = meta("m");
+    let w = Request {
+        waiting: true,
+        fair: true,
+        ..rq(&n, "w", &m)
+    };
+    let st = &a.inner.st;
+    let server: String = sqlx::query(COMMIT_SETTING)
+        .fetch_one(&a.inner.pool)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+    assert_ne!(server, "off", "the server does not sync commits at all");
+    let grant = || {
+        vec![
+            sqlx::query(&st.lock_fence_now).bind(n.as_str()),
+            sqlx::query(&st.bump_fence).bind(n.as_str()),
+            sqlx::query(&st.del_queue_owner).bind(n.as_str()).bind("w"),
+            bind_hold(sqlx::query(&st.insert_hold), &w, 1, 0, 0),
+        ]
+    };
+    assert_eq!(commit_setting_after(&a, grant()).await, server);
+    let insert = bind_waiter(sqlx::query(&st.insert_queue), &w, i64::MAX / 2);
+    assert_eq!(commit_setting_after(&a, vec![insert]).await, "off");
+    // A place that is there, moved on.
+    bind_waiter(sqlx::query(&st.insert_queue), &w, i64::MAX / 2)
+        .execute(&a.inner.pool)
+        .await
+        .unwrap();
+    let refresh = sqlx::query(&st.refresh_queue)
+        .bind(i64::MAX / 2)
+        .bind(n.as_str())
+        .bind("w");
+    assert_eq!(commit_setting_after(&a, vec![refresh]).await, "off");
+    a.cancel(&w).await.unwrap();
+    assert!(a.describe(n.as_str()).await.unwrap().is_empty());
+}
+
 /// An observer (an election's follower: it watches without attempting) registers to be woken,
 /// and a release with nobody else waiting wakes it.
 #[cfg(feature = "postgres")]
@@ -2635,6 +2703,11 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn only_releases_that_hand_nothing_on_skip_the_flush() {
         super::postgres_only_releases_that_hand_nothing_on_skip_the_flush().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queue_places_skip_the_flush() {
+        super::postgres_queue_places_skip_the_flush().await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
