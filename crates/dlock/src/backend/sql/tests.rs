@@ -1319,6 +1319,17 @@ async fn postgres_a_fair_queue_hands_the_lock_to_its_head() {
 #[cfg(feature = "postgres")]
 const COMMIT_SETTING: &str = "SELECT current_setting('synchronous_commit')";
 
+/// [`COMMIT_SETTING`]'s answer on `on` (a pool: a fresh session's, the server's default).
+#[cfg(feature = "postgres")]
+async fn commit_setting<'c, E: sqlx::Executor<'c, Database = sqlx::Any>>(on: E) -> String {
+    sqlx::query(COMMIT_SETTING)
+        .fetch_one(on)
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap()
+}
+
 /// The release function in a transaction of the test's own: its answer, and the commit setting
 /// it left for that transaction.
 #[cfg(feature = "postgres")]
@@ -1333,12 +1344,7 @@ async fn release_in_own_transaction(b: &SqlBackend, name: &str, owner: &str) -> 
         .unwrap()
         .try_get(0)
         .unwrap();
-    let commit: String = sqlx::query(COMMIT_SETTING)
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap()
-        .try_get(0)
-        .unwrap();
+    let commit = commit_setting(&mut *tx).await;
     tx.commit().await.unwrap();
     (answer, commit)
 }
@@ -1360,12 +1366,7 @@ async fn postgres_only_releases_that_hand_nothing_on_skip_the_flush() {
             ..rq(&n, "w", &m)
         },
     );
-    let server: String = sqlx::query(COMMIT_SETTING)
-        .fetch_one(&a.inner.pool)
-        .await
-        .unwrap()
-        .try_get(0)
-        .unwrap();
+    let server = commit_setting(&a.inner.pool).await;
     assert_ne!(server, "off", "the server does not sync commits at all");
     token(a.acquire(&h).await.unwrap());
     let (answer, commit) = release_in_own_transaction(&a, n.as_str(), "h").await;
@@ -1400,12 +1401,7 @@ async fn commit_setting_after<'q>(
     for q in statements {
         q.execute(&mut *tx).await.unwrap();
     }
-    let commit: String = sqlx::query(COMMIT_SETTING)
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap()
-        .try_get(0)
-        .unwrap();
+    let commit = commit_setting(&mut *tx).await;
     tx.rollback().await.unwrap();
     commit
 }
@@ -1425,12 +1421,7 @@ async fn postgres_queue_places_skip_the_flush() {
         ..rq(&n, "w", &m)
     };
     let st = &a.inner.st;
-    let server: String = sqlx::query(COMMIT_SETTING)
-        .fetch_one(&a.inner.pool)
-        .await
-        .unwrap()
-        .try_get(0)
-        .unwrap();
+    let server = commit_setting(&a.inner.pool).await;
     assert_ne!(server, "off", "the server does not sync commits at all");
     let grant = || {
         vec![
