@@ -67,9 +67,9 @@
 //! `ROLLBACK` when the attempt was refused and changed nothing, so a waiter that loses the race
 //! for a released lock costs no commit flush. On PostgreSQL a refusal that writes a queue place
 //! commits without waiting for the flush (the place statement sets `synchronous_commit = off`
-//! for its transaction): a lost place costs a turn, never exclusion. On this path PostgreSQL's free mutex costs
-//! `BEGIN`, the lock, the read, the fence update, the insert and `COMMIT` (MySQL: one statement
-//! more); through the routine it is one round trip.
+//! for its transaction): a lost place costs a turn, never exclusion. On this path PostgreSQL's
+//! free mutex costs `BEGIN`, the lock, the read, the fence update, the insert and `COMMIT`
+//! (MySQL: one statement more); through the routine it is one round trip.
 //! MySQL sessions run at `READ COMMITTED`. Deadlocks and serialization failures are retried.
 //! `release` is one `DELETE` comparing the owner token (on PostgreSQL the same statement sends
 //! the `NOTIFY`); `extend` of many holds is one set-based `UPDATE … WHERE expires_at_ms > now AND

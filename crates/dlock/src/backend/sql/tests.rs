@@ -1390,8 +1390,8 @@ async fn postgres_only_releases_that_hand_nothing_on_skip_the_flush() {
     assert_eq!(b.release(&hr(&w)).await.unwrap(), Released::Released);
 }
 
-/// The commit setting that `statements` (each run with `bind`) leave for the transaction they
-/// run in (rolled back).
+/// The commit setting that `statements` leave for the transaction they run in (then rolled
+/// back).
 #[cfg(feature = "postgres")]
 async fn commit_setting_after<'q>(
     b: &SqlBackend,
@@ -1423,15 +1423,14 @@ async fn postgres_queue_places_skip_the_flush() {
     let st = &a.inner.st;
     let server = commit_setting(&a.inner.pool).await;
     assert_ne!(server, "off", "the server does not sync commits at all");
-    let grant = || {
-        vec![
-            sqlx::query(&st.lock_fence_now).bind(n.as_str()),
-            sqlx::query(&st.bump_fence).bind(n.as_str()),
-            sqlx::query(&st.del_queue_owner).bind(n.as_str()).bind("w"),
-            bind_hold(sqlx::query(&st.insert_hold), &w, 1, 0, 0),
-        ]
-    };
-    assert_eq!(commit_setting_after(&a, grant()).await, server);
+    // The statements of a grant that removes the grantee's place.
+    let grant = vec![
+        sqlx::query(&st.lock_fence_now).bind(n.as_str()),
+        sqlx::query(&st.bump_fence).bind(n.as_str()),
+        sqlx::query(&st.del_queue_owner).bind(n.as_str()).bind("w"),
+        bind_hold(sqlx::query(&st.insert_hold), &w, 1, 0, 0),
+    ];
+    assert_eq!(commit_setting_after(&a, grant).await, server);
     let insert = bind_waiter(sqlx::query(&st.insert_queue), &w, i64::MAX / 2);
     assert_eq!(commit_setting_after(&a, vec![insert]).await, "off");
     // A place that is there, moved on.
