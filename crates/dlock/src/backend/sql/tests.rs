@@ -967,13 +967,7 @@ async fn postgres_release_wakes_only_who_waits() {
         notifications(&mut l, Duration::from_millis(300)).await,
         vec![n.as_str().to_owned()]
     );
-    let t = Instant::now();
-    b.wait(&r, &bz, t + Duration::from_secs(5)).await.unwrap();
-    assert!(
-        t.elapsed() < Duration::from_millis(200),
-        "{:?}",
-        t.elapsed()
-    );
+    wakes_soon(&b, &r, &bz).await;
     token(b.acquire(&r).await.unwrap());
     assert_eq!(b.release(&hr(&r)).await.unwrap(), Released::Released);
     assert!(notifications(&mut l, Duration::from_millis(300))
@@ -992,17 +986,7 @@ async fn postgres_release_wakes_only_who_waits() {
     let info = a.describe(n.as_str()).await.unwrap();
     assert_eq!(info[0].holders[0].owner, "w");
     assert_eq!(info[0].holders[0].meta, mb);
-    let t = Instant::now();
-    b.wait(&w, &bz, t + Duration::from_secs(5)).await.unwrap();
-    assert!(
-        t.elapsed() < Duration::from_millis(200),
-        "{:?}",
-        t.elapsed()
-    );
-    let before = fast_counts(&b);
-    let t2 = token(b.acquire(&w).await.unwrap());
-    assert_eq!(fast_counts(&b), before, "the handed attempt sent nothing");
-    assert_eq!(t2, t1 + 1);
+    assert_eq!(takes_the_handed_lock(&b, &w, &bz).await, t1 + 1);
     assert_eq!(
         b.extend(&[hr(&w)], false).await.unwrap(),
         vec![Extended::Held { valid_for: LONG }]
@@ -1011,6 +995,29 @@ async fn postgres_release_wakes_only_who_waits() {
         .await
         .is_empty());
     assert_eq!(b.release(&hr(&w)).await.unwrap(), Released::Released);
+}
+
+/// `w`'s wait after the refusal `bz` ends within 200 ms (it was told, not polled).
+#[cfg(feature = "postgres")]
+async fn wakes_soon(b: &SqlBackend, w: &Request<'_>, bz: &Busy) {
+    let t = Instant::now();
+    b.wait(w, bz, t + Duration::from_secs(5)).await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+/// `w`, handed the lock after the refusal `bz`, is woken soon and takes the hold without
+/// sending anything: its token.
+#[cfg(feature = "postgres")]
+async fn takes_the_handed_lock(b: &SqlBackend, w: &Request<'_>, bz: &Busy) -> u64 {
+    wakes_soon(b, w, bz).await;
+    let before = fast_counts(b);
+    let t = token(b.acquire(w).await.unwrap());
+    assert_eq!(fast_counts(b), before, "the handed attempt sent nothing");
+    t
 }
 
 /// Ends `victim`'s listener session at the server (found by the advisory lock it holds), through
@@ -1287,16 +1294,7 @@ async fn postgres_a_fair_queue_hands_the_lock_to_its_head() {
             .is_empty(),
         "the queue's others are not woken"
     );
-    let t = Instant::now();
-    b.wait(&wb, &bb, t + Duration::from_secs(5)).await.unwrap();
-    assert!(
-        t.elapsed() < Duration::from_millis(200),
-        "{:?}",
-        t.elapsed()
-    );
-    let before = fast_counts(&b);
-    assert_eq!(token(b.acquire(&wb).await.unwrap()), t1 + 1);
-    assert_eq!(fast_counts(&b), before, "the handed attempt sent nothing");
+    assert_eq!(takes_the_handed_lock(&b, &wb, &bb).await, t1 + 1);
     // c's client is cut off: its place stays until it expires, and nobody is handed the lock.
     assert!(kill_listener(&c, &a).await);
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -4,9 +4,10 @@
 //! Linux, kqueue or FSEvents elsewhere, through the `notify` crate) reports that write to the
 //! waiters of every process, which then attempt instead of polling. The write comes after the
 //! commit, so the report never arrives before the change is visible (the `-wal` writes of a
-//! commit would: they precede its fsync and the WAL index update that publishes it). Other commits (grants, renewals) wake nobody. One watch per database file
-//! per process, shared by every backend opened on it. If the watch or the file cannot be set up
-//! (no inotify instances left, an unsupported file system) the store polls as before.
+//! commit would: they precede its fsync and the WAL index update that publishes it). Other
+//! commits (grants, renewals) wake nobody. One watch per database file per process, shared by
+//! every backend opened on it. If the watch or the file cannot be set up (no inotify instances
+//! left, an unsupported file system) the store polls as before.
 
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use std::collections::HashMap;
