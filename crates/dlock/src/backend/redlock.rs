@@ -20,17 +20,27 @@
 //!   anyone, and the attempt is `Busy`: after a split vote or unreachable servers a random
 //!   5–50 ms, else when enough of the blocking keys expire (at most 1 s). A repeat attempt of an
 //!   owner that holds is an idempotent re-grant on each server.
-//! - **Repeat attempts of a waiter** (its last attempt was refused) ask the name's **lead server**
-//!   first — the same for every client: FNV-1a of the name, modulo the number of servers, in URL
-//!   order — and the others only once the lead granted it. The waiters woken by a release race
-//!   for the lock; asking every server at once they now and then split the votes (nobody gets a
-//!   majority and everyone backs off while the lock stays free), whereas here the lead decides the
-//!   race and its losers stop there (fewer commands per acquisition under contention; a lone
-//!   waiter's hand-off costs one more round trip).
-//!   A waiter refused by the lead alone waits for the lead's wake-up (every release reaches it),
-//!   and asks every server again at least every 250 ms, so a key the lead kept by mistake (a
-//!   release that did not reach it) cannot keep the lock from a free majority. If the lead is not
+//! - **The lead server** of a name is the same for every client: FNV-1a of the name, modulo the
+//!   number of servers, in URL order. A waiting request is refused there as on a single Redis:
+//!   it **registers in the lead's waiter set** (`base:w`, see `backend::redis`). Repeat attempts
+//!   of a waiter (its last attempt was refused), and first attempts on a name this client saw
+//!   contended in the last second (a refusal, a release that handed the lock on), ask the lead
+//!   first and the others only once the lead granted it; the lead decides any race, and its
+//!   losers stop there. A first attempt that asks every server at once and is refused by the
+//!   lead is refused, whatever the others answer: the lead's key is then most likely a hand-off
+//!   on its way to the others. A waiter asks every server again at least every 250 ms, and then
+//!   a majority without the lead counts, so a key the lead kept by mistake (a release that did
+//!   not reach it) cannot keep the lock from a free majority for longer. If the lead is not
 //!   connected or does not answer, the attempt asks every server.
+//! - **Hand-offs: one wake per release.** The release on the lead server hands its key to the
+//!   lead's first registered waiter whose client listens (as a single Redis's release does:
+//!   the waiter's hold, `PX` its lease, and a message on its client's hand-off channel), and
+//!   wakes nobody else. The woken waiter then asks the other servers, in one round trip: nobody
+//!   else can take the lead's key, so there is no race to split the votes. Its validity counts
+//!   the lead's lease from its last refused attempt (the hand-off came after it) and the
+//!   others' from this attempt. A waiter whose client died is skipped (its channel has no
+//!   listener); one that gives up removes its registration, and passes on a key handed to it
+//!   meanwhile.
 //! - **Renewal**: the compare-and-pexpire script on all N servers in parallel, all holds of a
 //!   renewal batch (at most 500, see the core's watchdog) in one pipeline per server, each server
 //!   given the per-server timeout plus 100 µs per hold (at most a third of the lease). A hold
@@ -38,10 +48,13 @@
 //!   validity (`lease − elapsed − drift`) is gone, is answered `Gone` (its `lost()` fires) and
 //!   its remaining keys are deleted in the background.
 //! - **Release**: compare-and-delete on every server it can reach; `Released` if a majority had
-//!   the hold.
-//! - **Waiting**: the release channel of the name is subscribed on **every** server (one pub/sub
-//!   connection per server per client); any message is a reason to try again, with the holder's
-//!   remaining lease and jittered polling as the fallback.
+//!   the hold (`HandedOff` if the lead handed it on). The servers other than the lead announce
+//!   it on the name's channel, as before hand-offs: only a waiter whose lead is away listens.
+//! - **Waiting**: a waiter refused by the lead waits on the lead alone (one pub/sub connection
+//!   per server per client): for its hand-off, or for a release there that handed nothing on.
+//!   A waiter whose lead did not answer subscribes the name's channel on **every** server, and
+//!   any message is a reason to try again. The holder's remaining lease and jittered polling
+//!   are the fallback.
 //! - `describe` / `dlock list`: the holders seen on a majority of the servers that answered
 //!   (best effort: a hold being granted or released right then may be missing), without tokens.
 //!
@@ -83,6 +96,9 @@
 //! - A holder paused (GC, swap, SIGSTOP) past its validity keeps working after `lost()` should
 //!   have stopped it: without fencing nothing stops it at the resource.
 //! - Clocks of the servers running faster than the drift factor shortens leases.
+//! - A waiter whose process is stopped (SIGSTOP) while it is registered on the lead server can be
+//!   handed the lead's key, which then sits unused; the other waiters get the lock from the free
+//!   majority at their next ask of every server (at most 250 ms later).
 
 use super::redis::RedisTarget;
 use super::redis::{RedisBackend, Seen};
@@ -110,6 +126,11 @@ const MAX_RETRY: Duration = Duration::from_secs(1);
 /// A waiter whose repeat attempts go to the lead server alone asks every server at least this
 /// often (see `attempt`).
 const ASK_ALL_EVERY: Duration = Duration::from_millis(250);
+/// How long a refusal or a hand-off of a name makes this client's first attempts on it ask the
+/// lead server first.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+/// The most names whose contention a client remembers.
+const CONTENDED_MAX: usize = 4096;
 
 /// A parsed `redlock://` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,7 +264,9 @@ impl RedlockConfig {
                 if pass.is_empty() { "" } else { "?" }
             );
             let mut t = RedisTarget::parse(&url)?;
-            t.handoffs = false;
+            // Waiters register and releases hand on only on a name's lead server (see
+            // `RedlockBackend::release`); the other servers announce every release.
+            t.handoffs = true;
             if !timeout_given {
                 t.timeout = DEFAULT_TIMEOUT;
             }
@@ -309,6 +332,9 @@ pub struct RedlockBackend {
     drift_ppm: u32,
     timeout: Duration,
     shown: String,
+    /// Names this client lately saw contended (a refusal, a release that handed the lock on),
+    /// and when.
+    contended: Arc<StdMutex<HashMap<String, Instant>>>,
 }
 
 impl fmt::Debug for RedlockBackend {
@@ -381,6 +407,7 @@ impl RedlockBackend {
             drift_ppm: config.drift_ppm,
             timeout,
             shown: config.shown,
+            contended: Arc::default(),
         })
     }
 
@@ -406,23 +433,24 @@ impl RedlockBackend {
         F: Fn(Arc<RedisBackend>) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        self.on_all_but(None, timeout, f).await
+        self.on_each(None, timeout, |_, b| f(b)).await
     }
 
-    /// [`Self::on_all`] without the `skip`-th server (its answer left out).
-    async fn on_all_but<T, F, Fut>(
+    /// [`Self::on_all`] with each server's index given to `f`, without the `skip`-th server
+    /// (its answer left out).
+    async fn on_each<T, F, Fut>(
         &self,
         skip: Option<usize>,
         timeout: Duration,
         f: F,
     ) -> Vec<Result<T>>
     where
-        F: Fn(Arc<RedisBackend>) -> Fut,
+        F: Fn(usize, Arc<RedisBackend>) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
         let slots = self.slots.iter().enumerate();
-        let futs = slots.filter(|(i, _)| Some(*i) != skip).map(|(_, s)| {
-            let fut = s.get().map(&f);
+        let futs = slots.filter(|(i, _)| Some(*i) != skip).map(|(i, s)| {
+            let fut = s.get().map(|b| f(i, b));
             let shown = s.target.shown.clone();
             async move {
                 match fut {
@@ -523,16 +551,77 @@ impl RedlockBackend {
         let i = lead_server(name.as_str(), self.slots.len())?;
         Some((i, self.slots.get(i)?.get()?))
     }
+
+    /// Notes that `name` is contended now (see [`Self::contended_lately`]).
+    fn note_contended(&self, name: &str) {
+        let now = Instant::now();
+        let mut seen = lock(&self.contended);
+        if let Some(t) = seen.get_mut(name) {
+            *t = now;
+            return;
+        }
+        if seen.len() >= CONTENDED_MAX {
+            seen.retain(|_, t| now.duration_since(*t) < CONTENDED_FOR);
+        }
+        if seen.len() < CONTENDED_MAX {
+            seen.insert(name.to_owned(), now);
+        }
+    }
+
+    /// Whether this client saw `name` contended within [`CONTENDED_FOR`].
+    fn contended_lately(&self, name: &str) -> bool {
+        lock(&self.contended)
+            .get(name)
+            .is_some_and(|t| t.elapsed() < CONTENDED_FOR)
+    }
+
+    /// One attempt on the lead server `i`: through the waiter's part there if it has one (which
+    /// registers it when refused, and takes a hand-off without a round trip), else the plain
+    /// grant script.
+    async fn ask_lead(
+        &self,
+        i: usize,
+        lead: Option<&mut LeadPart>,
+        req: &Request<'_>,
+        timeout: Duration,
+    ) -> Result<Attempt> {
+        let slot = self
+            .slots
+            .get(i)
+            .ok_or_else(|| Error::backend(format!("redlock: no server {i}")))?;
+        let Some(b) = slot.get() else {
+            return Err(Error::Unavailable(format!(
+                "redis at {} is not connected",
+                slot.target.shown
+            )));
+        };
+        let answer = match lead {
+            Some(l) => {
+                let a = tokio::time::timeout(timeout, l.acq.attempt()).await;
+                l.answered = matches!(a, Ok(Ok(_)));
+                a
+            }
+            None => tokio::time::timeout(timeout, b.attempt(req)).await,
+        };
+        answer.unwrap_or_else(|_| {
+            Err(Error::Unavailable(format!(
+                "redis at {} did not answer within {timeout:?}",
+                slot.target.shown
+            )))
+        })
+    }
 }
 
 impl RedlockBackend {
     /// One attempt: the grant script on the servers, `refused` saying how the owner's last
-    /// attempt was refused (updated here), `seen` what it saw of each server's channel.
+    /// attempt was refused (updated here), `seen` what it saw of each server's channel, `lead`
+    /// a waiting mutex's part on the name's lead server.
     async fn attempt(
         &self,
         req: &Request<'_>,
         refused: &mut Option<Refused>,
         seen: &mut [Seen],
+        mut lead: Option<&mut LeadPart>,
     ) -> Result<Attempt> {
         if req.kind != LockKind::Mutex {
             return Err(Error::Unsupported(format!(
@@ -550,51 +639,78 @@ impl RedlockBackend {
         }
         let start = Instant::now();
         let timeout = self.op_timeout(req.lease);
+        let name = req.name.as_str();
         let before = if req.waiting { *refused } else { None };
         if req.waiting {
             // Read before the attempt: the waits compare them with the counts then.
             for (s, slot) in seen.iter_mut().zip(&self.slots) {
-                *s = slot.get().and_then(|b| b.seen(req.name.as_str()));
+                *s = slot.get().and_then(|b| b.seen(name));
             }
         }
-        // The grant script on every server (but `skip`), concurrently.
-        let ask = |skip| self.on_all_but(skip, timeout, |b| async move { b.attempt(req).await });
-        let answers = match (before, self.lead(req.name)) {
-            // A repeat attempt (the lock was taken: it is probably contended) asks the name's
-            // lead server first, and the others only once the lead granted it. The waiters woken
-            // by a release all race for the lock; asking every server at once, they now and then
-            // split the votes (nobody gets a majority, and everyone backs off 5–50 ms while the
-            // lock stays free). Here one server decides the race and its losers stop there.
-            // At least every ASK_ALL_EVERY a waiter asks all servers: a key the lead kept by
-            // mistake (a release that did not reach it) must not keep the lock from a majority
-            // that is free.
-            (Some(r), Some((i, lead))) if start < r.asked_all + ASK_ALL_EVERY => {
-                match tokio::time::timeout(timeout, lead.attempt(req)).await {
-                    Ok(Ok(Attempt::Busy(b))) => {
-                        *refused = Some(Refused {
-                            lead_only: Some(i),
-                            ..r
-                        });
-                        let ask_all =
-                            (r.asked_all + ASK_ALL_EVERY).saturating_duration_since(start);
+        if let Some(l) = lead.as_deref_mut() {
+            l.answered = false;
+        }
+        // The grant script on every server but `skip`, concurrently.
+        let others = |skip| self.on_each(skip, timeout, |_, b| async move { b.attempt(req).await });
+        // The lead first: a repeat attempt (the lock was taken: it is probably contended), or
+        // a first attempt on a name this client saw contended lately. The lead's waiters are
+        // handed the lock there one at a time, and the lead decides any race; its losers stop
+        // there (see the module docs). At least every ASK_ALL_EVERY a waiter asks all servers:
+        // a key the lead kept by mistake (a release that did not reach it) must not keep the
+        // lock from a majority that is free.
+        let lead_first = match before {
+            Some(r) => start < r.asked_all + ASK_ALL_EVERY,
+            None => self.contended_lately(name),
+        };
+        let lead_index = lead_server(name, self.slots.len());
+        let answers = match lead_index {
+            Some(i) if lead_first => {
+                match self.ask_lead(i, lead.as_deref_mut(), req, timeout).await {
+                    Ok(Attempt::Busy(b)) => {
+                        self.note_contended(name);
+                        let asked_all = before.map_or(start, |r| r.asked_all);
+                        if req.waiting {
+                            *refused = Some(Refused {
+                                lead_only: Some(i),
+                                asked_all,
+                            });
+                        }
+                        let ask_all = (asked_all + ASK_ALL_EVERY).saturating_duration_since(start);
                         let retry = b.retry_in.unwrap_or(MAX_RETRY).min(MAX_RETRY);
                         return Ok(Attempt::Busy(Busy {
                             retry_in: Some(retry.min(ask_all)),
                         }));
                     }
-                    Ok(Ok(granted @ Attempt::Granted(_))) => {
-                        let mut rest = ask(Some(i)).await;
+                    Ok(granted @ Attempt::Granted(_)) => {
+                        let mut rest = others(Some(i)).await;
                         rest.insert(i, Ok(granted));
                         rest
                     }
                     // The lead answered an error or nothing: ask everyone as usual.
-                    _ => ask(None).await,
+                    _ => others(None).await,
                 }
             }
-            _ => ask(None).await,
+            Some(i) => {
+                let (at_lead, mut rest) = futures_util::join!(
+                    self.ask_lead(i, lead, req, timeout),
+                    others(Some(i))
+                );
+                rest.insert(i, at_lead);
+                rest
+            }
+            None => others(None).await,
         };
         let elapsed = start.elapsed();
         let n = self.slots.len();
+        let at_lead = lead_index.and_then(|i| answers.get(i));
+        // A hand-off on the lead counts its lease from the waiter's last refused attempt.
+        let lead_valid = match at_lead {
+            Some(Ok(Attempt::Granted(g))) => g.valid_for.min(req.lease),
+            _ => req.lease,
+        };
+        // A first attempt that the lead refused takes no majority of the others: the lead's
+        // key is then most likely a hand-off to its first waiter, on its way to the others.
+        let vetoed = before.is_none() && matches!(at_lead, Some(Ok(Attempt::Busy(_))));
         let (mut granted, mut errors) = (0, 0);
         let mut left = Vec::new();
         let mut config_err = None;
@@ -609,11 +725,10 @@ impl RedlockBackend {
                 }
             }
         }
-        let validity = req
-            .lease
+        let validity = lead_valid
             .checked_sub(elapsed + self.drift(req.lease))
             .filter(|v| !v.is_zero());
-        if granted >= self.quorum {
+        if granted >= self.quorum && !vetoed {
             if let Some(valid_for) = validity {
                 *refused = None;
                 return Ok(Attempt::Granted(Grant {
@@ -621,6 +736,9 @@ impl RedlockBackend {
                     valid_for,
                 }));
             }
+        }
+        if !left.is_empty() {
+            self.note_contended(name);
         }
         // Not granted: remove the owner's key everywhere, also where the reply was lost.
         if granted > 0 || errors > 0 || validity.is_none() {
@@ -637,8 +755,9 @@ impl RedlockBackend {
                 self.shown
             )));
         }
-        let retry_in = if granted > 0 || errors > 0 || granted >= self.quorum {
-            // A split vote, servers away, or too slow: try again after a random short delay.
+        let retry_in = if granted > 0 || errors > 0 {
+            // A split vote, a veto, servers away, or too slow: try again after a random short
+            // delay.
             jitter(5, 50)
         } else {
             // Everything busy: a majority is free once the quorum-th soonest key expires.
@@ -749,29 +868,52 @@ impl Backend for RedlockBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: false,
+            hands_off: true,
             ..Capabilities::lease(Wakeups::Native)
         }
     }
 
     fn begin(&self, req: &Request<'_>) -> Box<dyn Acquisition> {
+        // A waiting mutex registers on the name's lead server as that server's store would.
+        let lead = (req.waiting && req.kind == LockKind::Mutex && !req.fair)
+            .then(|| self.lead(req.name))
+            .flatten()
+            .map(|(_, b)| LeadPart {
+                acq: b.begin(req),
+                answered: false,
+            });
         Box::new(RedlockAcquisition {
             store: self.clone(),
             want: Want::new(req),
             refused: None,
             seen: vec![None; self.slots.len()],
+            lead,
         })
     }
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
+        // The lead server hands the lock on to its first registered waiter (who then asks the
+        // others); the other servers announce the release on the name's channel, which only a
+        // waiter whose lead is away listens to.
+        let lead = lead_server(hold.name.as_str(), self.slots.len());
         let answers = self
-            .on_all(self.timeout, |b| async move { b.release(hold).await })
+            .on_each(None, self.timeout, |i, b| async move {
+                b.release_with(hold, Some(i) == lead).await
+            })
             .await;
         let released = answers
             .iter()
-            .filter(|r| matches!(r, Ok(Released::Released)))
+            .filter(|r| matches!(r, Ok(Released::Released | Released::HandedOff)))
             .count();
+        let handed = lead
+            .and_then(|i| answers.get(i))
+            .is_some_and(|r| matches!(r, Ok(Released::HandedOff)));
         let errors = answers.iter().filter(|r| r.is_err()).count();
         if released >= self.quorum {
+            if handed {
+                self.note_contended(hold.name.as_str());
+                return Ok(Released::HandedOff);
+            }
             Ok(Released::Released)
         } else if released + errors >= self.quorum {
             Err(Error::Unavailable(format!(
@@ -877,13 +1019,24 @@ impl Backend for RedlockBackend {
     }
 }
 
-/// One acquisition over the servers: how its last attempt was refused and what it saw of each
-/// server's channel. Mutexes without fair mode take no queue places, so giving up sends nothing.
+/// A waiting mutex acquisition's part on the name's lead server: the single-server acquisition
+/// there, which registers in the lead's waiter set when refused and takes the lead's key when a
+/// release hands it on.
+struct LeadPart {
+    acq: Box<dyn Acquisition>,
+    /// The acquisition's last attempt had the lead's answer through `acq`: it waits there.
+    answered: bool,
+}
+
+/// One acquisition over the servers: how its last attempt was refused, what it saw of each
+/// server's channel, and its part on the lead server. Giving up removes its registration there
+/// (and hands on a lock handed to it meanwhile).
 struct RedlockAcquisition {
     store: RedlockBackend,
     want: Want,
     refused: Option<Refused>,
     seen: Vec<Seen>,
+    lead: Option<LeadPart>,
 }
 
 #[async_trait::async_trait]
@@ -891,18 +1044,44 @@ impl Acquisition for RedlockAcquisition {
     async fn attempt(&mut self) -> Result<Attempt> {
         let req = self.want.req();
         self.store
-            .attempt(&req, &mut self.refused, &mut self.seen)
+            .attempt(&req, &mut self.refused, &mut self.seen, self.lead.as_mut())
             .await
     }
 
-    async fn changed(&mut self, _busy: &Busy, until: Instant) -> Result<Watch> {
+    async fn changed(&mut self, busy: &Busy, until: Instant) -> Result<Watch> {
+        // Refused by the lead through its part there: its hand-off (or a release there that
+        // handed nothing on) wakes it, and no other server's release does.
+        if let Some(l) = self.lead.as_mut().filter(|l| l.answered) {
+            return Ok(match l.acq.changed(busy, until).await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::debug!(error = %e, "redlock: the lead server's wait failed");
+                    Watch::Changed
+                }
+            });
+        }
         self.store
             .changed(self.want.name.as_str(), self.refused, &self.seen, until)
             .await
     }
 
+    fn may_register(&mut self, on: bool) {
+        if let Some(l) = self.lead.as_mut() {
+            l.acq.may_register(on);
+        }
+    }
+
     async fn cancel(&mut self) -> Result<()> {
-        Ok(())
+        let Some(l) = self.lead.as_mut() else {
+            return Ok(());
+        };
+        match tokio::time::timeout(self.store.timeout, l.acq.cancel()).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Unavailable(format!(
+                "redlock {}: the lead server did not answer a cancel within {:?}",
+                self.store.shown, self.store.timeout
+            ))),
+        }
     }
 }
 
@@ -970,6 +1149,7 @@ mod tests {
             drift_ppm: 10_000,
             timeout: DEFAULT_TIMEOUT,
             shown: String::new(),
+            contended: Arc::default(),
         };
         assert_eq!(b.drift(Duration::from_secs(10)), Duration::from_millis(102));
         assert_eq!(b.op_timeout(Duration::from_secs(30)), DEFAULT_TIMEOUT);
@@ -977,6 +1157,102 @@ mod tests {
             b.op_timeout(Duration::from_millis(500)),
             Duration::from_millis(50)
         );
+    }
+
+    fn test_url() -> String {
+        match std::env::var("DLOCK_TEST_REDLOCK_URL") {
+            Ok(u) if !u.trim().is_empty() => u,
+            _ => panic!(
+                "DLOCK_TEST_REDLOCK_URL is not set: run the tests through scripts/test.sh, which \
+                 starts the servers and sets it"
+            ),
+        }
+    }
+
+    /// `EVALSHA` calls the server at `url` has answered so far.
+    async fn script_calls(url: &str) -> u64 {
+        let mut c = ::redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let info: String = ::redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
+    /// A release hands the lead server's key to the first registered waiter and wakes no other:
+    /// between the holder's release and the first waiter's grant the lead answers the release
+    /// alone (the woken waiter asks only the other servers; a second waiter sleeps on).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_wakes_only_the_first_waiter() {
+        let url = test_url();
+        let config = RedlockConfig::parse(&url).unwrap();
+        let client = |b: RedlockBackend| {
+            crate::Client::with_backend(Arc::new(b), &url, crate::ClientOptions::default()).unwrap()
+        };
+        let connect = || RedlockBackend::open(config.clone());
+        let (a, b, c) = (
+            client(connect().await.unwrap()),
+            client(connect().await.unwrap()),
+            client(connect().await.unwrap()),
+        );
+        let name = format!("test/handoff/{}", uuid::Uuid::new_v4());
+        let lead = lead_server(&name, config.servers.len()).unwrap();
+        let lead_url = config.servers[lead].url.clone();
+        let lease = Duration::from_secs(30);
+        let held = a
+            .mutex(&name)
+            .unwrap()
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        let (mb, mc) = (
+            b.mutex(&name).unwrap().lease(lease),
+            c.mutex(&name).unwrap().lease(lease),
+        );
+        let mut waiters = vec![tokio::spawn(async move { mb.acquire().await })];
+        // Each waiter is refused once (and registered) well before its next timed attempt (a
+        // second or more away).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waiters.push(tokio::spawn(async move { mc.acquire().await }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let before = script_calls(&lead_url).await;
+        held.release().await.unwrap();
+        // Waiters that registered during one hold are handed the lock in their records' order.
+        let started = Instant::now();
+        while !waiters.iter().any(|w| w.is_finished()) {
+            assert!(
+                started.elapsed() < Duration::from_millis(500),
+                "no waiter was handed the lock"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let calls = script_calls(&lead_url).await - before;
+        assert_eq!(
+            calls, 1,
+            "the lead answered {calls} scripts between the release and the grant: only the \
+             release's was expected"
+        );
+        let i = waiters.iter().position(|w| w.is_finished()).unwrap();
+        let other = waiters.remove(1 - i);
+        let g = waiters.remove(0).await.unwrap().unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!other.is_finished(), "the other waiter got the lock too");
+        g.release().await.unwrap();
+        let g2 = tokio::time::timeout(Duration::from_millis(500), other)
+            .await
+            .expect("the other waiter was handed the lock next")
+            .unwrap()
+            .unwrap();
+        g2.release().await.unwrap();
     }
 
     #[tokio::test]

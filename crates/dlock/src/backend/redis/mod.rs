@@ -179,8 +179,9 @@
 //! renewal of them, no hand-off to the other's waiters, which then attempt again when the
 //! holder's lease would end, at most every 5 s). Upgrade every client of a prefix together, or
 //! give the new version another `prefix`. Hand-offs
-//! are off with `replicas=N` (the release that would write the grant is not followed by `WAIT`)
-//! and for Redlock's servers: there every release is announced on `base:released`.
+//! are off with `replicas=N` (the release that would write the grant is not followed by `WAIT`).
+//! On Redlock's servers only a name's lead server registers its waiters and hands it on; the
+//! others announce every release on `base:released` (see `backend::redlock`).
 //!
 //! # Connections and wake-ups
 //!
@@ -524,10 +525,16 @@ impl RedisBackend {
 
     // ---- hooks for stores built of several Redis servers (Redlock) ----
 
-    /// The release script for `owner`'s hold of `name`; `loud`: announced on the name's
-    /// channel and handed on where this backend registers waiters for hand-offs (a quiet
-    /// release wakes nobody).
-    async fn run_release(&self, name: &str, owner: &str, loud: bool) -> Result<Value> {
+    /// The release script for `owner`'s hold of `name`; `loud`: handed on to the first
+    /// registered waiter where `hand_on`, else announced on the name's channel (a quiet release
+    /// wakes nobody).
+    async fn run_release(
+        &self,
+        name: &str,
+        owner: &str,
+        loud: bool,
+        hand_on: bool,
+    ) -> Result<Value> {
         let sh = &self.shared;
         let call = {
             let base = sh.base(name);
@@ -540,7 +547,7 @@ impl RedisBackend {
                 .suffixed(&base, &[":fence", ":w", ":q", OBSERVED])
                 .arg(owner)
                 .joined(on(loud, RELEASED))
-                .joined(on(loud && sh.handoffs, HANDOFF))
+                .joined(on(loud && hand_on, HANDOFF))
                 .joined([&base, CHANGED])
                 .arg(crate::clock::unix_ms())
         };
@@ -552,8 +559,23 @@ impl RedisBackend {
     /// take turns in a loop while a real holder keeps the lock).
     #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     pub(crate) async fn release_quiet(&self, name: &LockName, owner: &str) -> Result<Released> {
-        let v = self.run_release(name.as_str(), owner, false).await?;
+        let v = self.run_release(name.as_str(), owner, false, false).await?;
         match int(&v) {
+            Some(1) => Ok(Released::Released),
+            Some(0) => Ok(Released::NotHeld),
+            _ => Err(unexpected("release answer", &v)),
+        }
+    }
+
+    /// The release of `hold`, handing a mutex on to the name's first registered waiter only
+    /// where `hand_on` (Redlock: on the name's lead server, the only one where waiters
+    /// register); elsewhere every release is announced on the name's channel.
+    pub(crate) async fn release_with(&self, hold: &HoldRef<'_>, hand_on: bool) -> Result<Released> {
+        let v = self
+            .run_release(hold.name.as_str(), hold.owner, true, hand_on)
+            .await?;
+        match int(&v) {
+            Some(2) => Ok(Released::HandedOff),
             Some(1) => Ok(Released::Released),
             Some(0) => Ok(Released::NotHeld),
             _ => Err(unexpected("release answer", &v)),
@@ -869,15 +891,7 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, hold: &HoldRef<'_>) -> Result<Released> {
-        let v = self
-            .run_release(hold.name.as_str(), hold.owner, true)
-            .await?;
-        match int(&v) {
-            Some(2) => Ok(Released::HandedOff),
-            Some(1) => Ok(Released::Released),
-            Some(0) => Ok(Released::NotHeld),
-            _ => Err(unexpected("release answer", &v)),
-        }
+        self.release_with(hold, self.shared.handoffs).await
     }
 
     async fn extend(&self, holds: &[HoldRef<'_>], detach: bool) -> Result<Vec<Extended>> {

@@ -56,9 +56,10 @@ pub(crate) struct RedisTarget {
     pub replicas: u32,
     /// How long `WAIT` waits for them (`replicas_timeout`, default 500 ms, less than `timeout`).
     pub replicas_timeout: std::time::Duration,
-    /// A released mutex is handed to its first registered waiter (see the module docs). Off for
-    /// Redlock's servers (a grant there is one vote of several) and with `replicas=N` (a
-    /// hand-off is written by the release, which no `WAIT` confirms).
+    /// A released mutex is handed to its first registered waiter (see the module docs). Off
+    /// with `replicas=N` (a hand-off is written by the release, which no `WAIT` confirms). On
+    /// for Redlock's servers, where waiters register and releases hand on only on the name's
+    /// lead server (see `backend::redlock`).
     pub handoffs: bool,
 }
 
