@@ -28,8 +28,9 @@
 //!   first and the others only once the lead granted it; the lead decides any race, and its
 //!   losers stop there. A first attempt that asks every server at once and is refused by the
 //!   lead is refused, whatever the others answer: the lead's key is then most likely a hand-off
-//!   on its way to the others. A waiter asks every server again at least every 250 ms, and then
-//!   a majority without the lead counts, so a key the lead kept by mistake (a release that did
+//!   on its way to the others. A waiter asks every server again within 250 ms of its last ask of
+//!   every server when the lead alone refused it since, within a second when all did; then a
+//!   majority without the lead counts, so a key the lead kept by mistake (a release that did
 //!   not reach it) cannot keep the lock from a free majority for longer. If the lead is not
 //!   connected or does not answer, the attempt asks every server.
 //! - **Hand-offs: one wake per release.** The release on the lead server hands its key to the
@@ -98,7 +99,7 @@
 //! - Clocks of the servers running faster than the drift factor shortens leases.
 //! - A waiter whose process is stopped (SIGSTOP) while it is registered on the lead server can be
 //!   handed the lead's key, which then sits unused; the other waiters get the lock from the free
-//!   majority at their next ask of every server (at most 250 ms later).
+//!   majority at their next ask of every server (within a second).
 
 use super::redis::RedisTarget;
 use super::redis::{RedisBackend, Seen};
@@ -691,10 +692,8 @@ impl RedlockBackend {
                 }
             }
             Some(i) => {
-                let (at_lead, mut rest) = futures_util::join!(
-                    self.ask_lead(i, lead, req, timeout),
-                    others(Some(i))
-                );
+                let (at_lead, mut rest) =
+                    futures_util::join!(self.ask_lead(i, lead, req, timeout), others(Some(i)));
                 rest.insert(i, at_lead);
                 rest
             }
@@ -1253,6 +1252,80 @@ mod tests {
             .unwrap()
             .unwrap();
         g2.release().await.unwrap();
+    }
+
+    /// A waiter that was handed the lead's key and never comes for the rest (its process
+    /// stopped: its client still listens) keeps only the lead: the next waiter gets the lock
+    /// from the free majority within a second, without the lead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopped_waiter_handed_the_lead_does_not_keep_the_others_out() {
+        let url = test_url();
+        let config = RedlockConfig::parse(&url).unwrap();
+        let client = |b: RedlockBackend| {
+            crate::Client::with_backend(Arc::new(b), &url, crate::ClientOptions::default()).unwrap()
+        };
+        let (a, b) = (
+            client(RedlockBackend::open(config.clone()).await.unwrap()),
+            client(RedlockBackend::open(config.clone()).await.unwrap()),
+        );
+        let name = format!("test/stopped-waiter/{}", uuid::Uuid::new_v4());
+        let lead = lead_server(&name, config.servers.len()).unwrap();
+        let base = format!("dlock:{{{name}}}");
+        let raw = ::redis::Client::open(config.servers[lead].url.as_str()).unwrap();
+        let mut r = raw.get_multiplexed_async_connection().await.unwrap();
+        // The stopped waiter: a record ahead of every other, whose client's hand-off channel
+        // has a listener that never acts.
+        let mut listener = raw.get_async_pubsub().await.unwrap();
+        listener
+            .subscribe(format!("{base}:handoff:stopped"))
+            .await
+            .unwrap();
+        let lease = Duration::from_secs(30);
+        let held = a
+            .mutex(&name)
+            .unwrap()
+            .lease(lease)
+            .acquire()
+            .await
+            .unwrap();
+        let _: () = ::redis::cmd("ZADD")
+            .arg(format!("{base}:w"))
+            .arg(-1)
+            .arg("stopped\n30000\nstopped\nclient\nhost\n1\n0")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        let m = b.mutex(&name).unwrap().lease(lease);
+        let waiter = tokio::spawn(async move {
+            let g = m.acquire_timeout(Duration::from_secs(10)).await;
+            (Instant::now(), g)
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.release().await.unwrap();
+        let released = Instant::now();
+        let value: String = ::redis::cmd("GET")
+            .arg(&base)
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        assert!(
+            value.starts_with("stopped\n"),
+            "the lead's key was not handed to the stopped waiter: {value:?}"
+        );
+        let (at, g) = waiter.await.unwrap();
+        let g = g.expect("the waiter never got the lock from the free majority");
+        let late = at.saturating_duration_since(released);
+        assert!(
+            late < Duration::from_millis(1500),
+            "granted {late:?} after the release"
+        );
+        g.release().await.unwrap();
+        let _: () = ::redis::cmd("DEL")
+            .arg(&base)
+            .arg(format!("{base}:w"))
+            .query_async(&mut r)
+            .await
+            .unwrap();
     }
 
     #[tokio::test]
