@@ -193,11 +193,17 @@ fi
 log "doctests"
 cargo test --workspace --doc --locked
 
-# What a user of the published crates sees: the library with its default features only (no
-# warning there either), the API docs with every feature (docs.rs builds them so), and the
-# packages crates.io would get (metadata, files, versions of path dependencies).
-log "library alone (default features), docs, packages"
+# What a user of the published crates sees: the library with its default features only, and
+# with each store alone (no warning there either), the API docs with every feature (docs.rs
+# builds them so), and the packages crates.io would get (metadata, files, versions of path
+# dependencies).
+log "library alone (default features; each store alone), docs, packages"
 cargo clippy -p dlock-rs --lib --locked -- -D warnings
+# Each store's feature alone: a user who enables one store gets none of the dependency features
+# that only the other stores turn on.
+for f in redis redlock postgres mysql zookeeper etcd; do
+  cargo clippy -p dlock-rs --lib --no-default-features --features "$f" --locked -- -D warnings
+done
 RUSTDOCFLAGS="-D warnings" cargo doc -p dlock-rs --all-features --no-deps --locked
 # (A working tree with uncommitted changes is packaged as it is; a clean checkout, as CI's, needs
 # no --allow-dirty.)

@@ -277,7 +277,9 @@ mod tests {
     fn parses() {
         assert!(validate_url("mem://").is_ok());
         assert!(validate_url("mem://t1").is_ok());
-        if cfg!(feature = "sqlite") {
+        // A block, not `if cfg!(…)`: the path below exists only with the feature.
+        #[cfg(feature = "sqlite")]
+        {
             use crate::backend::sql::sqlite::SqliteBackend;
             assert_eq!(
                 SqliteBackend::parse_url("sqlite:///tmp/a%20b.db").unwrap(),

@@ -105,7 +105,7 @@ use super::redis::RedisTarget;
 use super::redis::{RedisBackend, Seen};
 use super::*;
 use crate::error::Error;
-use futures_util::future::{join_all, select_all};
+use futures_util::future::{join, join_all, select_all};
 use rand::Rng;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -693,7 +693,7 @@ impl RedlockBackend {
             }
             Some(i) => {
                 let (at_lead, mut rest) =
-                    futures_util::join!(self.ask_lead(i, lead, req, timeout), others(Some(i)));
+                    join(self.ask_lead(i, lead, req, timeout), others(Some(i))).await;
                 rest.insert(i, at_lead);
                 rest
             }

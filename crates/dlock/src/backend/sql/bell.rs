@@ -301,7 +301,7 @@ impl Bells {
     }
 
     /// Bell connections open now (asking, held or idle).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "mysql"))]
     pub(super) fn open(&self) -> usize {
         MAX_BELLS - self.permits.available_permits()
     }
@@ -309,7 +309,7 @@ impl Bells {
     /// The server's ids of the idle bell connections (for tests that kill them there). The
     /// lines are out of the idle list while they are asked: a closing task that found the list
     /// empty meanwhile has ended, so one is started again for them.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "mysql"))]
     pub(super) async fn idle_ids(self: &Arc<Self>) -> Vec<i64> {
         let mut lines = std::mem::take(&mut lock(&self.idle).lines);
         let mut ids = Vec::new();
@@ -328,7 +328,7 @@ impl Bells {
     }
 
     /// Shortens how long idle connections are kept (tests).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "mysql"))]
     pub(super) fn set_idle_for(&self, d: Duration) {
         *lock(&self.idle_for) = d;
     }

@@ -1773,6 +1773,7 @@ async fn mysql_polls_and_respects_until() {
 
 /// Attempts `r` and waits between attempts as the core does (a fair waiter's slice at most),
 /// until it is granted; its token.
+#[cfg(feature = "mysql")]
 async fn wait_until_granted(b: &SqlBackend, r: &Request<'_>, within: Duration) -> u64 {
     let until = Instant::now() + within;
     loop {
@@ -1791,6 +1792,7 @@ async fn wait_until_granted(b: &SqlBackend, r: &Request<'_>, within: Duration) -
 }
 
 /// Asserts that a grant came after `event`, and within 0.5 s of it (a waiter's slice is 1.25 s).
+#[cfg(feature = "mysql")]
 fn granted_soon_after(granted: Instant, event: Instant, what: &str) {
     let after = granted.saturating_duration_since(event);
     assert!(
@@ -1800,10 +1802,12 @@ fn granted_soon_after(granted: Instant, event: Instant, what: &str) {
 }
 
 /// The table of the bell tests.
+#[cfg(feature = "mysql")]
 const BELL_TABLE: &str = "dlt_bell";
 
 /// Three clients of one MySQL table and a new name, which `a` holds with a fair hold while `b`
 /// and then `c` wait for it in the fair queue.
+#[cfg(feature = "mysql")]
 struct FairThree {
     a: SqlBackend,
     b: SqlBackend,
@@ -1812,6 +1816,7 @@ struct FairThree {
     metas: [HolderMeta; 3],
 }
 
+#[cfg(feature = "mysql")]
 impl FairThree {
     async fn held(prefix: &str) -> FairThree {
         let d = Dialect::MySql;
@@ -1848,6 +1853,7 @@ impl FairThree {
 
 /// MySQL: a fair waiter behind a holder that has its name's bell does not poll, and the
 /// holder's release wakes it (`bell.rs`).
+#[cfg(feature = "mysql")]
 async fn mysql_fair_waiters_are_rung_not_polled() {
     let t = FairThree::held("bell").await;
     c_is_rung_behind_b(&t).await;
@@ -1856,6 +1862,7 @@ async fn mysql_fair_waiters_are_rung_not_polled() {
 
 /// The server's ids of `x`'s idle bell connections, once there are any (its bells are freed in
 /// the background after a release).
+#[cfg(feature = "mysql")]
 async fn idle_bell_ids(x: &SqlBackend) -> Vec<i64> {
     let bells = x.inner.bells.as_ref().unwrap();
     let until = Instant::now() + Duration::from_secs(2);
@@ -1871,6 +1878,7 @@ async fn idle_bell_ids(x: &SqlBackend) -> Vec<i64> {
 
 /// MySQL: a reused idle bell connection that the server has closed is replaced, so the next
 /// waits are rung again instead of polling.
+#[cfg(feature = "mysql")]
 async fn mysql_dead_idle_bell_connections_are_replaced() {
     let t = FairThree::held("idle").await;
     c_is_rung_behind_b(&t).await;
@@ -1890,6 +1898,7 @@ async fn mysql_dead_idle_bell_connections_are_replaced() {
 
 /// MySQL: idle bell connections are closed once unused for their idle time, with nothing else
 /// going on in the client (a client whose waits are over keeps no connections for them).
+#[cfg(feature = "mysql")]
 async fn mysql_idle_bell_connections_are_closed() {
     let t = FairThree::held("idle-close").await;
     for x in [&t.b, &t.c] {
@@ -1935,6 +1944,7 @@ async fn mysql_idle_bell_connections_are_closed() {
 /// With `a` holding and `b`, `c` queued (FairThree::queue): `a` releases after 300 ms; `b`, which
 /// asked for the bell first, holds the lock and the bell for 1.5 s while `c` waits. `c` looks at
 /// most once in that time (the bell wakes it), and is granted soon after `b`'s release.
+#[cfg(feature = "mysql")]
 async fn c_is_rung_behind_b(t: &FairThree) {
     let (a, b, c) = (&t.a, &t.b, &t.c);
     let (h, wb, wc) = t.reqs();
@@ -1967,6 +1977,7 @@ async fn c_is_rung_behind_b(t: &FairThree) {
 /// MySQL: a fair waiter that gets the bell while another is ahead of it in the queue passes it
 /// on, so the one ahead polls behind a holder without the bell and is granted soon after the
 /// release (instead of at the end of its slice).
+#[cfg(feature = "mysql")]
 async fn mysql_a_bell_out_of_turn_is_passed_on() {
     let t = FairThree::held("pass").await;
     let (a, b, c) = (&t.a, &t.b, &t.c);
@@ -2000,6 +2011,7 @@ async fn mysql_a_bell_out_of_turn_is_passed_on() {
 /// MySQL: a holder that leaves its hold to expire (`expire_in`: renewed once with `detach`, never
 /// released) frees its bell then, so the next waiter polls for the hold's end instead of sleeping
 /// through it to the end of its slice.
+#[cfg(feature = "mysql")]
 async fn mysql_a_hold_left_to_expire_frees_its_bell() {
     let t = FairThree::held("expire").await;
     let (a, b, c) = (&t.a, &t.b, &t.c);
@@ -2037,6 +2049,7 @@ async fn mysql_a_hold_left_to_expire_frees_its_bell() {
 /// MySQL: a bell's connection killed at the server (while its holder polls as the waiter in
 /// front, and again while it holds the lock) costs the waiters nothing but polling: no error,
 /// and each is granted in turn.
+#[cfg(feature = "mysql")]
 async fn mysql_killed_bell_connections_fall_back_to_polling() {
     let t = FairThree::held("killed").await;
     let (a, b, c) = (&t.a, &t.b, &t.c);
@@ -2380,6 +2393,7 @@ async fn wait_after_a_busy_attempt_skips_the_repeat_look(d: Dialect) {
 
 /// A MySQL account without `CREATE ROUTINE` (and without rights on a routine another account
 /// created) still gets working locks, through the multi-statement path.
+#[cfg(feature = "mysql")]
 async fn mysql_without_routine_privileges_falls_back() {
     let root = open(Dialect::MySql, "dlt_priv_shared").await;
     for host in ["%", "localhost", "127.0.0.1"] {
