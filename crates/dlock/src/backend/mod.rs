@@ -456,8 +456,9 @@ pub struct Capabilities {
     /// `campaign(value)` and `proclaim(value)` need.
     pub values: bool,
     /// A release of a mutex hands it to the store's first waiter and wakes only that one
-    /// ([`Released::HandedOff`]; Redis): the core's next waiter of a client whose waiter was
-    /// just granted registers in the store at once instead of waiting for this client's release.
+    /// ([`Released::HandedOff`]; Redis, PostgreSQL, Redlock on a name's lead server): the core's
+    /// next waiter of a client whose waiter was just granted registers in the store at once
+    /// instead of waiting for this client's release.
     pub hands_off: bool,
 }
 
