@@ -104,6 +104,7 @@ fn short_of_memory_nothing_is_left_held() {
         let stderr = String::from_utf8_lossy(&o.stderr);
         stderr.contains("error while loading shared libraries")
             || stderr.contains("cannot allocate TLS data structures")
+            || stderr.contains("failed to register TLS destructor")
             || stderr.contains("memory allocation of")
             || (o.status.signal() == Some(11) && stderr.is_empty())
     });

@@ -26,9 +26,10 @@
 //!   of a waiter (its last attempt was refused), and first attempts on a name this client saw
 //!   contended in the last second (a refusal, a release that handed the lock on), ask the lead
 //!   first and the others only once the lead granted it; the lead decides any race, and its
-//!   losers stop there. A first attempt that asks every server at once and is refused by the
-//!   lead is refused, whatever the others answer: the lead's key is then most likely a hand-off
-//!   on its way to the others. A waiter asks every server again within 250 ms of its last ask of
+//!   losers stop there. A waiting request's first attempt that asks every server at once and is
+//!   refused by the lead is refused, whatever the others answer: the lead's key is then most
+//!   likely a hand-off on its way to the others (a try, which does not wait, takes any
+//!   majority). A waiter asks every server again within 250 ms of its last ask of
 //!   every server when the lead alone refused it since, within a second when all did; then a
 //!   majority without the lead counts, so a key the lead kept by mistake (a release that did
 //!   not reach it) cannot keep the lock from a free majority for longer. If the lead is not
@@ -707,9 +708,12 @@ impl RedlockBackend {
             Some(Ok(Attempt::Granted(g))) => g.valid_for.min(req.lease),
             _ => req.lease,
         };
-        // A first attempt that the lead refused takes no majority of the others: the lead's
-        // key is then most likely a hand-off to its first waiter, on its way to the others.
-        let vetoed = before.is_none() && matches!(at_lead, Some(Ok(Attempt::Busy(_))));
+        // A waiting request's first attempt that the lead refused takes no majority of the
+        // others: the lead's key is then most likely a hand-off to its first waiter, on its way
+        // to the others, and the request waits its turn (a key the lead kept by mistake costs
+        // it one ask-all interval). A try takes any majority.
+        let vetoed =
+            req.waiting && before.is_none() && matches!(at_lead, Some(Ok(Attempt::Busy(_))));
         let (mut granted, mut errors) = (0, 0);
         let mut left = Vec::new();
         let mut config_err = None;
@@ -1326,6 +1330,64 @@ mod tests {
             .query_async(&mut r)
             .await
             .unwrap();
+    }
+
+    /// A key on the lead server alone (a foreign lock, or a release that never reached it):
+    /// a try takes the free majority at once; a waiting acquire is refused by the lead first
+    /// and gets the free majority at its next ask of every server.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_on_the_lead_alone_keeps_nobody_from_a_free_majority() {
+        let url = test_url();
+        let config = RedlockConfig::parse(&url).unwrap();
+        let a = crate::Client::with_backend(
+            Arc::new(RedlockBackend::open(config.clone()).await.unwrap()),
+            &url,
+            crate::ClientOptions::default(),
+        )
+        .unwrap();
+        let mut raw = Vec::new();
+        for s in &config.servers {
+            let c = ::redis::Client::open(s.url.as_str()).unwrap();
+            raw.push(c.get_multiplexed_async_connection().await.unwrap());
+        }
+        for waiting in [false, true] {
+            let name = format!("test/lead-key/{}", uuid::Uuid::new_v4());
+            let lead = lead_server(&name, config.servers.len()).unwrap();
+            let base = format!("dlock:{{{name}}}");
+            let _: () = ::redis::cmd("SET")
+                .arg(&base)
+                .arg("foreign")
+                .arg("PX")
+                .arg(30_000)
+                .query_async(&mut raw[lead])
+                .await
+                .unwrap();
+            let m = a.mutex(&name).unwrap();
+            let started = Instant::now();
+            let g = if waiting {
+                m.acquire_timeout(Duration::from_secs(5)).await
+            } else {
+                m.try_acquire().await
+            };
+            let g = g.unwrap_or_else(|e| panic!("waiting {waiting}: {e}"));
+            assert!(
+                started.elapsed() < Duration::from_millis(1500),
+                "waiting {waiting}: granted after {:?}",
+                started.elapsed()
+            );
+            g.release().await.unwrap();
+            let left: String = ::redis::cmd("GET")
+                .arg(&base)
+                .query_async(&mut raw[lead])
+                .await
+                .unwrap();
+            assert_eq!(left, "foreign", "the foreign key was touched");
+            let _: () = ::redis::cmd("DEL")
+                .arg(&base)
+                .query_async(&mut raw[lead])
+                .await
+                .unwrap();
+        }
     }
 
     #[tokio::test]
