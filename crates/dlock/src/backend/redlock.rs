@@ -1172,6 +1172,32 @@ mod tests {
         }
     }
 
+    /// The lease of the hand-off tests' holds: longer than any of them runs.
+    const LEASE: Duration = Duration::from_secs(30);
+
+    /// The test servers' configuration and `n` clients, each with its own backend (and so its
+    /// own connections and hand-off channels, as separate processes have).
+    async fn clients(n: usize) -> (RedlockConfig, Vec<crate::Client>) {
+        let url = test_url();
+        let config = RedlockConfig::parse(&url).unwrap();
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let b = Arc::new(RedlockBackend::open(config.clone()).await.unwrap());
+            out.push(
+                crate::Client::with_backend(b, &url, crate::ClientOptions::default()).unwrap(),
+            );
+        }
+        (config, out)
+    }
+
+    /// A new test name under `tag`, its lead server's index and its base key.
+    fn test_name(tag: &str, config: &RedlockConfig) -> (String, usize, String) {
+        let name = format!("test/{tag}/{}", uuid::Uuid::new_v4());
+        let lead = lead_server(&name, config.servers.len()).unwrap();
+        let base = format!("dlock:{{{name}}}");
+        (name, lead, base)
+    }
+
     /// `EVALSHA` calls the server at `url` has answered so far.
     async fn script_calls(url: &str) -> u64 {
         let mut c = ::redis::Client::open(url)
@@ -1195,31 +1221,14 @@ mod tests {
     /// alone (the woken waiter asks only the other servers; a second waiter sleeps on).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_release_wakes_only_the_first_waiter() {
-        let url = test_url();
-        let config = RedlockConfig::parse(&url).unwrap();
-        let client = |b: RedlockBackend| {
-            crate::Client::with_backend(Arc::new(b), &url, crate::ClientOptions::default()).unwrap()
-        };
-        let connect = || RedlockBackend::open(config.clone());
-        let (a, b, c) = (
-            client(connect().await.unwrap()),
-            client(connect().await.unwrap()),
-            client(connect().await.unwrap()),
-        );
-        let name = format!("test/handoff/{}", uuid::Uuid::new_v4());
-        let lead = lead_server(&name, config.servers.len()).unwrap();
+        let (config, c) = clients(3).await;
+        let (name, lead, _) = test_name("handoff", &config);
         let lead_url = config.servers[lead].url.clone();
-        let lease = Duration::from_secs(30);
-        let held = a
-            .mutex(&name)
-            .unwrap()
-            .lease(lease)
-            .acquire()
-            .await
-            .unwrap();
+        let held = c[0].mutex(&name).unwrap().lease(LEASE).acquire().await;
+        let held = held.unwrap();
         let (mb, mc) = (
-            b.mutex(&name).unwrap().lease(lease),
-            c.mutex(&name).unwrap().lease(lease),
+            c[1].mutex(&name).unwrap().lease(LEASE),
+            c[2].mutex(&name).unwrap().lease(LEASE),
         );
         let mut waiters = vec![tokio::spawn(async move { mb.acquire().await })];
         // Each waiter is refused once (and registered) well before its next timed attempt (a
@@ -1263,18 +1272,8 @@ mod tests {
     /// from the free majority within a second, without the lead.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stopped_waiter_handed_the_lead_does_not_keep_the_others_out() {
-        let url = test_url();
-        let config = RedlockConfig::parse(&url).unwrap();
-        let client = |b: RedlockBackend| {
-            crate::Client::with_backend(Arc::new(b), &url, crate::ClientOptions::default()).unwrap()
-        };
-        let (a, b) = (
-            client(RedlockBackend::open(config.clone()).await.unwrap()),
-            client(RedlockBackend::open(config.clone()).await.unwrap()),
-        );
-        let name = format!("test/stopped-waiter/{}", uuid::Uuid::new_v4());
-        let lead = lead_server(&name, config.servers.len()).unwrap();
-        let base = format!("dlock:{{{name}}}");
+        let (config, c) = clients(2).await;
+        let (name, lead, base) = test_name("stopped-waiter", &config);
         let raw = ::redis::Client::open(config.servers[lead].url.as_str()).unwrap();
         let mut r = raw.get_multiplexed_async_connection().await.unwrap();
         // The stopped waiter: a record ahead of every other, whose client's hand-off channel
@@ -1284,14 +1283,8 @@ mod tests {
             .subscribe(format!("{base}:handoff:stopped"))
             .await
             .unwrap();
-        let lease = Duration::from_secs(30);
-        let held = a
-            .mutex(&name)
-            .unwrap()
-            .lease(lease)
-            .acquire()
-            .await
-            .unwrap();
+        let held = c[0].mutex(&name).unwrap().lease(LEASE).acquire().await;
+        let held = held.unwrap();
         let _: () = ::redis::cmd("ZADD")
             .arg(format!("{base}:w"))
             .arg(-1)
@@ -1299,7 +1292,7 @@ mod tests {
             .query_async(&mut r)
             .await
             .unwrap();
-        let m = b.mutex(&name).unwrap().lease(lease);
+        let m = c[1].mutex(&name).unwrap().lease(LEASE);
         let waiter = tokio::spawn(async move {
             let g = m.acquire_timeout(Duration::from_secs(10)).await;
             (Instant::now(), g)
@@ -1337,23 +1330,14 @@ mod tests {
     /// and gets the free majority at its next ask of every server.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_key_on_the_lead_alone_keeps_nobody_from_a_free_majority() {
-        let url = test_url();
-        let config = RedlockConfig::parse(&url).unwrap();
-        let a = crate::Client::with_backend(
-            Arc::new(RedlockBackend::open(config.clone()).await.unwrap()),
-            &url,
-            crate::ClientOptions::default(),
-        )
-        .unwrap();
+        let (config, c) = clients(1).await;
         let mut raw = Vec::new();
         for s in &config.servers {
             let c = ::redis::Client::open(s.url.as_str()).unwrap();
             raw.push(c.get_multiplexed_async_connection().await.unwrap());
         }
         for waiting in [false, true] {
-            let name = format!("test/lead-key/{}", uuid::Uuid::new_v4());
-            let lead = lead_server(&name, config.servers.len()).unwrap();
-            let base = format!("dlock:{{{name}}}");
+            let (name, lead, base) = test_name("lead-key", &config);
             let _: () = ::redis::cmd("SET")
                 .arg(&base)
                 .arg("foreign")
@@ -1362,7 +1346,7 @@ mod tests {
                 .query_async(&mut raw[lead])
                 .await
                 .unwrap();
-            let m = a.mutex(&name).unwrap();
+            let m = c[0].mutex(&name).unwrap();
             let started = Instant::now();
             let g = if waiting {
                 m.acquire_timeout(Duration::from_secs(5)).await
