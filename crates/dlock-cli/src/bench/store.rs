@@ -1696,8 +1696,9 @@ impl Probe {
                 _ => None,
             };
             if let Some(d) = dialect {
-                let drop = dlock::backend::sql::fast::drop_sql(d, BENCH_TABLE);
-                let _ = limit("DROP ROUTINE", OP, sqlx::query(&drop).execute(pool)).await;
+                for drop in dlock::backend::sql::fast::drop_sql(d, BENCH_TABLE) {
+                    let _ = limit("DROP ROUTINE", OP, sqlx::query(&drop).execute(pool)).await;
+                }
             }
         }
         if let Some(pool) = &self.sql {

@@ -1,14 +1,25 @@
-//! A name's bell on MySQL/MariaDB: how a fair mutex waiter learns of a release without polling.
+//! A name's bell on MySQL/MariaDB: how a mutex waiter learns of a release without polling, and
+//! how a non-fair one is handed the lock.
 //!
 //! MySQL has no notification, but its user-level locks wake their waiters: `GET_LOCK(str, t)`
 //! blocks while another session holds `str`, the server hands it to its waiters one at a time
 //! in the order they asked, and a session that ends frees what it held. A name's bell is such a
-//! lock ([`bell_key`]) on a connection of its own: a fair mutex waiter that was refused asks for
-//! it and blocks; it gets it when the holder's release frees it (after the hold's row is
-//! deleted), attempts at once, and keeps it while it holds the lock, so that its own release
-//! wakes the next waiter. The bell only wakes: who holds the lock is decided by the rows alone,
-//! so a bell that is late, lost or held by the wrong session costs at most the waiter's slice
-//! (the core re-checks every slice), never a second holder.
+//! lock ([`bell_key`]) on a connection of its own: a mutex waiter that was refused asks for
+//! it and blocks; it gets it when the holder's release frees it, and keeps it while it holds the
+//! lock, so that its own release wakes the next waiter. The bell only wakes and orders: who holds
+//! the lock is decided by the rows alone, so a bell that is late, lost or held by the wrong
+//! session costs at most the waiter's slice (the core re-checks every slice), never a second
+//! holder.
+//!
+//! - A fair waiter asks with a plain `GET_LOCK` and attempts when it gets the bell (after the
+//!   release deleted the hold's row).
+//! - A non-fair waiter asks in the ring routine ([`Take`]; `fast.rs`), and its hold's release runs
+//!   the unring routine on the bell's session ([`Bells::unring`]): the hold becomes a
+//!   reservation, the bell is freed, and the ring the server wakes takes the reservation inside
+//!   the server and answers the grant ([`Ring::Took`]). So the lock goes to the first waiter in
+//!   the bell's line, and nobody can take it in between. A request withdrawn while its ring may
+//!   be taking a hold is interrupted at the server (`KILL QUERY` on its connection) and a hold
+//!   it took is released and passed on.
 //!
 //! - A waiter that gets the bell and is still refused at the front of the queue (the lock is held
 //!   by a holder without the bell, one granted before anybody waited) keeps it and polls: it is
@@ -69,6 +80,9 @@ fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Line {
     /// In a mutex only to be `Sync` (an acquisition is): it is used through `&mut` alone.
     conn: StdMutex<AnyConnection>,
+    /// Its session's id at the server (`CONNECTION_ID()`), to interrupt a ring for a waiter
+    /// that left.
+    id: i64,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -84,18 +98,41 @@ pub(super) struct Bell {
     key: String,
 }
 
+/// What a non-fair mutex waiter takes with its name's bell (the ring routine's arguments
+/// besides the bell): the hold its release reserved for the bell's next holder, if any.
+pub(super) struct Take {
+    pub(super) name: String,
+    pub(super) owner: String,
+    pub(super) lease_ms: i64,
+    pub(super) client_id: String,
+    pub(super) host: String,
+    pub(super) pid: i64,
+    pub(super) value: Option<String>,
+}
+
+/// What the ring routine found when it got the bell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ring {
+    /// It took the hold reserved for the bell's next holder: its fencing token.
+    Took(u64),
+    /// Holders that reserved nothing are in the way: the waiter polls with the bell.
+    Busy,
+    /// Anything else (and every plain request): the waiter attempts.
+    Attempt,
+}
+
 /// What one request for a bell came to.
 pub(super) enum Rung {
-    /// Held now.
-    Bell(Bell),
+    /// Held now, and what the ring found.
+    Bell(Bell, Ring),
     /// Not within [`ASK_FOR_SECS`]: ask again.
     Timeout,
     /// No connection, or it failed: poll instead.
     Failed,
 }
 
-/// A request for a bell in progress; dropping it withdraws the request.
-pub(super) struct Asking(oneshot::Receiver<Rung>);
+/// A request for a bell in progress, and its task; dropping it withdraws the request.
+pub(super) struct Asking(oneshot::Receiver<Rung>, tokio::task::JoinHandle<()>);
 
 /// Where a waiting fair mutex acquisition is with its name's bell.
 pub(super) enum Ringing {
@@ -109,20 +146,31 @@ pub(super) enum Ringing {
     Off,
 }
 
-/// A waiting fair mutex acquisition's bell.
+/// A waiting mutex acquisition's bell.
 pub(super) struct BellWait {
     pub(super) state: Ringing,
     pub(super) key: String,
+    /// A non-fair waiter's: what it takes with the bell (a fair waiter's queue decides its turn,
+    /// and its release reserves nothing).
+    pub(super) take: Option<Arc<Take>>,
+    /// When the current request was sent: a reserved hold it takes has its lease from a later
+    /// moment.
+    pub(super) asked: Option<Instant>,
+    /// The token of the reserved hold its ring took, and when that ring was sent.
+    pub(super) taken: Option<(u64, Instant)>,
     /// The look's fingerprint when the bell was last passed on, when, and the pause before it is
     /// passed on again if nothing changed.
     passed: Option<(u64, Instant, Duration)>,
 }
 
 impl BellWait {
-    pub(super) fn new(key: String) -> BellWait {
+    pub(super) fn new(key: String, take: Option<Take>) -> BellWait {
         BellWait {
             state: Ringing::Idle,
             key,
+            take: take.map(Arc::new),
+            asked: None,
+            taken: None,
             passed: None,
         }
     }
@@ -151,13 +199,19 @@ impl BellWait {
 /// `RELEASE_LOCK` or by being closed.
 pub(super) struct Bells {
     connect: AnyConnectOptions,
+    /// The backend's pool: where a ring for a waiter that left is interrupted.
+    pool: sqlx::AnyPool,
+    /// The ring routine's call ([`super::fast::ring_call_sql`]).
+    ring_call: String,
+    /// The unring routine's call ([`super::fast::unring_call_sql`]).
+    unring_call: String,
     permits: Arc<Semaphore>,
     idle: StdMutex<Idle>,
     /// How long an idle connection is kept ([`IDLE_FOR`]; tests shorten it).
     idle_for: StdMutex<Duration>,
-    /// Fair holds granted while they held or asked for their name's bell, by owner token, with
-    /// the end of their first lease.
-    holds: StdMutex<HashMap<String, (Ringing, Instant)>>,
+    /// Holds granted while they held or asked for their name's bell, by owner token, with the
+    /// end of their first lease and whether their release reserves the lock (non-fair).
+    holds: StdMutex<HashMap<String, (Ringing, Instant, bool)>>,
 }
 
 /// The idle bell connections, with when each was put back, and whether the task that closes
@@ -178,9 +232,12 @@ impl std::fmt::Debug for Bells {
 }
 
 impl Bells {
-    pub(super) fn new(connect: AnyConnectOptions) -> Arc<Bells> {
+    pub(super) fn new(connect: AnyConnectOptions, pool: sqlx::AnyPool, table: &str) -> Arc<Bells> {
         Arc::new(Bells {
             connect,
+            pool,
+            ring_call: super::fast::ring_call_sql(table),
+            unring_call: super::fast::unring_call_sql(table),
             permits: Arc::new(Semaphore::new(MAX_BELLS)),
             idle: StdMutex::new(Idle::default()),
             idle_for: StdMutex::new(IDLE_FOR),
@@ -207,10 +264,23 @@ impl Bells {
         )
         .await
         {
-            Ok(Ok(conn)) => Some(Line {
-                conn: StdMutex::new(conn),
-                _permit: permit,
-            }),
+            Ok(Ok(mut conn)) => {
+                let id = sqlx::query("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+                    .fetch_one(&mut conn)
+                    .await
+                    .and_then(|r| r.try_get::<i64, _>(0));
+                match id {
+                    Ok(id) => Some(Line {
+                        conn: StdMutex::new(conn),
+                        id,
+                        _permit: permit,
+                    }),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no bell connection; the waiter polls");
+                        None
+                    }
+                }
+            }
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "no bell connection; the waiter polls");
                 None
@@ -229,11 +299,53 @@ impl Bells {
         }
     }
 
-    /// Starts asking for the bell `key`.
-    pub(super) fn ask(self: &Arc<Self>, key: String) -> Asking {
+    /// Starts asking for the bell `key`; with `take`, in the ring routine, which takes the hold
+    /// reserved for the bell's next holder.
+    pub(super) fn ask(self: &Arc<Self>, key: String, take: Option<Arc<Take>>) -> Asking {
         let (tx, rx) = oneshot::channel();
-        tokio::spawn(ask(self.clone(), key, tx));
-        Asking(rx)
+        let task = tokio::spawn(ask(self.clone(), key, take, tx));
+        Asking(rx, task)
+    }
+
+    /// Takes `owner`'s hold's bell, when its session holds it, for the release to run there
+    /// (see [`Bells::unring`]); with whether the release reserves the lock.
+    pub(super) fn take_held(&self, owner: &str) -> Option<(Bell, bool)> {
+        let mut holds = lock(&self.holds);
+        if !matches!(holds.get(owner), Some((Ringing::Held(_), _, _))) {
+            return None;
+        }
+        match holds.remove(owner) {
+            Some((Ringing::Held(b), _, reserve)) => Some((b, reserve)),
+            _ => None,
+        }
+    }
+
+    /// `owner`'s release of `name` in the unring routine, on the session that holds its bell:
+    /// `(released, reserved)`. The bell is freed there; on success its connection is kept,
+    /// otherwise it is closed (which frees the bell too).
+    pub(super) async fn unring(
+        self: &Arc<Self>,
+        mut bell: Bell,
+        name: &str,
+        owner: &str,
+        reserve: bool,
+    ) -> std::result::Result<(bool, bool), sqlx::Error> {
+        let r = tokio::time::timeout(
+            super::OP_TIMEOUT,
+            sqlx::query(&self.unring_call)
+                .bind(bell.key.as_str())
+                .bind(name)
+                .bind(owner)
+                .bind(reserve)
+                .fetch_one(bell.line.conn()),
+        )
+        .await
+        .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut))
+        .and_then(|row| Ok((row.try_get::<i64, _>(0)? > 0, row.try_get::<i64, _>(1)? > 0)));
+        if r.is_ok() {
+            self.put_back(bell.line);
+        }
+        r
     }
 
     /// Frees `bell` (the next waiter that asked for it gets it) and keeps its connection.
@@ -255,7 +367,13 @@ impl Bells {
     /// its hold's until [`Bells::released`]. The bells of holds granted more than a lease ago
     /// are freed here (a hold never released keeps no bell for good; one still renewed only
     /// loses its wake-up: the next waiter polls).
-    pub(super) fn granted(self: &Arc<Self>, owner: &str, ringing: Ringing, lease: Duration) {
+    pub(super) fn granted(
+        self: &Arc<Self>,
+        owner: &str,
+        ringing: Ringing,
+        lease: Duration,
+        reserve: bool,
+    ) {
         if !matches!(ringing, Ringing::Held(_) | Ringing::Asking(_)) {
             return;
         }
@@ -264,12 +382,12 @@ impl Bells {
             let mut holds = lock(&self.holds);
             let old: Vec<String> = holds
                 .iter()
-                .filter(|(_, (_, until))| *until <= now)
+                .filter(|(_, (_, until, _))| *until <= now)
                 .map(|(o, _)| o.clone())
                 .collect();
-            holds.insert(owner.to_owned(), (ringing, now + lease));
+            holds.insert(owner.to_owned(), (ringing, now + lease, reserve));
             old.iter()
-                .filter_map(|o| holds.remove(o).map(|(r, _)| r))
+                .filter_map(|o| holds.remove(o).map(|(r, _, _)| r))
                 .collect()
         };
         for r in stale {
@@ -281,7 +399,7 @@ impl Bells {
     /// which wakes the next waiter; a request still waiting is withdrawn.
     pub(super) fn released(self: &Arc<Self>, owner: &str) {
         let ringing = lock(&self.holds).remove(owner);
-        if let Some((r, _)) = ringing {
+        if let Some((r, _, _)) = ringing {
             self.free_ringing(r);
         }
     }
@@ -291,7 +409,7 @@ impl Bells {
         let bell = match ringing {
             Ringing::Held(b) => b,
             Ringing::Asking(mut a) => match a.0.try_recv() {
-                Ok(Rung::Bell(b)) => b,
+                Ok(Rung::Bell(b, _)) => b,
                 _ => return,
             },
             _ => return,
@@ -365,25 +483,97 @@ async fn close_idle(bells: std::sync::Weak<Bells>) {
     }
 }
 
-/// Asks the server for the bell `key` on a bell connection and sends what came of it; gives up
-/// (closing the connection, which withdraws the request) when nobody waits for the answer.
-async fn ask(bells: Arc<Bells>, key: String, mut tx: oneshot::Sender<Rung>) {
+/// Asks the server for the bell `key` on a bell connection (with `take`: in the ring routine)
+/// and sends what came of it. When nobody waits for the answer any more, a plain request is
+/// given up by closing the connection (which withdraws it); a ring is interrupted at the server
+/// first (`KILL QUERY`), and a hold it took meanwhile is released and passed on.
+async fn ask(
+    bells: Arc<Bells>,
+    key: String,
+    take: Option<Arc<Take>>,
+    mut tx: oneshot::Sender<Rung>,
+) {
     let Some((mut line, mut reused)) = bells.line().await else {
         let _ = tx.send(Rung::Failed);
         return;
     };
-    let bound = Duration::from_secs(ASK_FOR_SECS.unsigned_abs()) + super::OP_TIMEOUT;
+    let secs = match &take {
+        // A hold it takes counts its lease from the request: a request is renewed well within
+        // the lease.
+        Some(t) => (t.lease_ms / 4000).clamp(1, ASK_FOR_SECS),
+        None => ASK_FOR_SECS,
+    };
+    let bound = Duration::from_secs(secs.unsigned_abs()) + super::OP_TIMEOUT;
     let answer = loop {
-        let asked = sqlx::query("SELECT CAST(COALESCE(GET_LOCK(?, ?), -1) AS SIGNED)")
-            .bind(key.as_str())
-            .bind(ASK_FOR_SECS)
-            .fetch_one(line.conn());
-        let r = tokio::select! {
-            r = tokio::time::timeout(bound, asked) => r,
-            _ = tx.closed() => return,
+        let id = line.id;
+        let asked = async {
+            let row = match &take {
+                Some(t) => {
+                    sqlx::query(&bells.ring_call)
+                        .bind(key.as_str())
+                        .bind(secs)
+                        .bind(t.name.as_str())
+                        .bind(t.owner.as_str())
+                        .bind(t.lease_ms)
+                        .bind(t.client_id.as_str())
+                        .bind(t.host.as_str())
+                        .bind(t.pid)
+                        .bind(t.value.as_deref())
+                        .fetch_one(line.conn())
+                        .await?
+                }
+                None => {
+                    sqlx::query(
+                        "SELECT CAST(COALESCE(GET_LOCK(?, ?), -1) AS SIGNED), \
+                         CAST(0 AS SIGNED), CAST(0 AS SIGNED)",
+                    )
+                    .bind(key.as_str())
+                    .bind(secs)
+                    .fetch_one(line.conn())
+                    .await?
+                }
+            };
+            Ok::<_, sqlx::Error>((
+                row.try_get::<i64, _>(0)?,
+                row.try_get::<i64, _>(1)?,
+                row.try_get::<i64, _>(2)?,
+            ))
+        };
+        let r = {
+            tokio::pin!(asked);
+            tokio::select! {
+                r = tokio::time::timeout(bound, &mut asked) => Ok(r),
+                _ = tx.closed() => {
+                    if take.is_none() {
+                        return;
+                    }
+                    // The waiter left while its ring may be taking a hold for it: interrupt
+                    // the ring, then see what it came to.
+                    let _ = tokio::time::timeout(
+                        super::OP_TIMEOUT,
+                        sqlx::query(&format!("KILL QUERY {id}")).execute(&bells.pool),
+                    )
+                    .await;
+                    let late = tokio::time::timeout(super::OP_TIMEOUT, &mut asked).await;
+                    Err(late.ok().and_then(Result::ok))
+                }
+            }
+        };
+        let r = match r {
+            Err(Some((1, super::fast::GRANTED, _))) => {
+                if let Some(t) = &take {
+                    let bell = Bell { line, key };
+                    if let Err(e) = bells.unring(bell, &t.name, &t.owner, true).await {
+                        tracing::debug!(error = %e, "could not pass on a lock taken for a waiter that left");
+                    }
+                }
+                return;
+            }
+            Err(_) => return,
+            Ok(r) => r,
         };
         match r {
-            Ok(Ok(row)) => break row.try_get::<i64, _>(0).ok(),
+            Ok(Ok(answer)) => break Some(answer),
             // A reused connection that fails was most likely closed by the server while idle
             // (its `wait_timeout`, a killed connection, a restart), and so were the others idle
             // with it: they are closed, and the bell is asked for on a new connection.
@@ -399,12 +589,23 @@ async fn ask(bells: Arc<Bells>, key: String, mut tx: oneshot::Sender<Rung>) {
         }
     };
     match answer {
-        Some(1) => {
-            if let Err(Rung::Bell(bell)) = tx.send(Rung::Bell(Bell { line, key })) {
-                bells.free(bell).await;
+        Some((1, answer, token)) => {
+            let ring = match (answer, u64::try_from(token)) {
+                (super::fast::GRANTED, Ok(token)) => Ring::Took(token),
+                (super::fast::BUSY, _) => Ring::Busy,
+                _ => Ring::Attempt,
+            };
+            if let Err(Rung::Bell(bell, ring)) = tx.send(Rung::Bell(Bell { line, key }, ring)) {
+                match (ring, &take) {
+                    // Taken for a waiter that left just now: released and passed on.
+                    (Ring::Took(_), Some(t)) => {
+                        let _ = bells.unring(bell, &t.name, &t.owner, true).await;
+                    }
+                    _ => bells.free(bell).await,
+                }
             }
         }
-        Some(0) => {
+        Some((0, _, _)) => {
             bells.put_back(line);
             let _ = tx.send(Rung::Timeout);
         }
@@ -419,5 +620,13 @@ impl Asking {
     /// The answer, when it comes (a dropped sender counts as a failure).
     pub(super) async fn answer(&mut self) -> Rung {
         (&mut self.0).await.unwrap_or(Rung::Failed)
+    }
+
+    /// Withdraws the request and waits until it is over at the server (a ring is interrupted
+    /// there, and a hold it took meanwhile is released and passed on).
+    pub(super) async fn withdraw(self) {
+        let Asking(rx, task) = self;
+        drop(rx);
+        let _ = tokio::time::timeout(super::OP_TIMEOUT * 2, task).await;
     }
 }

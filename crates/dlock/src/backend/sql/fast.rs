@@ -52,6 +52,12 @@
 //! not come round yet) every look of a hot name would read every hold that name ever had; a
 //! plain index scan marks them and the index deletes them (docs/BENCHMARKS.md, issue 20).
 //!
+//! **The ring routines** (MySQL/MariaDB only, `<table>_ring_v1` and `<table>_unring_v1`; see
+//! `ring_call_sql`, `unring_call_sql` and `bell.rs`): a non-fair mutex waiter waits for its
+//! name's bell in the first and takes the hold that the bell's last holder reserved; that
+//! holder's release is the second, on the bell's session. Without them (an account that may not
+//! create them) non-fair waiters poll, as before they existed.
+//!
 //! The routines are created by the migration (under the migration lock) when missing; when they
 //! cannot be created (no privilege) or are dropped later, the backend logs it once and uses the
 //! full path only, and releases wake every waiter as before.
@@ -66,6 +72,23 @@ pub fn routine(d: Dialect, t: &str) -> String {
         Dialect::MySql => format!("{t}_grant_v1"),
     }
 }
+
+/// The ring routine's name (MySQL/MariaDB, `<table>_ring_v1`): a non-fair mutex waiter waits
+/// for its name's bell in it and takes the hold its release reserved (see `ring_call_sql`).
+pub fn ring_routine(t: &str) -> String {
+    format!("{t}_ring_v1")
+}
+
+/// The bell holder's release routine (MySQL/MariaDB, `<table>_unring_v1`; see
+/// `unring_call_sql`).
+pub fn unring_routine(t: &str) -> String {
+    format!("{t}_unring_v1")
+}
+
+/// How long a hold reserved for the bell's next holder stays reserved if nobody takes it (the
+/// taker is already in the server, woken by the bell; the bound only covers a taker whose
+/// connection ended in between).
+pub(super) const RESERVE_MS: i64 = 500;
 
 /// The release function's name (PostgreSQL).
 pub fn release_routine(t: &str) -> String {
@@ -130,17 +153,34 @@ pub(super) fn exists_sql(d: Dialect, t: &str) -> String {
         ),
         Dialect::MySql => format!(
             "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.ROUTINES \
-             WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = '{r}' \
-             AND ROUTINE_TYPE = 'PROCEDURE'"
+             WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME IN ('{r}', '{ring}', '{unring}') \
+             AND ROUTINE_TYPE = 'PROCEDURE'",
+            ring = ring_routine(t),
+            unring = unring_routine(t)
         ),
     }
+}
+
+/// The statement that lists which of the routines exist (one row each: its name).
+pub(super) fn existing_sql(d: Dialect, t: &str) -> String {
+    exists_sql(d, t).replacen(
+        match d {
+            Dialect::Postgres => "CAST(count(*) AS BIGINT)",
+            Dialect::MySql => "CAST(COUNT(*) AS SIGNED)",
+        },
+        match d {
+            Dialect::Postgres => "CAST(p.proname AS TEXT)",
+            Dialect::MySql => "ROUTINE_NAME",
+        },
+        1,
+    )
 }
 
 /// How many routines [`exists_sql`] counts when all are there.
 pub(super) fn routine_count(d: Dialect) -> i64 {
     match d {
         Dialect::Postgres => 2,
-        Dialect::MySql => 1,
+        Dialect::MySql => 3,
     }
 }
 
@@ -159,17 +199,40 @@ pub(super) fn call_sql(d: Dialect, t: &str) -> String {
     }
 }
 
+/// The ring call (MySQL/MariaDB): binds `bell, secs, name, owner, lease_ms, client_id, host,
+/// pid, value` and answers one row `(rung, answer, token)`: `rung` is `GET_LOCK`'s answer (1: the
+/// bell is this session's now; 0: not within `secs`; -1: an error), and with the bell, `answer`
+/// [`GRANTED`] and `token` when it took the hold that the bell's last holder reserved for it
+/// (the owner's hold now, with the next fence and its lease from the take), [`BUSY`] when
+/// holders that did not reserve it are in the way (the waiter polls with the bell), else
+/// [`FULL`] (the waiter attempts).
+pub(super) fn ring_call_sql(t: &str) -> String {
+    format!("CALL {}(?, ?, ?, ?, ?, ?, ?, ?, ?)", ring_routine(t))
+}
+
+/// The bell holder's release (MySQL/MariaDB): binds `bell, name, owner, reserve` and answers
+/// one row `(released, reserved)`. It deletes the owner's hold; with `reserve` (a non-fair
+/// mutex), when this session holds the bell and nobody queues for the name, it turns the hold
+/// into the reservation for the bell's next holder instead (the same row with an empty owner,
+/// `state` 3, its fence and a lease of [`RESERVE_MS`]; one autocommitted statement), then frees
+/// the bell. When nobody was waiting for the bell, the reservation goes again at once
+/// (`reserved` 0).
+pub(super) fn unring_call_sql(t: &str) -> String {
+    format!("CALL {}(?, ?, ?, ?)", unring_routine(t))
+}
+
 /// The release call (PostgreSQL): binds `name, owner, leaving` (a waiter that gives up: its
 /// registration goes first, and a lock handed to it meanwhile is passed on).
 pub(super) fn release_sql(t: &str) -> String {
     format!("SELECT {}($1, $2, $3)", release_routine(t))
 }
 
-/// Removes the routines and the waiters' table, if they exist: one statement (PostgreSQL: every
-/// version of the grant routine this dlock ever made, the release function, `<table>_waiters`).
-pub fn drop_sql(d: Dialect, t: &str) -> String {
+/// Removes the routines and the waiters' table, if they exist: the statements to run in order
+/// (PostgreSQL: one, for every version of the grant routine this dlock ever made, the release
+/// function and `<table>_waiters`; MySQL/MariaDB: one `DROP PROCEDURE` per routine).
+pub fn drop_sql(d: Dialect, t: &str) -> Vec<String> {
     match d {
-        Dialect::Postgres => format!(
+        Dialect::Postgres => vec![format!(
             "DO $dlock$ BEGIN \
              DROP ROUTINE IF EXISTS {t}_grant_v1, {t}_grant_v2, {t}_grant_v3, {t}_grant_v4, \
              {t}_release_v1, {t}_release_v2, {t}_release_v3, {t}_release_v4, {rel}; \
@@ -177,8 +240,11 @@ pub fn drop_sql(d: Dialect, t: &str) -> String {
              END $dlock$",
             rel = release_routine(t),
             w = waiters(t)
-        ),
-        Dialect::MySql => format!("DROP PROCEDURE IF EXISTS {}", routine(d, t)),
+        )],
+        Dialect::MySql => [routine(d, t), ring_routine(t), unring_routine(t)]
+            .iter()
+            .map(|r| format!("DROP PROCEDURE IF EXISTS {r}"))
+            .collect(),
     }
 }
 
@@ -231,13 +297,27 @@ pub(super) fn register_sql(t: &str, args: [&str; 11]) -> String {
     )
 }
 
-/// `CREATE` statements of the routines (and on PostgreSQL the waiters' table first). Both run
-/// with the caller's privileges (`SECURITY INVOKER`). `now` is the dialect's millisecond clock
-/// expression; `collation` the MySQL key collation (unused on PostgreSQL).
-pub(super) fn create_sql(d: Dialect, t: &str, now: &str, collation: &str) -> Vec<String> {
+/// `CREATE` statements of the routines (and on PostgreSQL the waiters' table first), each with
+/// the routine it creates (`None`: always run; PostgreSQL's are idempotent). All run with the
+/// caller's privileges (`SECURITY INVOKER`). `now` is the dialect's millisecond clock expression;
+/// `collation` the MySQL key collation (unused on PostgreSQL).
+pub(super) fn create_sql(
+    d: Dialect,
+    t: &str,
+    now: &str,
+    collation: &str,
+) -> Vec<(Option<String>, String)> {
     match d {
-        Dialect::Postgres => vec![waiters_sql(t), pg_grant(t, now), pg_release(t, now)],
-        Dialect::MySql => vec![mysql_grant(t, now, collation)],
+        Dialect::Postgres => vec![
+            (None, waiters_sql(t)),
+            (None, pg_grant(t, now)),
+            (None, pg_release(t, now)),
+        ],
+        Dialect::MySql => vec![
+            (Some(routine(d, t)), mysql_grant(t, now, collation)),
+            (Some(ring_routine(t)), mysql_ring(t, now, collation)),
+            (Some(unring_routine(t)), mysql_unring(t, now, collation)),
+        ],
     }
 }
 
@@ -560,6 +640,150 @@ fn mysql_grant(t: &str, now: &str, collation: &str) -> String {
                 COMMIT;
                 {granted}
             END IF;
+        END"
+    )
+}
+
+/// The answer row of the MySQL ring routine.
+fn ring_answer(rung: &str, answer: &str, token: &str) -> String {
+    format!(
+        "SELECT CAST({rung} AS SIGNED) AS rung, CAST({answer} AS SIGNED) AS answer, \
+         CAST({token} AS SIGNED) AS token;"
+    )
+}
+
+fn mysql_ring(t: &str, now: &str, collation: &str) -> String {
+    let r = ring_routine(t);
+    let c = collation;
+    let timeout = ring_answer("COALESCE(v_got, -1)", &BUSY.to_string(), "0");
+    let busy = ring_answer("1", &BUSY.to_string(), "0");
+    let full = ring_answer("1", &FULL.to_string(), "0");
+    let taken = ring_answer("1", &GRANTED.to_string(), "v_fence");
+    format!(
+        "CREATE PROCEDURE {r}(
+            IN p_bell VARCHAR(64) CHARACTER SET utf8mb4, IN p_secs BIGINT,
+            IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
+            IN p_owner VARCHAR(255) CHARACTER SET utf8mb4, IN p_lease BIGINT,
+            IN p_client VARCHAR(255) CHARACTER SET utf8mb4,
+            IN p_host VARCHAR(255) CHARACTER SET utf8mb4, IN p_pid BIGINT,
+            IN p_value VARCHAR(4096) CHARACTER SET utf8mb4)
+        MODIFIES SQL DATA
+        SQL SECURITY INVOKER
+        BEGIN
+            DECLARE v_got, v_now, v_fence, v_others, v_mine BIGINT DEFAULT NULL;
+            DECLARE v_took BIGINT DEFAULT 0;
+            DECLARE EXIT HANDLER FOR SQLEXCEPTION
+            BEGIN
+                ROLLBACK;
+                RESIGNAL;
+            END;
+            -- The server hands the bell to its askers one at a time, in the order they asked.
+            SET v_got = GET_LOCK(p_bell, p_secs);
+            IF COALESCE(v_got, 0) <> 1 THEN
+                {timeout}
+            ELSE
+                START TRANSACTION;
+                -- The name's fence row lock, as every grant takes it first.
+                SELECT fence, {now} INTO v_fence, v_now
+                    FROM {t}_fences WHERE name = p_name COLLATE {c} FOR UPDATE;
+                IF v_fence < 9223372036854775807 THEN
+                    -- The hold the bell's last holder reserved for its next one: ours now, with
+                    -- the next fence (a reservation nobody takes spends none).
+                    UPDATE {t} SET owner = p_owner, state = 0, fence = v_fence + 1,
+                                   expires_at_ms = v_now + p_lease, acquired_at_ms = v_now,
+                                   client_id = p_client, host = p_host, pid = p_pid,
+                                   value = p_value
+                        WHERE name = p_name COLLATE {c} AND owner = '' AND state = 3
+                          AND expires_at_ms > v_now;
+                    SET v_took = ROW_COUNT();
+                END IF;
+                IF v_took = 1 THEN
+                    SET v_fence = v_fence + 1;
+                    UPDATE {t}_fences SET fence = v_fence WHERE name = p_name COLLATE {c};
+                    COMMIT;
+                    {taken}
+                ELSE
+                    SELECT COALESCE(SUM(expires_at_ms > v_now AND owner <> p_owner COLLATE {c}), 0),
+                           MAX(IF(expires_at_ms > v_now AND owner = p_owner COLLATE {c}, 1, NULL))
+                      INTO v_others, v_mine
+                      FROM {t} WHERE name = p_name COLLATE {c};
+                    ROLLBACK;
+                    IF v_mine IS NULL AND v_others > 0 THEN
+                        -- Held by a holder without the bell: the waiter keeps the bell and
+                        -- polls.
+                        {busy}
+                    ELSE
+                        -- A free name, a hold of our own: the waiter attempts, keeping the bell.
+                        {full}
+                    END IF;
+                END IF;
+            END IF;
+        END"
+    )
+}
+
+fn mysql_unring(t: &str, now: &str, collation: &str) -> String {
+    let r = unring_routine(t);
+    let c = collation;
+    format!(
+        "CREATE PROCEDURE {r}(
+            IN p_bell VARCHAR(64) CHARACTER SET utf8mb4,
+            IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
+            IN p_owner VARCHAR(255) CHARACTER SET utf8mb4, IN p_reserve BOOLEAN)
+        MODIFIES SQL DATA
+        SQL SECURITY INVOKER
+        BEGIN
+            DECLARE v_now BIGINT DEFAULT NULL;
+            DECLARE v_gone, v_reserved, v_dup BIGINT DEFAULT 0;
+            -- A reservation nobody took that outlived its lease is in the way of a new one.
+            DECLARE CONTINUE HANDLER FOR 1062 SET v_dup = 1;
+            SET v_now = {now};
+            IF p_reserve AND IS_USED_LOCK(p_bell) <=> CONNECTION_ID()
+               AND NOT EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name COLLATE {c}) THEN
+                -- The hold becomes the reservation for whoever the bell wakes (it keeps its
+                -- fence; the taker takes the next): nobody else can be granted it, so the
+                -- releasing client's next waiter cannot take it back first.
+                UPDATE {t} SET owner = '', state = 3, expires_at_ms = v_now + {RESERVE_MS},
+                               acquired_at_ms = v_now, client_id = '', host = '', pid = 0,
+                               value = NULL
+                    WHERE name = p_name COLLATE {c} AND owner = p_owner COLLATE {c}
+                      AND state = 0 AND expires_at_ms > v_now;
+                SET v_reserved = ROW_COUNT();
+                IF v_dup = 1 THEN
+                    DELETE FROM {t}
+                        WHERE name = p_name COLLATE {c} AND owner = '' AND state = 3
+                          AND expires_at_ms <= v_now;
+                    SET v_dup = 0;
+                    UPDATE {t} SET owner = '', state = 3, expires_at_ms = v_now + {RESERVE_MS},
+                                   acquired_at_ms = v_now, client_id = '', host = '', pid = 0,
+                                   value = NULL
+                        WHERE name = p_name COLLATE {c} AND owner = p_owner COLLATE {c}
+                          AND state = 0 AND expires_at_ms > v_now;
+                    SET v_reserved = IF(v_dup = 1, 0, ROW_COUNT());
+                END IF;
+            END IF;
+            IF v_reserved = 0 THEN
+                DELETE FROM {t}
+                    WHERE name = p_name COLLATE {c} AND owner = p_owner COLLATE {c}
+                      AND expires_at_ms > v_now;
+                SET v_gone = ROW_COUNT();
+            ELSE
+                SET v_gone = 1;
+            END IF;
+            -- After the commit (each statement commits on its own): whoever the bell wakes sees
+            -- the reservation.
+            DO RELEASE_LOCK(p_bell);
+            IF v_reserved = 1 AND IS_USED_LOCK(p_bell) IS NULL THEN
+                -- Nobody asked for the bell: the reservation goes (unless taken meanwhile by
+                -- one who asked just now).
+                DELETE FROM {t}
+                    WHERE name = p_name COLLATE {c} AND owner = '' AND state = 3
+                      AND acquired_at_ms = v_now;
+                IF ROW_COUNT() > 0 THEN
+                    SET v_reserved = 0;
+                END IF;
+            END IF;
+            SELECT CAST(v_gone AS SIGNED) AS released, CAST(v_reserved AS SIGNED) AS reserved;
         END"
     )
 }

@@ -32,11 +32,15 @@
 //! | `<table>_meta` | `meta_key` primary key, `meta_value` |
 //!
 //! and the stored procedure `<table>_grant_v1`, the one-round-trip grant (see
-//! [`fast`]). It is created when missing, which needs the `CREATE ROUTINE` privilege
+//! [`fast`]); on MySQL/MariaDB also the procedures `<table>_ring_v1` and `<table>_unring_v1`
+//! (a non-fair mutex waiter's wait for its name's bell, and a bell holder's release, see
+//! Wake-ups), and on PostgreSQL `<table>_waiters` and the release function. They are created
+//! when missing, which needs the `CREATE ROUTINE` privilege
 //! on MySQL/MariaDB (PostgreSQL: `CREATE` on the schema, as for the tables) and PostgreSQL 11 or
 //! newer; without it (or without `EXECUTE` on it) the backend logs a warning once and every
 //! `attempt` takes the multi-statement path below, which is slower and equally correct. To
-//! remove dlock from a database, drop the four tables and [`fast::drop_sql`]'s procedure.
+//! remove dlock from a database, drop the four tables and run
+//! [`fast::drop_sql`]'s statements.
 //!
 //! MySQL stores names and owners as `VARCHAR(255) CHARACTER SET utf8mb4` with a binary **no-pad**
 //! collation (`utf8mb4_nopad_bin` on MariaDB, `utf8mb4_0900_bin` on MySQL 8), so names that
@@ -99,14 +103,21 @@
 //! moves often keep looking often and those behind a long hold back off. A fair waiter near the
 //! front of the queue starts shorter still: the next one at a quarter of [`POLL_MIN`], the one
 //! behind it at half, the third at three quarters, so the queue's next grants come without a
-//! poll's delay (figures in docs/BENCHMARKS.md). Fair mutex waiters on MySQL/MariaDB do not
+//! poll's delay (figures in docs/BENCHMARKS.md). Mutex waiters on MySQL/MariaDB do not
 //! poll: each waits for its name's **bell**, a `GET_LOCK('<table>!<name>')` (over 64 characters:
-//! `<table>!#<hash>`) that the holder of a contended fair hold keeps on a connection of its own
-//! and frees after its release; the server wakes the bell's waiters one at a time, in the order
-//! they asked, and the one woken attempts at once. The bell only wakes (the rows decide who
-//! holds): a waiter that finds the holder without the bell keeps the bell and polls for the
-//! others, one that gets it with others ahead of it in the queue passes it on, and one without a
-//! bell connection (at most 32 a backend) or whose connection failed polls. On both, waiters in
+//! `<table>!#<hash>`) that the holder of a contended hold keeps on a connection of its own
+//! and frees with its release; the server wakes the bell's waiters one at a time, in the order
+//! they asked. A fair waiter woken attempts at once. A non-fair waiter waits in the ring routine,
+//! and a non-fair holder with the bell releases in the unring routine on the bell's session: it
+//! turns the hold into a **reservation** (a hold row with an empty owner and `state` 3, which
+//! every grant path meets as someone else's hold, for at most 500 ms) and frees the bell; the
+//! ring woken takes the reservation inside the server (the next fence, its lease from then) and
+//! answers the grant, so the waiter first in the bell's line is handed the lock and the
+//! releasing client cannot take it back first. A reservation nobody asked for is deleted at
+//! once. The bell only wakes and orders (the rows decide who holds): a waiter that finds the
+//! holder without the bell keeps the bell and polls for the others, a fair one that gets it with
+//! others ahead of it in the queue passes it on, and one without a bell connection (at most 32 a
+//! backend) or whose connection failed polls. On both, waiters in
 //! the **same process** (any backend on the same URL and table) are woken at once by an
 //! in-process signal. A waiting attempt notes the name's wake count and
 //! subscribes to the listener's state before it is sent; when neither moved by the time its wait

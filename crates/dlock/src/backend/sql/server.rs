@@ -2,7 +2,7 @@
 //! Tables, options and wake-ups are described in the [module docs](super).
 
 use super::batch;
-use super::bell::{bell_key, BellWait, Bells, Ringing, Rung};
+use super::bell::{bell_key, BellWait, Bells, Ring, Ringing, Rung, Take};
 use super::common::{
     bind_hold, bind_waiter, extend_answers, extend_groups, grant, kind_columns, listing, ms,
     name_owner_pairs, placeholders, GrantWrites, HoldListing, Loaded, NameState, Renewed, Rows,
@@ -277,7 +277,7 @@ impl Stmts {
                 "SELECT name, owner, kind, permits, mode, fence, expires_at_ms, acquired_at_ms,
                         client_id, host, pid, state, value
                  FROM {t}
-                 WHERE expires_at_ms > ? AND substr(name, 1, {len}(?)) = ?
+                 WHERE expires_at_ms > ? AND substr(name, 1, {len}(?)) = ? AND state <> 3
                  ORDER BY name, fence"
             )),
             describe_queue: s(format!(
@@ -687,6 +687,9 @@ pub(crate) struct Sql {
     pub(super) batched: [AtomicU64; 2],
     /// The names' bells (MySQL in lease mode, see `bell.rs`).
     bells: Option<Arc<Bells>>,
+    /// Whether non-fair mutex waiters wait for their name's bell and a bell holder's release
+    /// reserves the lock for the bell's next holder (MySQL with the ring routines, `bell.rs`).
+    rings: AtomicBool,
 }
 
 impl Drop for Sql {
@@ -797,6 +800,7 @@ impl Sql {
         let notify =
             (dialect == Dialect::Postgres).then(|| d_sql(dialect, "SELECT pg_notify(?, ?)"));
         let fast_call = fast::call_sql(dialect, &cfg.table);
+        let bell_pool = pool.clone();
         let backend = Sql {
             dialect,
             mode: cfg.mode,
@@ -811,6 +815,7 @@ impl Sql {
             listener_task: StdMutex::new(None),
             fast: AtomicBool::new(false),
             handoffs: AtomicBool::new(false),
+            rings: AtomicBool::new(false),
             slots: StdMutex::new(HashMap::new()),
             granted: StdMutex::new(HashMap::new()),
             fast_call,
@@ -819,7 +824,7 @@ impl Sql {
             grants: batch::Grants::new(MAX_CONNECTIONS as usize),
             batched: Default::default(),
             bells: (dialect == Dialect::MySql && cfg.mode == HoldMode::Lease)
-                .then(|| Bells::new(connect.clone())),
+                .then(|| Bells::new(connect.clone(), bell_pool, &cfg.table)),
             connect,
         };
         if let Err(e) = bounded(OP_TIMEOUT, &shown, backend.migrate(&collation)).await {
@@ -978,11 +983,24 @@ impl Sql {
             if !have.is_ok_and(|n| n >= fast::routine_count(self.dialect)) {
                 return false;
             }
-            self.fast.store(true, Ordering::Relaxed);
-            self.handoffs
-                .store(self.dialect == Dialect::Postgres, Ordering::Relaxed);
+            self.enable_routines(true, true);
         }
         true
+    }
+
+    /// Which routines are there: `grant` (grants take the grant routine, and on PostgreSQL
+    /// releases hand a mutex to a registered waiter) and `rings` (MySQL: a bell holder's release
+    /// reserves the lock for the bell's next holder).
+    fn enable_routines(&self, grant: bool, rings: bool) {
+        self.fast.store(grant, Ordering::Relaxed);
+        self.handoffs.store(
+            grant && self.dialect == Dialect::Postgres,
+            Ordering::Relaxed,
+        );
+        self.rings.store(
+            rings && self.dialect == Dialect::MySql && self.bells.is_some(),
+            Ordering::Relaxed,
+        );
     }
 
     /// Whether the holds table has `column` (`information_schema`; PostgreSQL folds unquoted
@@ -1049,9 +1067,22 @@ impl Sql {
                 .await?
                 .try_get(0)?;
             if have < fast::routine_count(self.dialect) {
-                for ddl in
+                // MySQL: only the missing procedures (a table made by an older dlock has the
+                // grant routine alone; `CREATE PROCEDURE` has no `IF NOT EXISTS` on MySQL 8.0).
+                let existing: Vec<String> =
+                    sqlx::query(&fast::existing_sql(self.dialect, &self.table))
+                        .fetch_all(&mut *conn)
+                        .await?
+                        .iter()
+                        .filter_map(|row| row.try_get::<String, _>(0).ok())
+                        .collect();
+                for (routine, ddl) in
                     fast::create_sql(self.dialect, &self.table, self.dialect.now_ms(), collation)
                 {
+                    if routine.is_some_and(|r| existing.iter().any(|e| e.eq_ignore_ascii_case(&r)))
+                    {
+                        continue;
+                    }
                     conn.execute(ddl.as_str()).await?;
                 }
             }
@@ -1059,17 +1090,38 @@ impl Sql {
         }
         .await;
         match r {
-            Ok(()) => {
-                self.fast.store(true, Ordering::Relaxed);
-                self.handoffs
-                    .store(self.dialect == Dialect::Postgres, Ordering::Relaxed);
+            Ok(()) => self.enable_routines(true, true),
+            Err(e) => {
+                // Those that exist (made by a user who could) are used.
+                let existing: Vec<String> =
+                    sqlx::query(&fast::existing_sql(self.dialect, &self.table))
+                        .fetch_all(&mut *conn)
+                        .await
+                        .map(|rows| {
+                            rows.iter()
+                                .filter_map(|row| row.try_get::<String, _>(0).ok())
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                let has = |r: String| existing.iter().any(|e| e.eq_ignore_ascii_case(&r));
+                let grant =
+                    self.dialect == Dialect::MySql && has(fast::routine(self.dialect, &self.table));
+                let rings = grant
+                    && has(fast::ring_routine(&self.table))
+                    && has(fast::unring_routine(&self.table));
+                self.enable_routines(grant, rings);
+                tracing::warn!(
+                    store = %self.shown,
+                    error = %e,
+                    "cannot create the routines of table {}; {}",
+                    self.table,
+                    if grant {
+                        "releases wake waiters without reserving the lock for one"
+                    } else {
+                        "every acquire takes the multi-statement path"
+                    }
+                );
             }
-            Err(e) => tracing::warn!(
-                store = %self.shown,
-                error = %e,
-                "cannot create the grant routine {}; every acquire takes the multi-statement path",
-                fast::routine(self.dialect, &self.table)
-            ),
         }
     }
 
@@ -1205,6 +1257,27 @@ impl Sql {
                 answer => answer == fast::RELEASED,
             }
         } else {
+            // A hold with its bell in hand (MySQL): released on the bell's session, which frees
+            // the bell there and, for a non-fair mutex, reserves the lock for the bell's next
+            // holder.
+            let held = match (&self.bells, self.rings.load(Ordering::Relaxed)) {
+                (Some(bells), true) => bells.take_held(owner).map(|b| (bells, b)),
+                _ => None,
+            };
+            if let Some((bells, (bell, reserve))) = held {
+                match bells.unring(bell, name, owner, reserve).await {
+                    Ok((false, _)) => return Ok(Released::NotHeld),
+                    Ok((true, true)) => return Ok(Released::HandedOff),
+                    Ok((true, false)) => {
+                        self.signals.wake(name);
+                        return Ok(Released::Released);
+                    }
+                    // The bell's connection is closed (which frees the bell): the plain release.
+                    Err(e) => {
+                        tracing::debug!(error = %e, "release on the bell's connection failed")
+                    }
+                }
+            }
             let removed = self.release_plain(name, owner).await;
             // After the delete: the waiter the bell wakes finds the lock free.
             if let Some(bells) = &self.bells {
@@ -1736,7 +1809,8 @@ impl Backend for SqlBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             values: true,
-            hands_off: self.inner.handoffs.load(Ordering::Relaxed),
+            hands_off: self.inner.handoffs.load(Ordering::Relaxed)
+                || self.inner.rings.load(Ordering::Relaxed),
             ..Capabilities::lease(match self.inner.dialect {
                 Dialect::Postgres => Wakeups::Native,
                 Dialect::MySql => Wakeups::Polling {
@@ -1766,12 +1840,26 @@ impl Backend for SqlBackend {
                 allowed: true,
             }
         });
-        // A fair mutex waiter on MySQL waits for its name's bell.
+        // A fair mutex waiter on MySQL waits for its name's bell; so does a non-fair one where
+        // the ring routines are, and takes the hold a bell holder's release reserves for it.
+        let fair = req.takes_queue_place();
+        let rings = sql.rings.load(Ordering::Relaxed) && req.waiting && !fair;
         let bell = (sql.bells.is_some()
             && req.kind == LockKind::Mutex
             && req.mode == Mode::Exclusive
-            && req.takes_queue_place())
-        .then(|| BellWait::new(bell_key(&sql.table, req.name.as_str())));
+            && (fair || rings))
+            .then(|| {
+                let take = rings.then(|| Take {
+                    name: req.name.as_str().to_owned(),
+                    owner: req.owner.to_owned(),
+                    lease_ms: ms(req.lease),
+                    client_id: req.meta.client_id.clone(),
+                    host: req.meta.host.clone(),
+                    pid: i64::from(req.meta.pid),
+                    value: req.meta.value.clone(),
+                });
+                BellWait::new(bell_key(&sql.table, req.name.as_str()), take)
+            });
         Box::new(SqlAcquisition {
             store: sql.clone(),
             want: Want::new(req),
@@ -2012,6 +2100,29 @@ impl SqlAcquisition {
         Grant::handed(token, &mut reg.since, &mut reg.registered, self.want.lease)
     }
 
+    /// The hold its ring took (MySQL, a non-fair waiter), as a grant counted from the ring's
+    /// request, if at least half its lease is left; the bell is the hold's from now on.
+    fn rung(&mut self) -> Option<Grant> {
+        let w = self.bell.as_mut()?;
+        let (token, asked) = w.taken.take()?;
+        let left = self.want.lease.checked_sub(asked.elapsed())?;
+        if left < self.want.lease / 2 {
+            return None;
+        }
+        if let Some(bells) = self.store.bells.as_ref() {
+            bells.granted(
+                &self.want.owner,
+                std::mem::replace(&mut w.state, Ringing::Idle),
+                self.want.lease,
+                true,
+            );
+        }
+        Some(Grant {
+            token: Some(token),
+            valid_for: left,
+        })
+    }
+
     /// The listener's lock while it is up.
     fn listener_key(&self) -> Option<(i32, i32)> {
         self.store.listener.as_ref().and_then(|l| l.key())
@@ -2029,7 +2140,10 @@ impl SqlAcquisition {
         loop {
             match &mut w.state {
                 Ringing::Off => return Ok(poll),
-                Ringing::Idle => w.state = Ringing::Asking(bells.ask(w.key.clone())),
+                Ringing::Idle => {
+                    w.asked = Some(Instant::now());
+                    w.state = Ringing::Asking(bells.ask(w.key.clone(), w.take.clone()));
+                }
                 Ringing::Asking(asking) => {
                     // Asked by reference: a wait cut short (an in-process wake-up) keeps the
                     // request and its place in the server's line.
@@ -2038,9 +2152,17 @@ impl SqlAcquisition {
                         _ = tokio::time::sleep_until(until.into()) => return Ok(Watch::Recheck),
                     };
                     return Ok(match rung {
-                        Rung::Bell(b) => {
+                        Rung::Bell(b, ring) => {
                             w.state = Ringing::Held(b);
-                            Watch::Changed
+                            match ring {
+                                Ring::Took(token) => {
+                                    w.taken = w.asked.map(|at| (token, at));
+                                    Watch::Changed
+                                }
+                                // The ring looked: the name's poller, with nothing to attempt.
+                                Ring::Busy => poll,
+                                Ring::Attempt => Watch::Changed,
+                            }
                         }
                         Rung::Timeout => {
                             w.state = Ringing::Idle;
@@ -2080,6 +2202,20 @@ impl SqlAcquisition {
 
 impl Drop for SqlAcquisition {
     fn drop(&mut self) {
+        // Dropped with a hold its ring took and never reported: released and passed on.
+        if let (Some(w), Some(bells)) = (self.bell.as_mut(), self.store.bells.clone()) {
+            if w.taken.take().is_some() {
+                if let (Ringing::Held(b), Ok(rt)) = (
+                    std::mem::replace(&mut w.state, Ringing::Off),
+                    tokio::runtime::Handle::try_current(),
+                ) {
+                    let (name, owner) = (self.want.name.to_string(), self.want.owner.clone());
+                    rt.spawn(async move {
+                        let _ = bells.unring(b, &name, &owner, true).await;
+                    });
+                }
+            }
+        }
         let Some(r) = &self.reg else {
             return;
         };
@@ -2113,6 +2249,12 @@ impl Acquisition for SqlAcquisition {
             self.store.note_granted(&self.want.owner);
             return Ok(Attempt::Granted(g));
         }
+        // Rung with the hold reserved for it: granted without a round trip while enough of its
+        // lease is known to be left (counted from the ring's request); else the attempt below
+        // meets the hold as its own and renews it.
+        if let Some(g) = self.rung() {
+            return Ok(Attempt::Granted(g));
+        }
         self.attempted = true;
         if self.want.waiting {
             self.mark();
@@ -2141,11 +2283,14 @@ impl Acquisition for SqlAcquisition {
         if let (Attempt::Granted(_), Some(w), Some(bells)) =
             (&attempt, self.bell.as_mut(), self.store.bells.as_ref())
         {
-            bells.granted(
-                &self.want.owner,
-                std::mem::replace(&mut w.state, Ringing::Idle),
-                self.want.lease,
-            );
+            w.taken = None;
+            let ringing = match std::mem::replace(&mut w.state, Ringing::Idle) {
+                // A non-fair waiter's ring still asking is withdrawn now (dropped: interrupted
+                // at the server), so that it never takes a reservation for a hold that is over.
+                Ringing::Asking(_) if w.take.is_some() => Ringing::Idle,
+                r => r,
+            };
+            bells.granted(&self.want.owner, ringing, self.want.lease, w.take.is_some());
         }
         if let (Some(r), Some(a)) = (self.reg.as_mut(), args) {
             match &attempt {
@@ -2288,10 +2433,22 @@ impl Acquisition for SqlAcquisition {
             }
         }
         let cancelled = self.store.cancel_place(&self.want.req()).await;
-        // The bell goes once the queue place is gone, so that the waiter it wakes comes next.
+        // The bell goes once the queue place is gone, so that the waiter it wakes comes next; a
+        // hold its ring took is released and passed on with it.
         if let (Some(w), Some(bells)) = (self.bell.as_mut(), self.store.bells.as_ref()) {
-            if let Ringing::Held(b) = std::mem::replace(&mut w.state, Ringing::Off) {
-                bells.free(b).await;
+            let taken = w.taken.take();
+            match std::mem::replace(&mut w.state, Ringing::Off) {
+                Ringing::Held(b) if taken.is_some() => {
+                    let (name, owner) = (self.want.name.as_str(), self.want.owner.as_str());
+                    if let Err(e) = bells.unring(b, name, owner, true).await {
+                        tracing::debug!(error = %e, %name, "could not pass on a lock taken for a waiter that left");
+                    }
+                }
+                Ringing::Held(b) => bells.free(b).await,
+                // Over at the server before the cancel returns: a ring never takes a
+                // reservation for a waiter that left.
+                Ringing::Asking(a) => a.withdraw().await,
+                _ => {}
             }
         }
         cancelled
