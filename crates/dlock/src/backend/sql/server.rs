@@ -1069,13 +1069,7 @@ impl Sql {
             if have < fast::routine_count(self.dialect) {
                 // MySQL: only the missing procedures (a table made by an older dlock has the
                 // grant routine alone; `CREATE PROCEDURE` has no `IF NOT EXISTS` on MySQL 8.0).
-                let existing: Vec<String> =
-                    sqlx::query(&fast::existing_sql(self.dialect, &self.table))
-                        .fetch_all(&mut *conn)
-                        .await?
-                        .iter()
-                        .filter_map(|row| row.try_get::<String, _>(0).ok())
-                        .collect();
+                let existing = self.existing_routines(conn).await?;
                 for (routine, ddl) in
                     fast::create_sql(self.dialect, &self.table, self.dialect.now_ms(), collation)
                 {
@@ -1093,16 +1087,7 @@ impl Sql {
             Ok(()) => self.enable_routines(true, true),
             Err(e) => {
                 // Those that exist (made by a user who could) are used.
-                let existing: Vec<String> =
-                    sqlx::query(&fast::existing_sql(self.dialect, &self.table))
-                        .fetch_all(&mut *conn)
-                        .await
-                        .map(|rows| {
-                            rows.iter()
-                                .filter_map(|row| row.try_get::<String, _>(0).ok())
-                                .collect()
-                        })
-                        .unwrap_or_default();
+                let existing = self.existing_routines(conn).await.unwrap_or_default();
                 let has = |r: String| existing.iter().any(|e| e.eq_ignore_ascii_case(&r));
                 let grant =
                     self.dialect == Dialect::MySql && has(fast::routine(self.dialect, &self.table));
@@ -1123,6 +1108,19 @@ impl Sql {
                 );
             }
         }
+    }
+
+    /// The names of this table's routines that exist.
+    async fn existing_routines(
+        &self,
+        conn: &mut AnyConnection,
+    ) -> std::result::Result<Vec<String>, sqlx::Error> {
+        Ok(sqlx::query(&fast::existing_sql(self.dialect, &self.table))
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .filter_map(|row| row.try_get::<String, _>(0).ok())
+            .collect())
     }
 
     /// Whether the grant routine is called for `req`: exclusive requests that take no queue
