@@ -17,7 +17,11 @@
 //!   the unring routine on the bell's session ([`Bells::unring`]): the hold becomes a
 //!   reservation, the bell is freed, and the ring the server wakes takes the reservation inside
 //!   the server and answers the grant ([`Ring::Took`]). So the lock goes to the first waiter in
-//!   the bell's line, and nobody can take it in between. A request withdrawn while its ring may
+//!   the bell's line, and nobody can take it in between. A non-fair hold granted after a refusal
+//!   but without the bell is released by the same routine on a pooled connection
+//!   ([`Bells::unbelled_release`]), which says whether a session holds the bell: then its client
+//!   wakes none of its own waiters, and the bell's holder, polling, is next. A request withdrawn
+//!   while its ring may
 //!   be taking a hold is interrupted at the server (`KILL QUERY` on its connection) and a hold
 //!   it took is released and passed on.
 //!
@@ -212,6 +216,9 @@ pub(super) struct Bells {
     /// Holds granted while they held or asked for their name's bell, by owner token, with the
     /// end of their first lease and whether their release reserves the lock (non-fair).
     holds: StdMutex<HashMap<String, (Ringing, Instant, bool)>>,
+    /// Non-fair holds granted without the bell after a refusal (a waiter of the bell's line
+    /// may be polling with it), by owner token, with the end of their first lease.
+    unbelled: StdMutex<HashMap<String, Instant>>,
 }
 
 /// The idle bell connections, with when each was put back, and whether the task that closes
@@ -242,6 +249,7 @@ impl Bells {
             idle: StdMutex::new(Idle::default()),
             idle_for: StdMutex::new(IDLE_FOR),
             holds: StdMutex::new(HashMap::new()),
+            unbelled: StdMutex::new(HashMap::new()),
         })
     }
 
@@ -346,6 +354,42 @@ impl Bells {
             self.put_back(bell.line);
         }
         r
+    }
+
+    /// A non-fair hold of `owner` was granted without its name's bell after a refusal: its
+    /// release looks whether the bell's line has a head ([`Bells::unbelled_release`]).
+    pub(super) fn granted_unbelled(&self, owner: &str, lease: Duration) {
+        let now = Instant::now();
+        let mut unbelled = lock(&self.unbelled);
+        if unbelled.len() >= 1024 {
+            unbelled.retain(|_, until| *until > now);
+        }
+        unbelled.insert(owner.to_owned(), now + lease);
+    }
+
+    /// Whether `owner`'s hold was granted without its bell after a refusal (forgotten here).
+    pub(super) fn take_unbelled(&self, owner: &str) -> bool {
+        lock(&self.unbelled).remove(owner).is_some()
+    }
+
+    /// The release of such a hold, in the unring routine on a pooled connection:
+    /// `(released, rung)`, `rung` when a session holds the bell `key` (the head of its line,
+    /// which takes the lock at its next look, so this client's own waiters are not woken to
+    /// take it back first).
+    pub(super) async fn unbelled_release(
+        &self,
+        key: &str,
+        name: &str,
+        owner: &str,
+    ) -> std::result::Result<(bool, bool), sqlx::Error> {
+        let row = sqlx::query(&self.unring_call)
+            .bind(key)
+            .bind(name)
+            .bind(owner)
+            .bind(false)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((row.try_get::<i64, _>(0)? > 0, row.try_get::<i64, _>(2)? > 0))
     }
 
     /// Frees `bell` (the next waiter that asked for it gets it) and keeps its connection.

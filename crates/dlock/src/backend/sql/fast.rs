@@ -216,7 +216,8 @@ pub(super) fn ring_call_sql(t: &str) -> String {
 /// into the reservation for the bell's next holder instead (the same row with an empty owner,
 /// `state` 3, its fence and a lease of [`RESERVE_MS`]; one autocommitted statement), then frees
 /// the bell. When nobody was waiting for the bell, the reservation goes again at once
-/// (`reserved` 0).
+/// (`reserved` 0). `rung`: a session holds the bell after the release (called by a holder
+/// without the bell: a waiter that got it polls, and takes the lock at its next look).
 pub(super) fn unring_call_sql(t: &str) -> String {
     format!("CALL {}(?, ?, ?, ?)", unring_routine(t))
 }
@@ -783,7 +784,8 @@ fn mysql_unring(t: &str, now: &str, collation: &str) -> String {
                     SET v_reserved = 0;
                 END IF;
             END IF;
-            SELECT CAST(v_gone AS SIGNED) AS released, CAST(v_reserved AS SIGNED) AS reserved;
+            SELECT CAST(v_gone AS SIGNED) AS released, CAST(v_reserved AS SIGNED) AS reserved,
+                   CAST(IS_USED_LOCK(p_bell) IS NOT NULL AS SIGNED) AS rung;
         END"
     )
 }

@@ -1276,6 +1276,24 @@ impl Sql {
                     }
                 }
             }
+            // Granted without the bell while another waiter may poll with it: that waiter is
+            // next, not this client's own waiters.
+            let unbelled = match (&self.bells, self.rings.load(Ordering::Relaxed)) {
+                (Some(bells), true) if bells.take_unbelled(owner) => Some(bells),
+                _ => None,
+            };
+            if let Some(bells) = unbelled {
+                let key = bell_key(&self.table, name);
+                match bells.unbelled_release(&key, name, owner).await {
+                    Ok((false, _)) => return Ok(Released::NotHeld),
+                    Ok((true, true)) => return Ok(Released::HandedOff),
+                    Ok((true, false)) => {
+                        self.signals.wake(name);
+                        return Ok(Released::Released);
+                    }
+                    Err(e) => tracing::debug!(error = %e, "release in the unring routine failed"),
+                }
+            }
             let removed = self.release_plain(name, owner).await;
             // After the delete: the waiter the bell wakes finds the lock free.
             if let Some(bells) = &self.bells {
@@ -2288,6 +2306,9 @@ impl Acquisition for SqlAcquisition {
                 Ringing::Asking(_) if w.take.is_some() => Ringing::Idle,
                 r => r,
             };
+            if w.take.is_some() && self.placed && !matches!(ringing, Ringing::Held(_)) {
+                bells.granted_unbelled(&self.want.owner, self.want.lease);
+            }
             bells.granted(&self.want.owner, ringing, self.want.lease, w.take.is_some());
         }
         if let (Some(r), Some(a)) = (self.reg.as_mut(), args) {

@@ -2181,6 +2181,47 @@ async fn mysql_a_reservation_for_nobody_goes_at_once() {
     assert!(b.list(&n).await.unwrap().is_empty());
 }
 
+/// MySQL: a non-fair hold granted after a refusal but without the bell (another client's waiter
+/// had it and polled) is released without waking its own client's waiters: the release answers
+/// `HandedOff` while a session holds the bell, and the bell's holder is granted next.
+#[cfg(feature = "mysql")]
+async fn mysql_a_holder_without_the_bell_leaves_the_lock_to_the_bells_holder() {
+    let d = Dialect::MySql;
+    let a = open_isolated(d, "dlt_ring").await;
+    let b = open_isolated(d, "dlt_ring").await;
+    let n = name(&uniq("unbelled"));
+    let (ma, mb) = (meta("a"), meta("b"));
+    let waiting = |owner, m| Request {
+        waiting: true,
+        ..rq(&n, owner, m)
+    };
+    let h = rq(&n, "h", &ma);
+    let (wa, wb) = (waiting("wa", &ma), waiting("wb", &mb));
+    token(a.acquire(&h).await.unwrap());
+    // b's waiter takes the bell (nobody has it) and polls behind h; a's waiter asks for the
+    // bell behind it.
+    let bz = busy(b.acquire(&wb).await.unwrap());
+    b.wait(&wb, &bz, Instant::now() + Duration::from_millis(200))
+        .await
+        .unwrap();
+    let az = busy(a.acquire(&wa).await.unwrap());
+    a.wait(&wa, &az, Instant::now() + Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::Released);
+    // a's waiter is granted first (as a's own next waiter would be, woken in its process),
+    // without the bell.
+    token(a.acquire(&wa).await.unwrap());
+    assert_eq!(
+        a.release(&hr(&wa)).await.unwrap(),
+        Released::HandedOff,
+        "b's waiter holds the bell: a's release must not wake a's own waiters"
+    );
+    let granted = wait_until_granted(&b, &wb, Duration::from_secs(5)).await;
+    assert!(granted > 0);
+    b.release(&hr(&wb)).await.unwrap();
+}
+
 #[test]
 fn bell_keys_fit_the_servers_limit() {
     assert_eq!(bell_key("dlock_locks", "jobs/1"), "dlock_locks!jobs/1");
@@ -2909,5 +2950,10 @@ mod mysql {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_reservation_for_nobody_goes_at_once() {
         super::mysql_a_reservation_for_nobody_goes_at_once().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_holder_without_the_bell_leaves_the_lock_to_the_bells_holder() {
+        super::mysql_a_holder_without_the_bell_leaves_the_lock_to_the_bells_holder().await
     }
 }
