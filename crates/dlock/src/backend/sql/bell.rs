@@ -17,13 +17,12 @@
 //!   the unring routine on the bell's session ([`Bells::unring`]): the hold becomes a
 //!   reservation, the bell is freed, and the ring the server wakes takes the reservation inside
 //!   the server and answers the grant ([`Ring::Took`]). So the lock goes to the first waiter in
-//!   the bell's line, and nobody can take it in between. A non-fair hold granted after a refusal
-//!   but without the bell is released by the same routine on a pooled connection
-//!   ([`Bells::unbelled_release`]), which says whether a session holds the bell: then its client
-//!   wakes none of its own waiters, and the bell's holder, polling, is next. A request withdrawn
-//!   while its ring may
-//!   be taking a hold is interrupted at the server (`KILL QUERY` on its connection) and a hold
-//!   it took is released and passed on.
+//!   the bell's line, and nobody can take it in between.
+//! - A non-fair hold granted after a refusal but without the bell is released by the same
+//!   routine on a pooled connection, which says whether a session holds the bell: then its
+//!   client wakes none of its own waiters, and the bell's holder, polling, is next.
+//! - A ring withdrawn while it may be taking a hold is interrupted at the server (`KILL QUERY`
+//!   on its connection), and a hold it took is released and passed on.
 //!
 //! - A waiter that gets the bell and is still refused at the front of the queue (the lock is held
 //!   by a holder without the bell, one granted before anybody waited) keeps it and polls: it is
@@ -138,7 +137,8 @@ pub(super) enum Rung {
 /// A request for a bell in progress, and its task; dropping it withdraws the request.
 pub(super) struct Asking(oneshot::Receiver<Rung>, tokio::task::JoinHandle<()>);
 
-/// Where a waiting fair mutex acquisition is with its name's bell.
+/// Where a waiting mutex acquisition is with its name's bell (and, kept with a hold, where the
+/// hold is with it).
 pub(super) enum Ringing {
     /// Not asked for yet (or asked for again next).
     Idle,
@@ -213,12 +213,11 @@ pub(super) struct Bells {
     idle: StdMutex<Idle>,
     /// How long an idle connection is kept ([`IDLE_FOR`]; tests shorten it).
     idle_for: StdMutex<Duration>,
-    /// Holds granted while they held or asked for their name's bell, by owner token, with the
-    /// end of their first lease and whether their release reserves the lock (non-fair).
+    /// Holds granted while they held or asked for their name's bell, and non-fair holds granted
+    /// without it after a refusal ([`Ringing::Off`]: a waiter of the bell's line may be polling
+    /// with it), by owner token, with the end of their first lease and whether their release
+    /// reserves the lock (non-fair).
     holds: StdMutex<HashMap<String, (Ringing, Instant, bool)>>,
-    /// Non-fair holds granted without the bell after a refusal (a waiter of the bell's line
-    /// may be polling with it), by owner token, with the end of their first lease.
-    unbelled: StdMutex<HashMap<String, Instant>>,
 }
 
 /// The idle bell connections, with when each was put back, and whether the task that closes
@@ -249,7 +248,6 @@ impl Bells {
             idle: StdMutex::new(Idle::default()),
             idle_for: StdMutex::new(IDLE_FOR),
             holds: StdMutex::new(HashMap::new()),
-            unbelled: StdMutex::new(HashMap::new()),
         })
     }
 
@@ -315,81 +313,78 @@ impl Bells {
         Asking(rx, task)
     }
 
-    /// Takes `owner`'s hold's bell, when its session holds it, for the release to run there
-    /// (see [`Bells::unring`]); with whether the release reserves the lock.
-    pub(super) fn take_held(&self, owner: &str) -> Option<(Bell, bool)> {
+    /// What `owner`'s release needs of its hold's bell, taken from the holds kept here: the bell
+    /// when its session holds it (`Some`), or `None` for a non-fair hold granted without it; with
+    /// whether the release reserves the lock. `None` for any other hold.
+    pub(super) fn take_for_release(&self, owner: &str) -> Option<(Option<Bell>, bool)> {
         let mut holds = lock(&self.holds);
-        if !matches!(holds.get(owner), Some((Ringing::Held(_), _, _))) {
-            return None;
+        match holds.get(owner) {
+            Some((Ringing::Held(_), _, _)) | Some((Ringing::Off, _, true)) => {}
+            _ => return None,
         }
         match holds.remove(owner) {
-            Some((Ringing::Held(b), _, reserve)) => Some((b, reserve)),
-            _ => None,
+            Some((Ringing::Held(b), _, reserve)) => Some((Some(b), reserve)),
+            Some((_, _, reserve)) => Some((None, reserve)),
+            None => None,
         }
     }
 
-    /// `owner`'s release of `name` in the unring routine, on the session that holds its bell:
-    /// `(released, reserved)`. The bell is freed there; on success its connection is kept,
+    /// `owner`'s release of `name` in the unring routine on the session that holds its bell:
+    /// `(released, handed)`. The bell is freed there; on success its connection is kept,
     /// otherwise it is closed (which frees the bell too).
     pub(super) async fn unring(
         self: &Arc<Self>,
-        mut bell: Bell,
+        bell: Bell,
         name: &str,
         owner: &str,
         reserve: bool,
     ) -> std::result::Result<(bool, bool), sqlx::Error> {
+        let Bell { mut line, key } = bell;
         let r = tokio::time::timeout(
             super::OP_TIMEOUT,
-            sqlx::query(&self.unring_call)
-                .bind(bell.key.as_str())
-                .bind(name)
-                .bind(owner)
-                .bind(reserve)
-                .fetch_one(bell.line.conn()),
+            self.unring_on(line.conn(), &key, name, owner, reserve),
         )
         .await
-        .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut))
-        .and_then(|row| Ok((row.try_get::<i64, _>(0)? > 0, row.try_get::<i64, _>(1)? > 0)));
+        .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut));
         if r.is_ok() {
-            self.put_back(bell.line);
+            self.put_back(line);
         }
         r
     }
 
-    /// A non-fair hold of `owner` was granted without its name's bell after a refusal: its
-    /// release looks whether the bell's line has a head ([`Bells::unbelled_release`]).
-    pub(super) fn granted_unbelled(&self, owner: &str, lease: Duration) {
-        let now = Instant::now();
-        let mut unbelled = lock(&self.unbelled);
-        if unbelled.len() >= 1024 {
-            unbelled.retain(|_, until| *until > now);
-        }
-        unbelled.insert(owner.to_owned(), now + lease);
-    }
-
-    /// Whether `owner`'s hold was granted without its bell after a refusal (forgotten here).
-    pub(super) fn take_unbelled(&self, owner: &str) -> bool {
-        lock(&self.unbelled).remove(owner).is_some()
-    }
-
-    /// The release of such a hold, in the unring routine on a pooled connection:
-    /// `(released, rung)`, `rung` when a session holds the bell `key` (the head of its line,
-    /// which takes the lock at its next look, so this client's own waiters are not woken to
-    /// take it back first).
+    /// The release of a non-fair hold granted without its bell `key`, in the unring routine on a
+    /// pooled connection: `(released, handed)`, `handed` when a session holds the bell (the head
+    /// of its line, which takes the lock at its next look, so this client's own waiters are not
+    /// woken to take it back first).
     pub(super) async fn unbelled_release(
         &self,
         key: &str,
         name: &str,
         owner: &str,
     ) -> std::result::Result<(bool, bool), sqlx::Error> {
+        self.unring_on(&self.pool, key, name, owner, false).await
+    }
+
+    /// The unring routine's call on `on`: `(released, handed)`.
+    async fn unring_on<'e, E>(
+        &self,
+        on: E,
+        key: &str,
+        name: &str,
+        owner: &str,
+        reserve: bool,
+    ) -> std::result::Result<(bool, bool), sqlx::Error>
+    where
+        E: sqlx::Executor<'e, Database = sqlx::Any>,
+    {
         let row = sqlx::query(&self.unring_call)
             .bind(key)
             .bind(name)
             .bind(owner)
-            .bind(false)
-            .fetch_one(&self.pool)
+            .bind(reserve)
+            .fetch_one(on)
             .await?;
-        Ok((row.try_get::<i64, _>(0)? > 0, row.try_get::<i64, _>(2)? > 0))
+        Ok((row.try_get::<i64, _>(0)? > 0, row.try_get::<i64, _>(1)? > 0))
     }
 
     /// Frees `bell` (the next waiter that asked for it gets it) and keeps its connection.
@@ -418,7 +413,8 @@ impl Bells {
         lease: Duration,
         reserve: bool,
     ) {
-        if !matches!(ringing, Ringing::Held(_) | Ringing::Asking(_)) {
+        let unbelled = reserve && matches!(ringing, Ringing::Off);
+        if !(unbelled || matches!(ringing, Ringing::Held(_) | Ringing::Asking(_))) {
             return;
         }
         let now = Instant::now();

@@ -140,48 +140,63 @@ pub(super) const RELEASED: i64 = 1;
 /// Released and handed to a registered waiter.
 pub(super) const HANDED_OFF: i64 = 2;
 
-/// The statement that says whether the routines exist (one row, one BIGINT: how many of them).
-pub(super) fn exists_sql(d: Dialect, t: &str) -> String {
-    let r = routine(d, t);
+/// The routines of table `t` that the backend needs (their names).
+fn routine_names(d: Dialect, t: &str) -> Vec<String> {
+    match d {
+        Dialect::Postgres => vec![routine(d, t), release_routine(t)],
+        Dialect::MySql => vec![routine(d, t), ring_routine(t), unring_routine(t)],
+    }
+}
+
+/// `SELECT {what}` over those of [`routine_names`] that exist.
+fn routines_select(d: Dialect, t: &str, what: &str) -> String {
+    let names = routine_names(d, t)
+        .iter()
+        .map(|r| format!("'{r}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
     match d {
         Dialect::Postgres => format!(
-            "SELECT CAST(count(*) AS BIGINT) FROM pg_proc p \
+            "SELECT {what} FROM pg_proc p \
              JOIN pg_namespace n ON n.oid = p.pronamespace \
              WHERE n.nspname = current_schema() AND \
-             p.prokind = 'f' AND p.proname IN ('{r}', '{rel}')",
-            rel = release_routine(t)
+             p.prokind = 'f' AND p.proname IN ({names})"
         ),
         Dialect::MySql => format!(
-            "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.ROUTINES \
-             WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME IN ('{r}', '{ring}', '{unring}') \
-             AND ROUTINE_TYPE = 'PROCEDURE'",
-            ring = ring_routine(t),
-            unring = unring_routine(t)
+            "SELECT {what} FROM information_schema.ROUTINES \
+             WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME IN ({names}) \
+             AND ROUTINE_TYPE = 'PROCEDURE'"
         ),
     }
 }
 
-/// The statement that lists which of the routines exist (one row each: its name).
-pub(super) fn existing_sql(d: Dialect, t: &str) -> String {
-    exists_sql(d, t).replacen(
+/// The statement that says whether the routines exist (one row, one BIGINT: how many of them).
+pub(super) fn exists_sql(d: Dialect, t: &str) -> String {
+    routines_select(
+        d,
+        t,
         match d {
             Dialect::Postgres => "CAST(count(*) AS BIGINT)",
             Dialect::MySql => "CAST(COUNT(*) AS SIGNED)",
         },
+    )
+}
+
+/// The statement that lists which of the routines exist (one row each: its name).
+pub(super) fn existing_sql(d: Dialect, t: &str) -> String {
+    routines_select(
+        d,
+        t,
         match d {
             Dialect::Postgres => "CAST(p.proname AS TEXT)",
             Dialect::MySql => "ROUTINE_NAME",
         },
-        1,
     )
 }
 
 /// How many routines [`exists_sql`] counts when all are there.
 pub(super) fn routine_count(d: Dialect) -> i64 {
-    match d {
-        Dialect::Postgres => 2,
-        Dialect::MySql => 3,
-    }
+    routine_names(d, "").len() as i64
 }
 
 /// The call. PostgreSQL binds `name, owner, kind, permits, mode, lease_ms, client_id, host,
@@ -210,14 +225,15 @@ pub(super) fn ring_call_sql(t: &str) -> String {
     format!("CALL {}(?, ?, ?, ?, ?, ?, ?, ?, ?)", ring_routine(t))
 }
 
-/// The bell holder's release (MySQL/MariaDB): binds `bell, name, owner, reserve` and answers
-/// one row `(released, reserved)`. It deletes the owner's hold; with `reserve` (a non-fair
-/// mutex), when this session holds the bell and nobody queues for the name, it turns the hold
-/// into the reservation for the bell's next holder instead (the same row with an empty owner,
-/// `state` 3, its fence and a lease of [`RESERVE_MS`]; one autocommitted statement), then frees
-/// the bell. When nobody was waiting for the bell, the reservation goes again at once
-/// (`reserved` 0). `rung`: a session holds the bell after the release (called by a holder
-/// without the bell: a waiter that got it polls, and takes the lock at its next look).
+/// The release of a hold whose name has a bell (MySQL/MariaDB): binds `bell, name, owner,
+/// reserve` and answers one row `(released, handed)`. It deletes the owner's hold; with
+/// `reserve` (a non-fair mutex), when this session holds the bell and nobody queues for the
+/// name, it turns the hold into the reservation for the bell's next holder instead (the same row
+/// with an empty owner, `state` 3, its fence and a lease of [`RESERVE_MS`]; one autocommitted
+/// statement). Then it frees the bell, if this session holds it. `handed`: for the bell's holder,
+/// the reservation stands (somebody asked for the bell and takes it; a reservation nobody asked
+/// for goes again at once); for a session without the bell, another session holds it (a waiter
+/// that polls with it and takes the lock at its next look).
 pub(super) fn unring_call_sql(t: &str) -> String {
     format!("CALL {}(?, ?, ?, ?)", unring_routine(t))
 }
@@ -242,7 +258,7 @@ pub fn drop_sql(d: Dialect, t: &str) -> Vec<String> {
             rel = release_routine(t),
             w = waiters(t)
         )],
-        Dialect::MySql => [routine(d, t), ring_routine(t), unring_routine(t)]
+        Dialect::MySql => routine_names(d, t)
             .iter()
             .map(|r| format!("DROP PROCEDURE IF EXISTS {r}"))
             .collect(),
@@ -726,6 +742,14 @@ fn mysql_ring(t: &str, now: &str, collation: &str) -> String {
 fn mysql_unring(t: &str, now: &str, collation: &str) -> String {
     let r = unring_routine(t);
     let c = collation;
+    // The hold becomes the reservation for whoever the bell wakes (it keeps its fence; the
+    // taker takes the next).
+    let reserve = format!(
+        "UPDATE {t} SET owner = '', state = 3, expires_at_ms = v_now + {RESERVE_MS},
+                       acquired_at_ms = v_now, client_id = '', host = '', pid = 0, value = NULL
+            WHERE name = p_name COLLATE {c} AND owner = p_owner COLLATE {c}
+              AND state = 0 AND expires_at_ms > v_now;"
+    );
     format!(
         "CREATE PROCEDURE {r}(
             IN p_bell VARCHAR(64) CHARACTER SET utf8mb4,
@@ -736,30 +760,23 @@ fn mysql_unring(t: &str, now: &str, collation: &str) -> String {
         BEGIN
             DECLARE v_now BIGINT DEFAULT NULL;
             DECLARE v_gone, v_reserved, v_dup BIGINT DEFAULT 0;
+            DECLARE v_mine BOOLEAN DEFAULT FALSE;
             -- A reservation nobody took that outlived its lease is in the way of a new one.
             DECLARE CONTINUE HANDLER FOR 1062 SET v_dup = 1;
             SET v_now = {now};
-            IF p_reserve AND IS_USED_LOCK(p_bell) <=> CONNECTION_ID()
+            SET v_mine = IS_USED_LOCK(p_bell) <=> CONNECTION_ID();
+            IF p_reserve AND v_mine
                AND NOT EXISTS (SELECT 1 FROM {t}_queue WHERE name = p_name COLLATE {c}) THEN
-                -- The hold becomes the reservation for whoever the bell wakes (it keeps its
-                -- fence; the taker takes the next): nobody else can be granted it, so the
-                -- releasing client's next waiter cannot take it back first.
-                UPDATE {t} SET owner = '', state = 3, expires_at_ms = v_now + {RESERVE_MS},
-                               acquired_at_ms = v_now, client_id = '', host = '', pid = 0,
-                               value = NULL
-                    WHERE name = p_name COLLATE {c} AND owner = p_owner COLLATE {c}
-                      AND state = 0 AND expires_at_ms > v_now;
+                -- Nobody else can be granted a reserved name, so the releasing client's next
+                -- waiter cannot take it back first.
+                {reserve}
                 SET v_reserved = ROW_COUNT();
                 IF v_dup = 1 THEN
                     DELETE FROM {t}
                         WHERE name = p_name COLLATE {c} AND owner = '' AND state = 3
                           AND expires_at_ms <= v_now;
                     SET v_dup = 0;
-                    UPDATE {t} SET owner = '', state = 3, expires_at_ms = v_now + {RESERVE_MS},
-                                   acquired_at_ms = v_now, client_id = '', host = '', pid = 0,
-                                   value = NULL
-                        WHERE name = p_name COLLATE {c} AND owner = p_owner COLLATE {c}
-                          AND state = 0 AND expires_at_ms > v_now;
+                    {reserve}
                     SET v_reserved = IF(v_dup = 1, 0, ROW_COUNT());
                 END IF;
             END IF;
@@ -773,7 +790,9 @@ fn mysql_unring(t: &str, now: &str, collation: &str) -> String {
             END IF;
             -- After the commit (each statement commits on its own): whoever the bell wakes sees
             -- the reservation.
-            DO RELEASE_LOCK(p_bell);
+            IF v_mine THEN
+                DO RELEASE_LOCK(p_bell);
+            END IF;
             IF v_reserved = 1 AND IS_USED_LOCK(p_bell) IS NULL THEN
                 -- Nobody asked for the bell: the reservation goes (unless taken meanwhile by
                 -- one who asked just now).
@@ -784,8 +803,9 @@ fn mysql_unring(t: &str, now: &str, collation: &str) -> String {
                     SET v_reserved = 0;
                 END IF;
             END IF;
-            SELECT CAST(v_gone AS SIGNED) AS released, CAST(v_reserved AS SIGNED) AS reserved,
-                   CAST(IS_USED_LOCK(p_bell) IS NOT NULL AS SIGNED) AS rung;
+            SELECT CAST(v_gone AS SIGNED) AS released,
+                   CAST(IF(v_mine, v_reserved, IS_USED_LOCK(p_bell) IS NOT NULL) AS SIGNED)
+                       AS handed;
         END"
     )
 }

@@ -1255,15 +1255,24 @@ impl Sql {
                 answer => answer == fast::RELEASED,
             }
         } else {
-            // A hold with its bell in hand (MySQL): released on the bell's session, which frees
-            // the bell there and, for a non-fair mutex, reserves the lock for the bell's next
-            // holder.
-            let held = match (&self.bells, self.rings.load(Ordering::Relaxed)) {
-                (Some(bells), true) => bells.take_held(owner).map(|b| (bells, b)),
+            // A hold with its bell in hand (MySQL) is released on the bell's session, which
+            // frees the bell there and, for a non-fair mutex, reserves the lock for the bell's
+            // next holder. A non-fair hold granted without the bell after a refusal is released
+            // by the same routine on a pooled connection: when a waiter holds the bell (and
+            // polls), that waiter is next, not this client's own.
+            let kept = match (&self.bells, self.rings.load(Ordering::Relaxed)) {
+                (Some(bells), true) => bells.take_for_release(owner).map(|k| (bells, k)),
                 _ => None,
             };
-            if let Some((bells, (bell, reserve))) = held {
-                match bells.unring(bell, name, owner, reserve).await {
+            if let Some((bells, (bell, reserve))) = kept {
+                let r = match bell {
+                    Some(bell) => bells.unring(bell, name, owner, reserve).await,
+                    None => {
+                        let key = bell_key(&self.table, name);
+                        bells.unbelled_release(&key, name, owner).await
+                    }
+                };
+                match r {
                     Ok((false, _)) => return Ok(Released::NotHeld),
                     Ok((true, true)) => return Ok(Released::HandedOff),
                     Ok((true, false)) => {
@@ -1271,26 +1280,6 @@ impl Sql {
                         return Ok(Released::Released);
                     }
                     // The bell's connection is closed (which frees the bell): the plain release.
-                    Err(e) => {
-                        tracing::debug!(error = %e, "release on the bell's connection failed")
-                    }
-                }
-            }
-            // Granted without the bell while another waiter may poll with it: that waiter is
-            // next, not this client's own waiters.
-            let unbelled = match (&self.bells, self.rings.load(Ordering::Relaxed)) {
-                (Some(bells), true) if bells.take_unbelled(owner) => Some(bells),
-                _ => None,
-            };
-            if let Some(bells) = unbelled {
-                let key = bell_key(&self.table, name);
-                match bells.unbelled_release(&key, name, owner).await {
-                    Ok((false, _)) => return Ok(Released::NotHeld),
-                    Ok((true, true)) => return Ok(Released::HandedOff),
-                    Ok((true, false)) => {
-                        self.signals.wake(name);
-                        return Ok(Released::Released);
-                    }
                     Err(e) => tracing::debug!(error = %e, "release in the unring routine failed"),
                 }
             }
@@ -2301,14 +2290,14 @@ impl Acquisition for SqlAcquisition {
         {
             w.taken = None;
             let ringing = match std::mem::replace(&mut w.state, Ringing::Idle) {
+                Ringing::Held(b) => Ringing::Held(b),
                 // A non-fair waiter's ring still asking is withdrawn now (dropped: interrupted
-                // at the server), so that it never takes a reservation for a hold that is over.
-                Ringing::Asking(_) if w.take.is_some() => Ringing::Idle,
-                r => r,
+                // at the server), so that it never takes a reservation for a hold that is over;
+                // refused before, its hold is kept as one without the bell.
+                _ if w.take.is_some() && self.placed => Ringing::Off,
+                Ringing::Asking(a) if w.take.is_none() => Ringing::Asking(a),
+                _ => Ringing::Idle,
             };
-            if w.take.is_some() && self.placed && !matches!(ringing, Ringing::Held(_)) {
-                bells.granted_unbelled(&self.want.owner, self.want.lease);
-            }
             bells.granted(&self.want.owner, ringing, self.want.lease, w.take.is_some());
         }
         if let (Some(r), Some(a)) = (self.reg.as_mut(), args) {
