@@ -43,6 +43,7 @@
 //!   while there are idle ones: a client whose waits are over keeps no connections for them.
 
 use super::server::fnv1a64;
+use futures_util::TryStreamExt;
 use sqlx::any::AnyConnectOptions;
 use sqlx::{AnyConnection, Connection, Row};
 use std::collections::HashMap;
@@ -61,6 +62,10 @@ const IDLE_FOR: Duration = Duration::from_secs(60);
 const PASS_PAUSE_MIN: Duration = Duration::from_millis(2);
 /// The longest such pause.
 pub(super) const PASS_PAUSE_MAX: Duration = Duration::from_millis(64);
+/// How long after a refusal a name's waiters attempt in the ring routine.
+const BUSY_FOR: Duration = Duration::from_secs(1);
+/// The size of the busy names' map below which it is not purged.
+const BUSY_PURGE_MIN: usize = 64;
 
 /// The `GET_LOCK` string of `name`'s bell: `<table>!<name>` when that is at most 64 characters
 /// (the server's limit), else `<table>!#` and the 16 hex digits of [`fnv1a64`]. It never equals
@@ -111,6 +116,24 @@ pub(super) struct Take {
     pub(super) host: String,
     pub(super) pid: i64,
     pub(super) value: Option<String>,
+    /// The grant routine's `kind`, `permits` and `mode` of the request, for a ring that attempts
+    /// first.
+    pub(super) kind: &'static str,
+    pub(super) permits: i64,
+    pub(super) mode: &'static str,
+}
+
+/// The answer of the attempt a ring made first ([`Bells::try_ring`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Tried {
+    /// Granted, with its fencing token; the call ended there, without the bell.
+    Granted(u64),
+    /// Refused: the shortest live lease in the way ends in this many ms; the call goes on to
+    /// the bell.
+    Busy(i64),
+    /// The grant routine's "full path" answer (the call ended), or no answer (no connection, an
+    /// error): the waiter attempts the usual way.
+    Other,
 }
 
 /// What the ring routine found when it got the bell.
@@ -218,6 +241,15 @@ pub(super) struct Bells {
     /// with it), by owner token, with the end of their first lease and whether their release
     /// reserves the lock (non-fair).
     holds: StdMutex<HashMap<String, (Ringing, Instant, bool)>>,
+    /// Names seen busy lately ([`Bells::busy_lately`]).
+    busy: StdMutex<Busy>,
+}
+
+/// The bell keys of names whose waiters this client saw refused, with when; purged of those
+/// older than [`BUSY_FOR`] when it reaches `purge_at` entries.
+struct Busy {
+    names: HashMap<String, Instant>,
+    purge_at: usize,
 }
 
 /// The idle bell connections, with when each was put back, and whether the task that closes
@@ -248,6 +280,10 @@ impl Bells {
             idle: StdMutex::new(Idle::default()),
             idle_for: StdMutex::new(IDLE_FOR),
             holds: StdMutex::new(HashMap::new()),
+            busy: StdMutex::new(Busy {
+                names: HashMap::new(),
+                purge_at: BUSY_PURGE_MIN,
+            }),
         })
     }
 
@@ -309,8 +345,47 @@ impl Bells {
     /// reserved for the bell's next holder.
     pub(super) fn ask(self: &Arc<Self>, key: String, take: Option<Arc<Take>>) -> Asking {
         let (tx, rx) = oneshot::channel();
-        let task = tokio::spawn(ask(self.clone(), key, take, tx));
+        let task = tokio::spawn(ask(self.clone(), key, take, None, tx));
         Asking(rx, task)
+    }
+
+    /// Attempts for `take` in the ring routine, which goes on to ask for the bell `key` when
+    /// refused: the attempt's answer, and the request for the bell (over unless the answer is
+    /// [`Tried::Busy`]). Dropping both withdraws the request, and releases a hold granted
+    /// meanwhile.
+    pub(super) fn try_ring(
+        self: &Arc<Self>,
+        key: String,
+        take: Arc<Take>,
+    ) -> (oneshot::Receiver<Tried>, Asking) {
+        let (first_tx, first) = oneshot::channel();
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(ask(self.clone(), key, Some(take), Some(first_tx), tx));
+        (first, Asking(rx, task))
+    }
+
+    /// Whether this client saw a waiter of the bell `key`'s name refused within [`BUSY_FOR`]:
+    /// then its next waiters attempt in the ring routine ([`Bells::try_ring`]).
+    pub(super) fn busy_lately(&self, key: &str) -> bool {
+        lock(&self.busy)
+            .names
+            .get(key)
+            .is_some_and(|at| at.elapsed() < BUSY_FOR)
+    }
+
+    /// A waiter of the bell `key`'s name was refused just now.
+    pub(super) fn saw_busy(&self, key: &str) {
+        let mut busy = lock(&self.busy);
+        let now = Instant::now();
+        if let Some(at) = busy.names.get_mut(key) {
+            *at = now;
+            return;
+        }
+        if busy.names.len() >= busy.purge_at {
+            busy.names.retain(|_, at| at.elapsed() < BUSY_FOR);
+            busy.purge_at = (busy.names.len() * 2).max(BUSY_PURGE_MIN);
+        }
+        busy.names.insert(key.to_owned(), now);
     }
 
     /// What `owner`'s release needs of its hold's bell, taken from the holds kept here: the bell
@@ -523,17 +598,22 @@ async fn close_idle(bells: std::sync::Weak<Bells>) {
     }
 }
 
-/// Asks the server for the bell `key` on a bell connection (with `take`: in the ring routine)
-/// and sends what came of it. When nobody waits for the answer any more, a plain request is
-/// given up by closing the connection (which withdraws it); a ring is interrupted at the server
-/// first (`KILL QUERY`), and a hold it took meanwhile is released and passed on.
+/// Asks the server for the bell `key` on a bell connection (with `take`: in the ring routine;
+/// with `first` too, attempting first and sending the attempt's answer there) and sends what
+/// came of it. When nobody waits for the answer any more, a plain request is given up by closing
+/// the connection (which withdraws it); a ring is interrupted at the server first (`KILL
+/// QUERY`), and a hold it took meanwhile is released and passed on.
 async fn ask(
     bells: Arc<Bells>,
     key: String,
     take: Option<Arc<Take>>,
+    mut first: Option<oneshot::Sender<Tried>>,
     mut tx: oneshot::Sender<Rung>,
 ) {
     let Some((mut line, mut reused)) = bells.line().await else {
+        if let Some(f) = first {
+            let _ = f.send(Tried::Other);
+        }
         let _ = tx.send(Rung::Failed);
         return;
     };
@@ -547,37 +627,48 @@ async fn ask(
     let answer = loop {
         let id = line.id;
         let asked = async {
-            let row = match &take {
-                Some(t) => {
-                    sqlx::query(&bells.ring_call)
-                        .bind(key.as_str())
-                        .bind(secs)
-                        .bind(t.name.as_str())
-                        .bind(t.owner.as_str())
-                        .bind(t.lease_ms)
-                        .bind(t.client_id.as_str())
-                        .bind(t.host.as_str())
-                        .bind(t.pid)
-                        .bind(t.value.as_deref())
-                        .fetch_one(line.conn())
-                        .await?
-                }
-                None => {
-                    sqlx::query(
-                        "SELECT CAST(COALESCE(GET_LOCK(?, ?), -1) AS SIGNED), \
-                         CAST(0 AS SIGNED), CAST(0 AS SIGNED)",
-                    )
+            let q = match &take {
+                Some(t) => sqlx::query(&bells.ring_call)
                     .bind(key.as_str())
                     .bind(secs)
-                    .fetch_one(line.conn())
-                    .await?
-                }
+                    .bind(t.name.as_str())
+                    .bind(t.owner.as_str())
+                    .bind(t.lease_ms)
+                    .bind(t.client_id.as_str())
+                    .bind(t.host.as_str())
+                    .bind(t.pid)
+                    .bind(t.value.as_deref())
+                    .bind(first.is_some())
+                    .bind(t.kind)
+                    .bind(t.permits)
+                    .bind(t.mode),
+                None => sqlx::query(
+                    "SELECT CAST(COALESCE(GET_LOCK(?, ?), -1) AS SIGNED), \
+                     CAST(0 AS SIGNED), CAST(0 AS SIGNED), CAST(0 AS SIGNED)",
+                )
+                .bind(key.as_str())
+                .bind(secs),
             };
-            Ok::<_, sqlx::Error>((
-                row.try_get::<i64, _>(0)?,
-                row.try_get::<i64, _>(1)?,
-                row.try_get::<i64, _>(2)?,
-            ))
+            let mut rows = q.fetch(line.conn());
+            loop {
+                let row = rows.try_next().await?.ok_or_else(|| {
+                    sqlx::Error::Protocol("the bell's request answered no row".into())
+                })?;
+                let (rung, answer, token, wait_ms) = (
+                    row.try_get::<i64, _>(0)?,
+                    row.try_get::<i64, _>(1)?,
+                    row.try_get::<i64, _>(2)?,
+                    row.try_get::<i64, _>(3)?,
+                );
+                if (rung, answer) == (super::fast::TRIED, super::fast::BUSY) {
+                    // Refused: that answer now, the bell's when it comes.
+                    if let Some(f) = first.take() {
+                        let _ = f.send(Tried::Busy(wait_ms));
+                    }
+                    continue;
+                }
+                return Ok::<_, sqlx::Error>((rung, answer, token));
+            }
         };
         let r = {
             tokio::pin!(asked);
@@ -600,11 +691,21 @@ async fn ask(
             }
         };
         let r = match r {
-            Err(Some((1, super::fast::GRANTED, _))) => {
+            Err(Some((_, super::fast::GRANTED, _))) => {
                 if let Some(t) = &take {
-                    let bell = Bell { line, key };
-                    if let Err(e) = bells.unring(bell, &t.name, &t.owner, true).await {
-                        tracing::debug!(error = %e, "could not pass on a lock taken for a waiter that left");
+                    pass_on(&bells, Bell { line, key }, t).await;
+                }
+                return;
+            }
+            // An attempt dropped before its answer came, and no answer now (interrupted, or the
+            // connection failed): it may have granted a hold before it ended, which nobody
+            // knows of. The connection is closed (which frees a bell it got) and the owner's
+            // hold released.
+            Err(None) if first.is_some() => {
+                drop(line);
+                if let Some(t) = &take {
+                    if let Err(e) = bells.unbelled_release(&key, &t.name, &t.owner).await {
+                        tracing::debug!(error = %e, "could not release what a dropped attempt may have taken");
                     }
                 }
                 return;
@@ -628,6 +729,26 @@ async fn ask(
             Ok(Err(_)) | Err(_) => break None,
         }
     };
+    if let Some(f) = first {
+        // The attempt's answer ended the call (or there was none).
+        let tried = match answer {
+            Some((super::fast::TRIED, super::fast::GRANTED, token)) => {
+                u64::try_from(token).map_or(Tried::Other, Tried::Granted)
+            }
+            _ => Tried::Other,
+        };
+        let sent = f.send(tried);
+        match (answer, take) {
+            // Granted to a waiter that left just now: released.
+            (Some((_, super::fast::GRANTED, _)), Some(t)) if sent.is_err() => {
+                pass_on(&bells, Bell { line, key }, &t).await;
+            }
+            (Some((super::fast::TRIED, _, _)), _) => bells.put_back(line),
+            // Not the attempt's answer: the connection is closed (which frees a bell it got).
+            _ => {}
+        }
+        return;
+    }
     match answer {
         Some((1, answer, token)) => {
             let ring = match (answer, u64::try_from(token)) {
@@ -638,9 +759,7 @@ async fn ask(
             if let Err(Rung::Bell(bell, ring)) = tx.send(Rung::Bell(Bell { line, key }, ring)) {
                 match (ring, &take) {
                     // Taken for a waiter that left just now: released and passed on.
-                    (Ring::Took(_), Some(t)) => {
-                        let _ = bells.unring(bell, &t.name, &t.owner, true).await;
-                    }
+                    (Ring::Took(_), Some(t)) => pass_on(&bells, bell, t).await,
                     _ => bells.free(bell).await,
                 }
             }
@@ -653,6 +772,14 @@ async fn ask(
         _ => {
             let _ = tx.send(Rung::Failed);
         }
+    }
+}
+
+/// Releases a hold taken for a waiter that left (on the session of `bell`, which that session
+/// may hold), passing the lock on to the bell's next holder.
+async fn pass_on(bells: &Arc<Bells>, bell: Bell, t: &Take) {
+    if let Err(e) = bells.unring(bell, &t.name, &t.owner, true).await {
+        tracing::debug!(error = %e, "could not pass on a lock taken for a waiter that left");
     }
 }
 

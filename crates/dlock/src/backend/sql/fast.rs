@@ -52,10 +52,12 @@
 //! not come round yet) every look of a hot name would read every hold that name ever had; a
 //! plain index scan marks them and the index deletes them (docs/BENCHMARKS.md, issue 20).
 //!
-//! **The ring routines** (MySQL/MariaDB only, `<table>_ring_v1` and `<table>_unring_v1`; see
+//! **The ring routines** (MySQL/MariaDB only, `<table>_ring_v2` and `<table>_unring_v1`; see
 //! `ring_call_sql`, `unring_call_sql` and `bell.rs`): a non-fair mutex waiter waits for its
 //! name's bell in the first and takes the hold that the bell's last holder reserved; that
-//! holder's release is the second, on the bell's session. Without them (an account that may not
+//! holder's release is the second, on the bell's session. A waiter of a name its client saw
+//! busy lately attempts in the ring routine too, so a refusal and the wait that follows are one
+//! call. Without them (an account that may not
 //! create them) non-fair waiters poll, as before they existed.
 //!
 //! The routines are created by the migration (under the migration lock) when missing; when they
@@ -73,10 +75,11 @@ pub fn routine(d: Dialect, t: &str) -> String {
     }
 }
 
-/// The ring routine's name (MySQL/MariaDB, `<table>_ring_v1`): a non-fair mutex waiter waits
-/// for its name's bell in it and takes the hold its release reserved (see `ring_call_sql`).
+/// The ring routine's name (MySQL/MariaDB, `<table>_ring_v2`): a non-fair mutex waiter
+/// attempts in it and, refused, waits for its name's bell and takes the hold its release
+/// reserved (see `ring_call_sql`). `_ring_v1` did not attempt first.
 pub fn ring_routine(t: &str) -> String {
-    format!("{t}_ring_v1")
+    format!("{t}_ring_v2")
 }
 
 /// The bell holder's release routine (MySQL/MariaDB, `<table>_unring_v1`; see
@@ -132,6 +135,8 @@ pub(super) const FULL: i64 = 0;
 pub(super) const GRANTED: i64 = 1;
 /// `answer` of the routine: refused; the shortest live lease in the way ends in `wait_ms`.
 pub(super) const BUSY: i64 = 2;
+/// `rung` of the ring routine's first answer when it attempted first: the attempt's answer.
+pub(super) const TRIED: i64 = 2;
 
 /// The release function's answers.
 pub(super) const NOT_HELD: i64 = 0;
@@ -215,14 +220,23 @@ pub(super) fn call_sql(d: Dialect, t: &str) -> String {
 }
 
 /// The ring call (MySQL/MariaDB): binds `bell, secs, name, owner, lease_ms, client_id, host,
-/// pid, value` and answers one row `(rung, answer, token)`: `rung` is `GET_LOCK`'s answer (1: the
-/// bell is this session's now; 0: not within `secs`; -1: an error), and with the bell, `answer`
-/// [`GRANTED`] and `token` when it took the hold that the bell's last holder reserved for it
-/// (the owner's hold now, with the next fence and its lease from the take), [`BUSY`] when
-/// holders that did not reserve it are in the way (the waiter polls with the bell), else
-/// [`FULL`] (the waiter attempts).
+/// pid, value, try, kind, permits, mode` and answers rows `(rung, answer, token, wait_ms)`.
+///
+/// With `try`, it first attempts as the grant routine does (and writes `value` with the hold):
+/// its first row has `rung` [`TRIED`] and the grant routine's answer. A grant or a [`FULL`]
+/// answer ends the call; after a [`BUSY`] one the call asks for the bell, and the server sends
+/// that first row at once, before the wait.
+///
+/// The bell's row: `rung` is `GET_LOCK`'s answer (1: the bell is this session's now; 0: not
+/// within `secs`; -1: an error), and with the bell, `answer` [`GRANTED`] and `token` when it
+/// took the hold that the bell's last holder reserved for it (the owner's hold now, with the
+/// next fence and its lease from the take), [`BUSY`] when holders that did not reserve it are in
+/// the way (the waiter polls with the bell), else [`FULL`] (the waiter attempts).
 pub(super) fn ring_call_sql(t: &str) -> String {
-    format!("CALL {}(?, ?, ?, ?, ?, ?, ?, ?, ?)", ring_routine(t))
+    format!(
+        "CALL {}(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        ring_routine(t)
+    )
 }
 
 /// The release of a hold whose name has a bell (MySQL/MariaDB): binds `bell, name, owner,
@@ -246,7 +260,8 @@ pub(super) fn release_sql(t: &str) -> String {
 
 /// Removes the routines and the waiters' table, if they exist: the statements to run in order
 /// (PostgreSQL: one, for every version of the grant routine this dlock ever made, the release
-/// function and `<table>_waiters`; MySQL/MariaDB: one `DROP PROCEDURE` per routine).
+/// function and `<table>_waiters`; MySQL/MariaDB: one `DROP PROCEDURE` per routine, and one for
+/// `_ring_v1`).
 pub fn drop_sql(d: Dialect, t: &str) -> Vec<String> {
     match d {
         Dialect::Postgres => vec![format!(
@@ -259,7 +274,8 @@ pub fn drop_sql(d: Dialect, t: &str) -> Vec<String> {
             w = waiters(t)
         )],
         Dialect::MySql => routine_names(d, t)
-            .iter()
+            .into_iter()
+            .chain([format!("{t}_ring_v1")])
             .map(|r| format!("DROP PROCEDURE IF EXISTS {r}"))
             .collect(),
     }
@@ -582,24 +598,24 @@ fn pg_release(t: &str, now: &str) -> String {
 
 fn mysql_grant(t: &str, now: &str, collation: &str) -> String {
     let r = routine(Dialect::MySql, t);
-    // No lock-free first look here: InnoDB's row lock on the fence row is cheap to take
-    // and a lost race rolls back for free, while every statement of a procedure costs
-    // (MariaDB: ~10-25 us each). The fence row is read FOR UPDATE first and created only
-    // when missing.
-    let c = collation;
-    let lock = format!(
-        "SELECT fence, {now} INTO v_fence, v_now
-             FROM {t}_fences WHERE name = p_name COLLATE {c} FOR UPDATE;"
-    );
     let answer = |a: i64, token: &str, wait: &str| {
         format!(
             "SELECT CAST({a} AS SIGNED) AS answer, CAST({token} AS SIGNED) AS token, \
              CAST({wait} AS SIGNED) AS wait_ms;"
         )
     };
-    let full = answer(FULL, "0", "0");
-    let busy = answer(BUSY, "0", "v_min - v_now");
-    let granted = answer(GRANTED, "v_fence", "0");
+    let steps = mysql_grant_steps(
+        t,
+        now,
+        collation,
+        "NULL",
+        "p_busy_ok",
+        [
+            answer(BUSY, "0", "v_min - v_now"),
+            answer(FULL, "0", "0"),
+            answer(GRANTED, "v_fence", "0"),
+        ],
+    );
     format!(
         "CREATE PROCEDURE {r}(
             IN p_name VARCHAR(255) CHARACTER SET utf8mb4,
@@ -619,7 +635,37 @@ fn mysql_grant(t: &str, now: &str, collation: &str) -> String {
                 ROLLBACK;
                 RESIGNAL;
             END;
-            START TRANSACTION;
+            {steps}
+        END"
+    )
+}
+
+/// The grant routine's statements, shared by the ring routine's attempt: one transaction that
+/// locks the name's fence row, looks once under it, and grants (a new fence, the hold with
+/// `value`) or rolls back. `answers` are the statements that answer busy (when `busy_ok`; the
+/// shortest live lease in the way ends in `v_min - v_now`), full path, and granted (`v_fence`).
+/// Needs the variables `v_now, v_live, v_odd, v_min, v_dead, v_queued, v_fence` and the
+/// parameters `p_name, p_owner, p_kind, p_permits, p_mode, p_lease, p_client, p_host, p_pid`.
+fn mysql_grant_steps(
+    t: &str,
+    now: &str,
+    collation: &str,
+    value: &str,
+    busy_ok: &str,
+    answers: [String; 3],
+) -> String {
+    // No lock-free first look here: InnoDB's row lock on the fence row is cheap to take
+    // and a lost race rolls back for free, while every statement of a procedure costs
+    // (MariaDB: ~10-25 us each). The fence row is read FOR UPDATE first and created only
+    // when missing.
+    let c = collation;
+    let lock = format!(
+        "SELECT fence, {now} INTO v_fence, v_now
+             FROM {t}_fences WHERE name = p_name COLLATE {c} FOR UPDATE;"
+    );
+    let [busy, full, granted] = answers;
+    format!(
+        "START TRANSACTION;
             -- Lock the name: every grant passes through this row lock.
             {lock}
             IF v_fence IS NULL THEN
@@ -642,7 +688,7 @@ fn mysql_grant(t: &str, now: &str, collation: &str) -> String {
                OR v_fence >= 9223372036854775807 THEN
                 -- Refused or not ours to judge: nothing was written.
                 ROLLBACK;
-                IF v_live > 0 AND p_busy_ok AND v_odd = 0 THEN
+                IF v_live > 0 AND {busy_ok} AND v_odd = 0 THEN
                     {busy}
                 ELSE
                     {full}
@@ -651,31 +697,49 @@ fn mysql_grant(t: &str, now: &str, collation: &str) -> String {
                 SET v_fence = v_fence + 1;
                 UPDATE {t}_fences SET fence = v_fence WHERE name = p_name COLLATE {c};
                 INSERT INTO {t} (name, owner, kind, permits, mode, fence,
-                                 expires_at_ms, acquired_at_ms, client_id, host, pid)
+                                 expires_at_ms, acquired_at_ms, client_id, host, pid, value)
                     VALUES (p_name, p_owner, p_kind, p_permits, p_mode, v_fence,
-                            v_now + p_lease, v_now, p_client, p_host, p_pid);
+                            v_now + p_lease, v_now, p_client, p_host, p_pid, {value});
                 COMMIT;
                 {granted}
-            END IF;
-        END"
+            END IF;"
     )
 }
 
-/// The answer row of the MySQL ring routine.
-fn ring_answer(rung: &str, answer: &str, token: &str) -> String {
+/// An answer row of the MySQL ring routine: `(rung, answer, token, wait_ms)`.
+fn ring_answer(rung: &str, answer: i64, token: &str, wait: &str) -> String {
     format!(
         "SELECT CAST({rung} AS SIGNED) AS rung, CAST({answer} AS SIGNED) AS answer, \
-         CAST({token} AS SIGNED) AS token;"
+         CAST({token} AS SIGNED) AS token, CAST({wait} AS SIGNED) AS wait_ms;"
     )
 }
 
 fn mysql_ring(t: &str, now: &str, collation: &str) -> String {
     let r = ring_routine(t);
     let c = collation;
-    let timeout = ring_answer("COALESCE(v_got, -1)", &BUSY.to_string(), "0");
-    let busy = ring_answer("1", &BUSY.to_string(), "0");
-    let full = ring_answer("1", &FULL.to_string(), "0");
-    let taken = ring_answer("1", &GRANTED.to_string(), "v_fence");
+    let timeout = ring_answer("COALESCE(v_got, -1)", BUSY, "0", "0");
+    let busy = ring_answer("1", BUSY, "0", "0");
+    let full = ring_answer("1", FULL, "0", "0");
+    let taken = ring_answer("1", GRANTED, "v_fence", "0");
+    // The attempt first (`p_try`): a grant or a "full path" answer ends the call there; a
+    // refusal is answered at once (the server sends each result set as it is made) and the
+    // call goes on to the bell.
+    let tried = |answer: i64, token: &str, wait: &str, ends: bool| {
+        let row = ring_answer(&TRIED.to_string(), answer, token, wait);
+        format!("{row}\n SET v_ring = {};", if ends { 0 } else { 1 })
+    };
+    let attempt = mysql_grant_steps(
+        t,
+        now,
+        c,
+        "p_value",
+        "TRUE",
+        [
+            tried(BUSY, "0", "v_min - v_now", false),
+            tried(FULL, "0", "0", true),
+            tried(GRANTED, "v_fence", "0", true),
+        ],
+    );
     format!(
         "CREATE PROCEDURE {r}(
             IN p_bell VARCHAR(64) CHARACTER SET utf8mb4, IN p_secs BIGINT,
@@ -683,55 +747,64 @@ fn mysql_ring(t: &str, now: &str, collation: &str) -> String {
             IN p_owner VARCHAR(255) CHARACTER SET utf8mb4, IN p_lease BIGINT,
             IN p_client VARCHAR(255) CHARACTER SET utf8mb4,
             IN p_host VARCHAR(255) CHARACTER SET utf8mb4, IN p_pid BIGINT,
-            IN p_value VARCHAR(4096) CHARACTER SET utf8mb4)
+            IN p_value VARCHAR(4096) CHARACTER SET utf8mb4, IN p_try BOOLEAN,
+            IN p_kind VARCHAR(16) CHARACTER SET utf8mb4, IN p_permits BIGINT,
+            IN p_mode VARCHAR(16) CHARACTER SET utf8mb4)
         MODIFIES SQL DATA
         SQL SECURITY INVOKER
         BEGIN
-            DECLARE v_got, v_now, v_fence, v_others, v_mine BIGINT DEFAULT NULL;
+            DECLARE v_got, v_now, v_fence, v_others, v_mine, v_live, v_odd, v_min, v_dead,
+                v_queued BIGINT DEFAULT NULL;
             DECLARE v_took BIGINT DEFAULT 0;
+            DECLARE v_ring BOOLEAN DEFAULT TRUE;
             DECLARE EXIT HANDLER FOR SQLEXCEPTION
             BEGIN
                 ROLLBACK;
                 RESIGNAL;
             END;
-            -- The server hands the bell to its askers one at a time, in the order they asked.
-            SET v_got = GET_LOCK(p_bell, p_secs);
-            IF COALESCE(v_got, 0) <> 1 THEN
-                {timeout}
-            ELSE
-                START TRANSACTION;
-                -- The name's fence row lock, as every grant takes it first.
-                SELECT fence, {now} INTO v_fence, v_now
-                    FROM {t}_fences WHERE name = p_name COLLATE {c} FOR UPDATE;
-                IF v_fence < 9223372036854775807 THEN
-                    -- The hold the bell's last holder reserved for its next one: ours now, with
-                    -- the next fence (a reservation nobody takes spends none).
-                    UPDATE {t} SET owner = p_owner, state = 0, fence = v_fence + 1,
-                                   expires_at_ms = v_now + p_lease, acquired_at_ms = v_now,
-                                   client_id = p_client, host = p_host, pid = p_pid,
-                                   value = p_value
-                        WHERE name = p_name COLLATE {c} AND owner = '' AND state = 3
-                          AND expires_at_ms > v_now;
-                    SET v_took = ROW_COUNT();
-                END IF;
-                IF v_took = 1 THEN
-                    SET v_fence = v_fence + 1;
-                    UPDATE {t}_fences SET fence = v_fence WHERE name = p_name COLLATE {c};
-                    COMMIT;
-                    {taken}
+            IF p_try THEN
+                {attempt}
+            END IF;
+            IF v_ring THEN
+                -- The server hands the bell to its askers one at a time, in the order they asked.
+                SET v_got = GET_LOCK(p_bell, p_secs);
+                IF COALESCE(v_got, 0) <> 1 THEN
+                    {timeout}
                 ELSE
-                    SELECT COALESCE(SUM(expires_at_ms > v_now AND owner <> p_owner COLLATE {c}), 0),
-                           MAX(IF(expires_at_ms > v_now AND owner = p_owner COLLATE {c}, 1, NULL))
-                      INTO v_others, v_mine
-                      FROM {t} WHERE name = p_name COLLATE {c};
-                    ROLLBACK;
-                    IF v_mine IS NULL AND v_others > 0 THEN
-                        -- Held by a holder without the bell: the waiter keeps the bell and
-                        -- polls.
-                        {busy}
+                    START TRANSACTION;
+                    -- The name's fence row lock, as every grant takes it first.
+                    SELECT fence, {now} INTO v_fence, v_now
+                        FROM {t}_fences WHERE name = p_name COLLATE {c} FOR UPDATE;
+                    IF v_fence < 9223372036854775807 THEN
+                        -- The hold the bell's last holder reserved for its next one: ours now, with
+                        -- the next fence (a reservation nobody takes spends none).
+                        UPDATE {t} SET owner = p_owner, state = 0, fence = v_fence + 1,
+                                       expires_at_ms = v_now + p_lease, acquired_at_ms = v_now,
+                                       client_id = p_client, host = p_host, pid = p_pid,
+                                       value = p_value
+                            WHERE name = p_name COLLATE {c} AND owner = '' AND state = 3
+                              AND expires_at_ms > v_now;
+                        SET v_took = ROW_COUNT();
+                    END IF;
+                    IF v_took = 1 THEN
+                        SET v_fence = v_fence + 1;
+                        UPDATE {t}_fences SET fence = v_fence WHERE name = p_name COLLATE {c};
+                        COMMIT;
+                        {taken}
                     ELSE
-                        -- A free name, a hold of our own: the waiter attempts, keeping the bell.
-                        {full}
+                        SELECT COALESCE(SUM(expires_at_ms > v_now AND owner <> p_owner COLLATE {c}), 0),
+                               MAX(IF(expires_at_ms > v_now AND owner = p_owner COLLATE {c}, 1, NULL))
+                          INTO v_others, v_mine
+                          FROM {t} WHERE name = p_name COLLATE {c};
+                        ROLLBACK;
+                        IF v_mine IS NULL AND v_others > 0 THEN
+                            -- Held by a holder without the bell: the waiter keeps the bell and
+                            -- polls.
+                            {busy}
+                        ELSE
+                            -- A free name, a hold of our own: the waiter attempts, keeping the bell.
+                            {full}
+                        END IF;
                     END IF;
                 END IF;
             END IF;

@@ -32,7 +32,7 @@
 //! | `<table>_meta` | `meta_key` primary key, `meta_value` |
 //!
 //! and the stored procedure `<table>_grant_v1`, the one-round-trip grant (see
-//! [`fast`]); on MySQL/MariaDB also the procedures `<table>_ring_v1` and `<table>_unring_v1`
+//! [`fast`]); on MySQL/MariaDB also the procedures `<table>_ring_v2` and `<table>_unring_v1`
 //! (a non-fair mutex waiter's wait for its name's bell, and a bell holder's release, see
 //! Wake-ups), and on PostgreSQL `<table>_waiters` and the release function. They are created
 //! when missing, which needs the `CREATE ROUTINE` privilege

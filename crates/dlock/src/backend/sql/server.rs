@@ -2,7 +2,7 @@
 //! Tables, options and wake-ups are described in the [module docs](super).
 
 use super::batch;
-use super::bell::{bell_key, BellWait, Bells, Ring, Ringing, Rung, Take};
+use super::bell::{bell_key, BellWait, Bells, Ring, Ringing, Rung, Take, Tried};
 use super::common::{
     bind_hold, bind_waiter, extend_answers, extend_groups, grant, kind_columns, listing, ms,
     name_owner_pairs, placeholders, GrantWrites, HoldListing, Loaded, NameState, Renewed, Rows,
@@ -1855,6 +1855,9 @@ impl Backend for SqlBackend {
             && (fair || rings))
             .then(|| {
                 let take = rings.then(|| Take {
+                    kind: kind_columns(req.kind).0,
+                    permits: kind_columns(req.kind).1,
+                    mode: req.mode.as_str(),
                     name: req.name.as_str().to_owned(),
                     owner: req.owner.to_owned(),
                     lease_ms: ms(req.lease),
@@ -2128,6 +2131,40 @@ impl SqlAcquisition {
         })
     }
 
+    /// A non-fair mutex waiter of a name its client saw busy lately (MySQL with the ring
+    /// routines), with no request for the bell out: attempts in the ring routine, which asks
+    /// for the bell at once when refused, so the refusal and the wait are one call. `None`: not
+    /// such a waiter, or the routine answered "full path" or nothing (the usual attempt follows).
+    async fn ring_first(&mut self) -> Option<Attempt> {
+        let bells = self.store.bells.clone()?;
+        let w = self.bell.as_mut()?;
+        let take = w.take.clone()?;
+        if !matches!(w.state, Ringing::Idle)
+            || !self.store.rings.load(Ordering::Relaxed)
+            || self.store.mode != HoldMode::Lease
+            || take.lease_ms >= 1 << 50
+            || !bells.busy_lately(&w.key)
+        {
+            return None;
+        }
+        let asked = Instant::now();
+        let (first, asking) = bells.try_ring(w.key.clone(), take);
+        match first.await.unwrap_or(Tried::Other) {
+            Tried::Granted(token) => Some(Attempt::Granted(Grant {
+                token: Some(token),
+                valid_for: self.want.lease,
+            })),
+            Tried::Busy(wait_ms) => {
+                w.asked = Some(asked);
+                w.state = Ringing::Asking(asking);
+                Some(Attempt::Busy(Busy {
+                    retry_in: Some(Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0))),
+                }))
+            }
+            Tried::Other => None,
+        }
+    }
+
     /// The listener's lock while it is up.
     fn listener_key(&self) -> Option<(i32, i32)> {
         self.store.listener.as_ref().and_then(|l| l.key())
@@ -2277,12 +2314,21 @@ impl Acquisition for SqlAcquisition {
         let wake_lock = self.want.waiting
             && (!self.placed || args.as_ref().is_some_and(|a| a.register && !a.registered));
         let sent = Instant::now();
-        let (attempt, seen) = self
-            .store
-            .acquire_tx(&self.want.req(), args.as_ref(), wake_lock)
-            .await?;
+        let (attempt, seen) = match self.ring_first().await {
+            Some(attempt) => (attempt, 0),
+            None => {
+                self.store
+                    .acquire_tx(&self.want.req(), args.as_ref(), wake_lock)
+                    .await?
+            }
+        };
         if self.want.waiting && matches!(attempt, Attempt::Busy(_)) {
             self.placed = true;
+            if let (Some(w), Some(bells)) = (&self.bell, &self.store.bells) {
+                if w.take.is_some() {
+                    bells.saw_busy(&w.key);
+                }
+            }
         }
         // Granted while it held or asked for the bell: the bell is the hold's now.
         if let (Attempt::Granted(_), Some(w), Some(bells)) =

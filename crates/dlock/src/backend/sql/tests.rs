@@ -2222,6 +2222,123 @@ async fn mysql_a_holder_without_the_bell_leaves_the_lock_to_the_bells_holder() {
     b.release(&hr(&wb)).await.unwrap();
 }
 
+/// MySQL: a non-fair waiter of a name its client saw busy lately attempts in the ring routine,
+/// not the grant routine. Refused there, it is in the bell's line at once and takes the lock
+/// its holder's release reserves; on a free name it is granted there, without the bell; a
+/// waiter that gives up in the line leaves no hold, reservation or spent fence behind.
+#[cfg(feature = "mysql")]
+async fn mysql_a_name_seen_busy_is_attempted_in_the_ring() {
+    let d = Dialect::MySql;
+    let a = open_isolated(d, "dlt_ring").await;
+    let b = open_isolated(d, "dlt_ring").await;
+    let n = name(&uniq("tried"));
+    let (ma, mb) = (meta("a"), meta("b"));
+    let waiting = |owner, m| Request {
+        waiting: true,
+        ..rq(&n, owner, m)
+    };
+    let (w1, w2, w3, w4) = (
+        waiting("w1", &mb),
+        waiting("w2", &mb),
+        waiting("w3", &mb),
+        waiting("w4", &mb),
+    );
+    let h = rq(&n, "h", &ma);
+    let t0 = token(a.acquire(&h).await.unwrap());
+    // b's first waiter is refused by the grant routine and takes the bell (it polls behind h).
+    let bz = busy(b.acquire(&w1).await.unwrap());
+    assert_eq!(fast_counts(&b), (0, 1, 0));
+    b.wait(&w1, &bz, Instant::now() + Duration::from_millis(200))
+        .await
+        .unwrap();
+    // Its second is refused in the ring routine, which asks for the bell behind w1.
+    let bz2 = busy(b.acquire(&w2).await.unwrap());
+    assert_eq!(
+        fast_counts(&b),
+        (0, 1, 0),
+        "w2 must attempt in the ring routine"
+    );
+    assert!(bz2.retry_in.is_some_and(|r| r > Duration::from_secs(1)));
+    assert_eq!(a.release(&hr(&h)).await.unwrap(), Released::Released);
+    assert_eq!(
+        wait_until_granted(&b, &w1, Duration::from_secs(5)).await,
+        t0 + 1
+    );
+    // w1 has the bell: its release reserves the lock for w2, whose ring takes it.
+    assert_eq!(b.release(&hr(&w1)).await.unwrap(), Released::HandedOff);
+    assert_eq!(
+        wait_until_granted(&b, &w2, Duration::from_secs(5)).await,
+        t0 + 2
+    );
+    b.release(&hr(&w2)).await.unwrap();
+    // A free name: granted in the ring routine, without a call of the grant routine.
+    let before = fast_counts(&b);
+    assert_eq!(token(b.acquire(&w3).await.unwrap()), t0 + 3);
+    assert_eq!(fast_counts(&b), before);
+    assert_eq!(b.release(&hr(&w3)).await.unwrap(), Released::Released);
+    // A waiter that gives up in the line.
+    let h2 = rq(&n, "h2", &ma);
+    assert_eq!(token(a.acquire(&h2).await.unwrap()), t0 + 4);
+    let bz4 = busy(b.acquire(&w4).await.unwrap());
+    assert_eq!(fast_counts(&b), before);
+    b.wait(&w4, &bz4, Instant::now() + Duration::from_millis(200))
+        .await
+        .unwrap();
+    b.cancel(&w4).await.unwrap();
+    a.release(&hr(&h2)).await.unwrap();
+    let x = rq(&n, "x", &ma);
+    assert_eq!(
+        token(a.acquire(&x).await.unwrap()),
+        t0 + 5,
+        "nothing left behind"
+    );
+    a.release(&hr(&x)).await.unwrap();
+    assert!(a.describe(n.as_str()).await.unwrap().is_empty());
+}
+
+/// MySQL: acquisitions dropped at any moment of an attempt in the ring routine (before it is
+/// sent, while the server grants, while the answer comes back) leave no hold behind: the next
+/// try of another client is granted at once, not after the 30 s lease.
+#[cfg(feature = "mysql")]
+async fn mysql_a_dropped_ring_attempt_leaves_no_hold() {
+    use rand::Rng;
+    let (a, b, n, b1) = ring_pair("dropped").await;
+    b1.release().await.unwrap();
+    let (ma, mb) = (a.mutex(n.as_str()).unwrap(), b.mutex(n.as_str()).unwrap());
+    let mut granted = 0;
+    for i in 0..30 {
+        // b sees the name busy (so its next waiter attempts in the ring routine)...
+        let g = ma.acquire().await.unwrap();
+        let e = mb
+            .acquire_timeout(Duration::from_millis(20))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Timeout { .. }), "{e}");
+        g.release().await.unwrap();
+        // ...and its waiter is dropped somewhere in its attempt on the free name.
+        let cut = Duration::from_micros(rand::thread_rng().gen_range(0..=1_000));
+        if let Ok(g) = tokio::time::timeout(cut, mb.acquire()).await {
+            g.unwrap().release().await.unwrap();
+            granted += 1;
+        }
+        let start = Instant::now();
+        let g = loop {
+            match ma.try_acquire().await {
+                Ok(g) => break g,
+                Err(Error::Busy { .. }) if start.elapsed() < Duration::from_secs(3) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("round {i}: the name stayed held after a dropped attempt: {e}"),
+            }
+        };
+        g.release().await.unwrap();
+    }
+    assert!(
+        granted <= 27,
+        "{granted} of 30 attempts finished before their cut"
+    );
+}
+
 #[test]
 fn bell_keys_fit_the_servers_limit() {
     assert_eq!(bell_key("dlock_locks", "jobs/1"), "dlock_locks!jobs/1");
@@ -2955,5 +3072,15 @@ mod mysql {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_holder_without_the_bell_leaves_the_lock_to_the_bells_holder() {
         super::mysql_a_holder_without_the_bell_leaves_the_lock_to_the_bells_holder().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_name_seen_busy_is_attempted_in_the_ring() {
+        super::mysql_a_name_seen_busy_is_attempted_in_the_ring().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_ring_attempt_leaves_no_hold() {
+        super::mysql_a_dropped_ring_attempt_leaves_no_hold().await
     }
 }
