@@ -1551,6 +1551,12 @@ impl Sql {
     /// `true` if `req` would still be refused now (read-only; the acquisition's look): the
     /// name's rows and the server's clock in one round trip.
     async fn still_busy(&self, req: &Request<'_>) -> Result<Look> {
+        self.look_and_holds(req).await.map(|(look, _)| look)
+    }
+
+    /// [`Sql::still_busy`], and whether live holds of other owners are in the way (else only
+    /// the fair queue refuses it).
+    async fn look_and_holds(&self, req: &Request<'_>) -> Result<(Look, bool)> {
         self.looks.fetch_add(1, Ordering::Relaxed);
         let name = req.name.as_str();
         let mut rows: Vec<StateRow> = sqlx::query_as(&self.st.look_all)
@@ -1564,7 +1570,8 @@ impl Sql {
             None => return Err(ROWS.corrupt("server clock", &"no row")),
         };
         let Loaded { state, .. } = Loaded::split(ROWS, rows, now)?;
-        Ok(state.look(req, now))
+        let held = state.holds.iter().any(|h| h.owner != req.owner);
+        Ok((state.look(req, now), held))
     }
 
     /// One attempt of `req`: the routine, else the full path. With the answer, the highest
@@ -2469,7 +2476,20 @@ impl Acquisition for SqlAcquisition {
     }
 
     async fn look(&mut self) -> Result<Option<Look>> {
-        self.store.still_busy(&self.want.req()).await.map(Some)
+        let (look, held) = self.store.look_and_holds(&self.want.req()).await?;
+        // A non-fair waiter polling with its name's bell that only the fair queue refuses now:
+        // the queue's head waits for that bell, so it is passed on (asked for again at the next
+        // wait).
+        if let (Look::Busy { place: None, .. }, false, Some(w), Some(bells)) =
+            (&look, held, self.bell.as_mut(), &self.store.bells)
+        {
+            if w.take.is_some() && w.taken.is_none() && matches!(w.state, Ringing::Held(_)) {
+                if let Ringing::Held(b) = std::mem::replace(&mut w.state, Ringing::Idle) {
+                    bells.free(b).await;
+                }
+            }
+        }
+        Ok(Some(look))
     }
 
     async fn cancel(&mut self) -> Result<()> {

@@ -2339,6 +2339,56 @@ async fn mysql_a_dropped_ring_attempt_leaves_no_hold() {
     );
 }
 
+/// MySQL: a non-fair waiter that holds its name's bell while only the fair queue refuses it (no
+/// hold in the way) passes the bell on, so the queue's head, which waits for that bell, is woken
+/// by the release, not at the end of its wait slice.
+#[cfg(feature = "mysql")]
+async fn mysql_a_non_fair_bell_holder_lets_the_fair_head_in() {
+    let d = Dialect::MySql;
+    let a = open_isolated(d, "dlt_ring").await;
+    let b = open_isolated(d, "dlt_ring").await;
+    let c = open_isolated(d, "dlt_ring").await;
+    let n = name(&uniq("mixed"));
+    let (ma, mb, mc) = (meta("a"), meta("b"), meta("c"));
+    let h = rq(&n, "h", &ma);
+    token(a.acquire(&h).await.unwrap());
+    // c's non-fair waiter takes the bell (nobody has it) and polls behind h.
+    let plain = Request {
+        waiting: true,
+        ..rq(&n, "plain", &mc)
+    };
+    let pz = busy(c.acquire(&plain).await.unwrap());
+    c.wait(&plain, &pz, Instant::now() + Duration::from_millis(200))
+        .await
+        .unwrap();
+    // b's fair waiter queues and waits for the bell behind it; h is released meanwhile.
+    let fair = Request {
+        waiting: true,
+        fair: true,
+        ..rq(&n, "fair", &mb)
+    };
+    let fair_side = async {
+        let t = wait_until_granted(&b, &fair, Duration::from_secs(10)).await;
+        let at = Instant::now();
+        b.release(&hr(&fair)).await.unwrap();
+        (t, at)
+    };
+    let plain_side = async {
+        let t = wait_until_granted(&c, &plain, Duration::from_secs(10)).await;
+        c.release(&hr(&plain)).await.unwrap();
+        t
+    };
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let at = Instant::now();
+        a.release(&hr(&h)).await.unwrap();
+        at
+    };
+    let ((tf, granted), tp, released) = tokio::join!(fair_side, plain_side, release);
+    granted_soon_after(granted, released, "the fair queue's head after h's release");
+    assert!(tp > tf, "the queue's head first");
+}
+
 #[test]
 fn bell_keys_fit_the_servers_limit() {
     assert_eq!(bell_key("dlock_locks", "jobs/1"), "dlock_locks!jobs/1");
@@ -3082,5 +3132,10 @@ mod mysql {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dropped_ring_attempt_leaves_no_hold() {
         super::mysql_a_dropped_ring_attempt_leaves_no_hold().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_non_fair_bell_holder_lets_the_fair_head_in() {
+        super::mysql_a_non_fair_bell_holder_lets_the_fair_head_in().await
     }
 }
