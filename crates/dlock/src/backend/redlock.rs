@@ -456,15 +456,10 @@ impl RedlockBackend {
             let shown = s.target.shown.clone();
             async move {
                 match fut {
-                    None => Err(Error::Unavailable(format!(
-                        "redis at {shown} is not connected"
-                    ))),
-                    Some(fut) => match tokio::time::timeout(timeout, fut).await {
-                        Ok(r) => r,
-                        Err(_) => Err(Error::Unavailable(format!(
-                            "redis at {shown} did not answer within {timeout:?}"
-                        ))),
-                    },
+                    None => Err(not_connected(&shown)),
+                    Some(fut) => tokio::time::timeout(timeout, fut)
+                        .await
+                        .unwrap_or_else(|_| Err(no_answer(&shown, timeout))),
                 }
             }
         });
@@ -592,10 +587,7 @@ impl RedlockBackend {
             .get(i)
             .ok_or_else(|| Error::backend(format!("redlock: no server {i}")))?;
         let Some(b) = slot.get() else {
-            return Err(Error::Unavailable(format!(
-                "redis at {} is not connected",
-                slot.target.shown
-            )));
+            return Err(not_connected(&slot.target.shown));
         };
         let answer = match lead {
             Some(l) => {
@@ -605,13 +597,20 @@ impl RedlockBackend {
             }
             None => tokio::time::timeout(timeout, b.attempt(req)).await,
         };
-        answer.unwrap_or_else(|_| {
-            Err(Error::Unavailable(format!(
-                "redis at {} did not answer within {timeout:?}",
-                slot.target.shown
-            )))
-        })
+        answer.unwrap_or_else(|_| Err(no_answer(&slot.target.shown, timeout)))
     }
+}
+
+/// The error of a server whose connection is down.
+fn not_connected(shown: &str) -> Error {
+    Error::Unavailable(format!("redis at {shown} is not connected"))
+}
+
+/// The error of a server that did not answer within `timeout`.
+fn no_answer(shown: &str, timeout: Duration) -> Error {
+    Error::Unavailable(format!(
+        "redis at {shown} did not answer within {timeout:?}"
+    ))
 }
 
 impl RedlockBackend {
