@@ -26,7 +26,9 @@
 //!
 //! - A waiter that gets the bell and is still refused at the front of the queue (the lock is held
 //!   by a holder without the bell, one granted before anybody waited) keeps it and polls: it is
-//!   the name's one poller, and the waiters behind it stay blocked.
+//!   the name's one poller, and the waiters behind it stay blocked. A non-fair poller whose look
+//!   finds only the fair queue in the way (that hold is gone) passes the bell on: the queue's
+//!   head waits for it.
 //! - A waiter that gets the bell with others ahead of it in the fair queue passes it on: frees it
 //!   and asks again, at the back of the server's line, so that the one ahead is woken. If it comes
 //!   straight back with nothing changed (the one ahead is not asking), it is passed again after a
