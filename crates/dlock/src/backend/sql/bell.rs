@@ -133,9 +133,10 @@ pub(super) enum Tried {
     /// Refused: the shortest live lease in the way ends in this many ms; the call goes on to
     /// the bell.
     Busy(i64),
-    /// The grant routine's "full path" answer (the call ended), or no answer (no connection, an
-    /// error): the waiter attempts the usual way.
-    Other,
+    /// The grant routine's "full path" answer (the call ended): the waiter takes the full path.
+    Full,
+    /// No answer (no connection, an error): the waiter attempts the usual way.
+    Failed,
 }
 
 /// What the ring routine found when it got the bell.
@@ -614,7 +615,7 @@ async fn ask(
 ) {
     let Some((mut line, mut reused)) = bells.line().await else {
         if let Some(f) = first {
-            let _ = f.send(Tried::Other);
+            let _ = f.send(Tried::Failed);
         }
         let _ = tx.send(Rung::Failed);
         return;
@@ -735,9 +736,10 @@ async fn ask(
         // The attempt's answer ended the call (or there was none).
         let tried = match answer {
             Some((super::fast::TRIED, super::fast::GRANTED, token)) => {
-                u64::try_from(token).map_or(Tried::Other, Tried::Granted)
+                u64::try_from(token).map_or(Tried::Failed, Tried::Granted)
             }
-            _ => Tried::Other,
+            Some((super::fast::TRIED, super::fast::FULL, _)) => Tried::Full,
+            _ => Tried::Failed,
         };
         let sent = f.send(tried);
         match (answer, take) {

@@ -1129,12 +1129,16 @@ impl Sql {
     /// and then the full transaction. MySQL's routine does not write values: a hold with one (an
     /// election's) takes the full path there.
     fn fast_eligible(&self, req: &Request<'_>) -> bool {
-        self.mode == HoldMode::Lease
+        self.routine_may_grant(req.lease)
             && self.fast.load(Ordering::Relaxed)
             && (req.meta.value.is_none() || self.dialect == Dialect::Postgres)
             && req.mode == Mode::Exclusive
             && !req.takes_queue_place()
-            && ms(req.lease) < (1 << 50)
+    }
+
+    /// Whether a routine may grant a hold of `lease` (lease mode, a lease its arithmetic holds).
+    fn routine_may_grant(&self, lease: Duration) -> bool {
+        self.mode == HoldMode::Lease && ms(lease) < (1 << 50)
     }
 
     /// [`Sql::fast_acquire`], batched with the calls that wait for a connection meanwhile
@@ -1590,6 +1594,17 @@ impl Sql {
             Err(e) if is_retryable(&e) => {}
             Err(e) => return Err(self.err(e)),
         }
+        self.acquire_full(req, reg, wake_lock).await
+    }
+
+    /// The full path of [`Sql::acquire_tx`]: its transaction, tried again after a deadlock or
+    /// serialization failure.
+    async fn acquire_full(
+        &self,
+        req: &Request<'_>,
+        reg: Option<&RegArgs>,
+        wake_lock: bool,
+    ) -> Result<(Attempt, u64)> {
         let mut tries = 0;
         loop {
             tries += 1;
@@ -1861,9 +1876,10 @@ impl Backend for SqlBackend {
             && req.mode == Mode::Exclusive
             && (fair || rings))
             .then(|| {
+                let (kind, permits) = kind_columns(req.kind);
                 let take = rings.then(|| Take {
-                    kind: kind_columns(req.kind).0,
-                    permits: kind_columns(req.kind).1,
+                    kind,
+                    permits,
                     mode: req.mode.as_str(),
                     name: req.name.as_str().to_owned(),
                     owner: req.owner.to_owned(),
@@ -2141,35 +2157,26 @@ impl SqlAcquisition {
     /// A non-fair mutex waiter of a name its client saw busy lately (MySQL with the ring
     /// routines), with no request for the bell out: attempts in the ring routine, which asks
     /// for the bell at once when refused, so the refusal and the wait are one call. `None`: not
-    /// such a waiter, or the routine answered "full path" or nothing (the usual attempt follows).
-    async fn ring_first(&mut self) -> Option<Attempt> {
+    /// such a waiter (the usual attempt follows).
+    async fn ring_first(&mut self) -> Option<Tried> {
         let bells = self.store.bells.clone()?;
         let w = self.bell.as_mut()?;
         let take = w.take.clone()?;
         if !matches!(w.state, Ringing::Idle)
             || !self.store.rings.load(Ordering::Relaxed)
-            || self.store.mode != HoldMode::Lease
-            || take.lease_ms >= 1 << 50
+            || !self.store.routine_may_grant(self.want.lease)
             || !bells.busy_lately(&w.key)
         {
             return None;
         }
         let asked = Instant::now();
         let (first, asking) = bells.try_ring(w.key.clone(), take);
-        match first.await.unwrap_or(Tried::Other) {
-            Tried::Granted(token) => Some(Attempt::Granted(Grant {
-                token: Some(token),
-                valid_for: self.want.lease,
-            })),
-            Tried::Busy(wait_ms) => {
-                w.asked = Some(asked);
-                w.state = Ringing::Asking(asking);
-                Some(Attempt::Busy(Busy {
-                    retry_in: Some(Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0))),
-                }))
-            }
-            Tried::Other => None,
+        let tried = first.await.unwrap_or(Tried::Failed);
+        if let Tried::Busy(_) = tried {
+            w.asked = Some(asked);
+            w.state = Ringing::Asking(asking);
         }
+        Some(tried)
     }
 
     /// The listener's lock while it is up.
@@ -2322,8 +2329,26 @@ impl Acquisition for SqlAcquisition {
             && (!self.placed || args.as_ref().is_some_and(|a| a.register && !a.registered));
         let sent = Instant::now();
         let (attempt, seen) = match self.ring_first().await {
-            Some(attempt) => (attempt, 0),
-            None => {
+            Some(Tried::Granted(token)) => (
+                Attempt::Granted(Grant {
+                    token: Some(token),
+                    valid_for: self.want.lease,
+                }),
+                0,
+            ),
+            Some(Tried::Busy(wait_ms)) => (
+                Attempt::Busy(Busy {
+                    retry_in: Some(Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0))),
+                }),
+                0,
+            ),
+            // The ring's attempt said "full path": the grant routine would say it again.
+            Some(Tried::Full) => {
+                self.store
+                    .acquire_full(&self.want.req(), args.as_ref(), wake_lock)
+                    .await?
+            }
+            Some(Tried::Failed) | None => {
                 self.store
                     .acquire_tx(&self.want.req(), args.as_ref(), wake_lock)
                     .await?

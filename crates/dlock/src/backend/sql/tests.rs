@@ -2292,7 +2292,24 @@ async fn mysql_a_name_seen_busy_is_attempted_in_the_ring() {
         t0 + 5,
         "nothing left behind"
     );
+    // A fair waiter's queue place and no hold: the ring's attempt answers "full path", which
+    // is taken at once, without the grant routine's call to say it again.
+    let fair = Request {
+        waiting: true,
+        fair: true,
+        ..rq(&n, "fair", &ma)
+    };
+    busy(a.acquire(&fair).await.unwrap());
     a.release(&hr(&x)).await.unwrap();
+    let w5 = waiting("w5", &mb);
+    busy(b.acquire(&w5).await.unwrap());
+    assert_eq!(
+        fast_counts(&b),
+        before,
+        "the full path after the ring's answer"
+    );
+    b.cancel(&w5).await.unwrap();
+    a.cancel(&fair).await.unwrap();
     assert!(a.describe(n.as_str()).await.unwrap().is_empty());
 }
 
