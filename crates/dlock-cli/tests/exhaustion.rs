@@ -2,14 +2,15 @@
 //! whatever it runs out of first (the loader, the runtime, the store's files or threads,
 //! SQLite's allocations, the command's start), it leaves nothing held: the next `dlock run`
 //! with enough of everything gets the lock at once. A failure that dlock's code sees is one
-//! `dlock:` line. Short of memory, five come before it can say anything: the dynamic loader's
+//! `dlock:` line. Short of memory, four come before it can say anything: the dynamic loader's
 //! (the binary or its first thread's TLS cannot be mapped), a SIGSEGV when the stack cannot
-//! grow, Rust's allocation-failure abort ("memory allocation of N bytes failed"), std's
+//! grow, Rust's allocation-failure abort ("memory allocation of N bytes failed"), and std's
 //! panic in a thread it starts when it cannot map that thread's signal stack ("failed to
 //! allocate an alternative stack", followed by that abort), which no stable Rust program can
-//! turn into an error, and sqlx-sqlite 0.8's copy of a row's value, which does not check for
-//! the null that `sqlite3_value_dup` answers when SQLite cannot allocate (a debug build's
-//! precondition check panics there; sqlx-sqlite 0.9 returns an error instead).
+//! turn into an error. One more panic may come beside dlock's line: sqlx-sqlite 0.8's copy of
+//! a row's value does not check for the null that `sqlite3_value_dup` answers when SQLite
+//! cannot allocate (a debug build's precondition check panics there, in the connection's
+//! thread; sqlx-sqlite 0.9 returns an error instead).
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output};

@@ -434,7 +434,9 @@ impl Guard {
     /// deadline, the deadline passed (a hold without renewal), or the store said the hold is gone.
     /// The local deadline lies a tenth of the lease before the store's expiry (measured from
     /// when the granting request was sent), so this fires **before** the store can grant the lock
-    /// to anyone else. Also resolves once the hold is released. The future owns what it needs:
+    /// to anyone else, on every store that ends a hold only at its lease's end (not on etcd
+    /// without etcd-io/etcd#16822, such as Debian's 3.4.23: a deposed leader can revoke a lease
+    /// early; docs/BACKENDS.md). Also resolves once the hold is released. The future owns what it needs:
     /// spawn it or `select!` on it next to the work.
     ///
     /// ```
