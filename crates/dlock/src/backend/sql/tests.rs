@@ -2316,15 +2316,18 @@ async fn mysql_a_name_seen_busy_is_attempted_in_the_ring() {
 /// MySQL: acquisitions dropped at any moment of an attempt in the ring routine (before it is
 /// sent, while the server grants, while the answer comes back) leave no hold behind: the next
 /// try of another client is granted at once, not after the 30 s lease.
+///
+/// The cuts spread over 0–1.25× an uncut attempt's median time, measured first on the same
+/// path. They come from a thread's sleep, not tokio's timer, which rounds up to whole
+/// milliseconds and so would let most attempts finish.
 #[cfg(feature = "mysql")]
 async fn mysql_a_dropped_ring_attempt_leaves_no_hold() {
     use rand::Rng;
     let (a, b, n, b1) = ring_pair("dropped").await;
     b1.release().await.unwrap();
     let (ma, mb) = (a.mutex(n.as_str()).unwrap(), b.mutex(n.as_str()).unwrap());
-    let mut granted = 0;
-    for i in 0..30 {
-        // b sees the name busy (so its next waiter attempts in the ring routine)...
+    // b sees the name busy, so its next waiter attempts in the ring routine.
+    let seen_busy = || async {
         let g = ma.acquire().await.unwrap();
         let e = mb
             .acquire_timeout(Duration::from_millis(20))
@@ -2332,11 +2335,35 @@ async fn mysql_a_dropped_ring_attempt_leaves_no_hold() {
             .unwrap_err();
         assert!(matches!(e, Error::Timeout { .. }), "{e}");
         g.release().await.unwrap();
-        // ...and its waiter is dropped somewhere in its attempt on the free name.
-        let cut = Duration::from_micros(rand::thread_rng().gen_range(0..=1_000));
-        if let Ok(g) = tokio::time::timeout(cut, mb.acquire()).await {
-            g.unwrap().release().await.unwrap();
-            granted += 1;
+    };
+    let mut uncut = Vec::new();
+    for _ in 0..7 {
+        seen_busy().await;
+        let start = Instant::now();
+        let g = mb.acquire().await.unwrap();
+        uncut.push(start.elapsed());
+        g.release().await.unwrap();
+    }
+    uncut.sort();
+    let attempt = uncut[uncut.len() / 2];
+    let span = u64::try_from((attempt * 5 / 4).as_micros()).unwrap();
+    let mut granted = 0;
+    for i in 0..30 {
+        seen_busy().await;
+        // b's waiter is dropped somewhere in its attempt on the free name.
+        let cut = Duration::from_micros(rand::thread_rng().gen_range(0..=span));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            std::thread::sleep(cut);
+            let _ = tx.send(());
+        });
+        tokio::select! {
+            biased;
+            g = mb.acquire() => {
+                g.unwrap().release().await.unwrap();
+                granted += 1;
+            }
+            _ = rx => {}
         }
         let start = Instant::now();
         let g = loop {
@@ -2352,7 +2379,7 @@ async fn mysql_a_dropped_ring_attempt_leaves_no_hold() {
     }
     assert!(
         granted <= 27,
-        "{granted} of 30 attempts finished before their cut"
+        "{granted} of 30 attempts finished before their cut (an uncut attempt: {attempt:?})"
     );
 }
 
