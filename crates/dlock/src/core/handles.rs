@@ -436,8 +436,8 @@ impl Guard {
     /// when the granting request was sent), so this fires **before** the store can grant the lock
     /// to anyone else, on every store that ends a hold only at its lease's end (not on etcd
     /// without etcd-io/etcd#16822, such as Debian's 3.4.23: a deposed leader can revoke a lease
-    /// early; docs/BACKENDS.md). Also resolves once the hold is released. The future owns what it needs:
-    /// spawn it or `select!` on it next to the work.
+    /// early; docs/BACKENDS.md). Also resolves once the hold is released. The future owns what
+    /// it needs: spawn it or `select!` on it next to the work.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> dlock::Result<()> {
